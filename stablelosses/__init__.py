@@ -1,0 +1,48 @@
+"""stablelosses: numerically stable loss functions for PyTorch.
+
+Exact forward values and finite, defined gradients at the points where the textbook formulas
+compute 0/0, inf·0, inf−inf, log 0, sqrt'(0) or overflow in exp.
+
+>>> import torch, stablelosses as sl
+>>> x = torch.zeros(3, requires_grad=True)
+>>> sl.safe_sqrt(x).sum().backward()
+>>> x.grad
+tensor([0., 0., 0.])
+"""
+
+from stablelosses import functional
+from stablelosses.functional import (
+    log_softmax,
+    logsumexp,
+    safe_div,
+    safe_sqrt,
+    softmax,
+    xlogy,
+)
+from stablelosses.losses import (
+    CrossEntropyLoss,
+    FocalLoss,
+    KLDivLoss,
+    LogCoshLoss,
+    RMSELoss,
+    SigmoidFocalLoss,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "functional",
+    "safe_sqrt",
+    "safe_div",
+    "logsumexp",
+    "softmax",
+    "log_softmax",
+    "xlogy",
+    "RMSELoss",
+    "CrossEntropyLoss",
+    "FocalLoss",
+    "SigmoidFocalLoss",
+    "KLDivLoss",
+    "LogCoshLoss",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""Private ``torch.autograd.Function`` classes, one file per hazard family."""

@@ -1,0 +1,113 @@
+"""Argument checks and dtype rules shared by the functional API.
+
+Everything here looks at Python-level attributes only (dtype, ndim, shape), never at
+tensor values, so it costs no host sync and traces under ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+REDUCTIONS = ("none", "mean", "sum")
+
+
+def _quoted(values: Sequence[str]) -> str:
+    quoted = [repr(v) for v in values]
+    if len(quoted) == 1:
+        return quoted[0]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def check_reduction(fn: str, reduction: object, allowed: Sequence[str] = REDUCTIONS) -> None:
+    """Raise ``ValueError`` unless ``reduction`` is one of ``allowed``."""
+    if not isinstance(reduction, str) or reduction not in allowed:
+        raise ValueError(
+            f"{fn}: reduction must be {_quoted(allowed)}, got {reduction!r}"
+        )
+
+
+def check_tensor(fn: str, name: str, value: object) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is a tensor."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_floating(fn: str, name: str, value: object) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is a floating-point tensor."""
+    t = check_tensor(fn, name, value)
+    if not t.is_floating_point():
+        raise TypeError(
+            f"{fn}: {name} must be a floating-point tensor "
+            f"(float16, bfloat16, float32 or float64), got {t.dtype}"
+        )
+    return t
+
+
+def wrap_dim(fn: str, dim: object, ndim: int, name: str = "dim") -> int:
+    """Wrap a possibly negative ``dim`` into ``[0, max(ndim, 1))`` or raise ``IndexError``."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{fn}: {name} must be an int, got {type(dim).__name__}")
+    rank = max(ndim, 1)
+    if not -rank <= dim < rank:
+        raise IndexError(
+            f"{fn}: {name} out of range (expected to be in range of [{-rank}, {rank - 1}], "
+            f"but got {dim})"
+        )
+    return dim % rank
+
+
+def check_nonnegative(fn: str, name: str, value: object) -> float:
+    """Raise ``TypeError``/``ValueError`` unless ``value`` is a real number ``>= 0``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{fn}: {name} must be a float, got {type(value).__name__}")
+    if not value >= 0:  # also rejects NaN
+        raise ValueError(f"{fn}: {name} must be >= 0, got {value}")
+    return float(value)
+
+
+def is_low_precision(t: Tensor) -> bool:
+    return t.dtype in _LOW_PRECISION
+
+
+def compute_dtype(t: Tensor) -> torch.dtype:
+    """The dtype the math runs in: float32 for float16/bfloat16, else the input's."""
+    return torch.float32 if t.dtype in _LOW_PRECISION else t.dtype
+
+
+def upcast(t: Tensor) -> Tensor:
+    """float16/bfloat16 → float32 (a differentiable cast); other dtypes unchanged."""
+    return t.float() if t.dtype in _LOW_PRECISION else t
+
+
+def autocast_to_float32(t: Tensor) -> bool:
+    """True when autocast is on for ``t``'s device and would run a float32-listed op in float32.
+
+    Losses (``mse_loss``, ``cross_entropy``, ``kl_div`` …) are on autocast's float32 list on
+    every device, so under autocast the built-ins return float32 for half inputs; outside it
+    they return the input's dtype.
+    """
+    device_type = t.device.type
+    if device_type not in ("cpu", "cuda", "xpu", "mps"):
+        return False
+    return torch.is_autocast_enabled(device_type)
+
+
+def loss_out_dtype(t: Tensor) -> torch.dtype:
+    """The dtype a loss built-in returns for input ``t`` in the current autocast state."""
+    if t.dtype in _LOW_PRECISION and autocast_to_float32(t):
+        return torch.float32
+    return t.dtype
+
+
+def reduce(loss: Tensor, reduction: str) -> Tensor:
+    """Apply a checked ``reduction`` to an elementwise loss."""
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss

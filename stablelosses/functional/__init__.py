@@ -1,0 +1,33 @@
+"""Functional API: the stable ops and the losses.
+
+``import stablelosses.functional as SF`` gives every function; the module classes that wrap
+the losses live in :mod:`stablelosses.losses` (and at the top level).
+"""
+
+from stablelosses.functional._classification import cross_entropy, focal_loss
+from stablelosses.functional._detection import sigmoid_focal_loss
+from stablelosses.functional._divergence import kl_div
+from stablelosses.functional._ops import (
+    log_softmax,
+    logsumexp,
+    safe_div,
+    safe_sqrt,
+    softmax,
+    xlogy,
+)
+from stablelosses.functional._regression import log_cosh_loss, rmse_loss
+
+__all__ = [
+    "safe_sqrt",
+    "safe_div",
+    "logsumexp",
+    "softmax",
+    "log_softmax",
+    "xlogy",
+    "rmse_loss",
+    "cross_entropy",
+    "focal_loss",
+    "sigmoid_focal_loss",
+    "kl_div",
+    "log_cosh_loss",
+]

@@ -1,0 +1,262 @@
+"""``nn.Module`` wrappers of the stable losses.
+
+Each class stores its configuration, registers ``weight`` as a buffer (so ``.to()`` and
+``state_dict()`` carry it), and calls the function of the same name in
+:mod:`stablelosses.functional` in ``forward``. The math, the defined gradients and the examples
+are documented once, on those functions.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import Tensor, nn
+
+from stablelosses import functional as SF
+from stablelosses._utils import check_reduction
+
+
+def _legacy_reduction(size_average: Optional[bool], reduce: Optional[bool], reduction: str) -> str:
+    """Map torch's deprecated ``size_average``/``reduce`` pair onto ``reduction``, as torch does."""
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
+
+
+class RMSELoss(nn.Module):
+    r"""Root-mean-square error with a finite gradient at zero residual.
+
+    Drop-in for ``torch.sqrt(nn.MSELoss(reduction=reduction)(input, target) + eps)``.
+    See [`rmse_loss`][stablelosses.functional.rmse_loss] for the math and the defined gradient.
+
+    Args:
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        eps: added under the square root, as in the expression it replaces. Default: ``0.0``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> x = torch.zeros(4, requires_grad=True)
+        >>> sl.RMSELoss()(x, torch.zeros(4)).backward()
+        >>> x.grad
+        tensor([0., 0., 0., 0.])
+    """
+
+    def __init__(self, reduction: str = "mean", eps: float = 0.0) -> None:
+        super().__init__()
+        check_reduction("RMSELoss", reduction)
+        self.reduction = reduction
+        self.eps = eps
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.rmse_loss(input, target, reduction=self.reduction, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}, eps={self.eps}"
+
+
+class CrossEntropyLoss(nn.Module):
+    r"""Cross-entropy that stays finite with ``-inf`` (masked) logits.
+
+    Drop-in for ``nn.CrossEntropyLoss``, same arguments (``size_average`` and ``reduce`` are
+    accepted as torch's deprecated aliases of ``reduction``). See
+    [`cross_entropy`][stablelosses.functional.cross_entropy].
+
+    Args:
+        weight: per-class rescaling weight of shape ``(C,)``. Default: ``None``.
+        ignore_index: target value that is ignored. Default: ``-100``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        label_smoothing: amount of smoothing in ``[0, 1]``. Default: ``0.0``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> logits = torch.tensor([[2.0, 0.5, float("-inf")]], requires_grad=True)
+        >>> sl.CrossEntropyLoss(label_smoothing=0.1)(logits, torch.tensor([0])).backward()
+        >>> bool(torch.isfinite(logits.grad).all())
+        True
+    """
+
+    def __init__(
+        self,
+        weight: Optional[Tensor] = None,
+        size_average: Optional[bool] = None,
+        ignore_index: int = -100,
+        reduce: Optional[bool] = None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        reduction = _legacy_reduction(size_average, reduce, reduction)
+        check_reduction("CrossEntropyLoss", reduction)
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.cross_entropy(
+            input,
+            target,
+            weight=self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"label_smoothing={self.label_smoothing}"
+        )
+
+
+class FocalLoss(nn.Module):
+    r"""Multi-class focal loss on logits, finite for every ``gamma >= 0``.
+
+    Replaces the hand-written softmax→log ``FocalLoss`` and kornia's ``focal_loss``. See
+    [`focal_loss`][stablelosses.functional.focal_loss].
+
+    Args:
+        gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
+        weight: per-class weight of shape ``(C,)``, as in ``cross_entropy``. Default: ``None``.
+        ignore_index: target value that is ignored. Default: ``-100``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> logits = torch.tensor([[10.0, -200.0]], requires_grad=True)
+        >>> sl.FocalLoss(gamma=0.5)(logits, torch.tensor([0])).backward()
+        >>> bool(torch.isfinite(logits.grad).all())
+        True
+    """
+
+    def __init__(
+        self,
+        gamma: float = 2.0,
+        weight: Optional[Tensor] = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__()
+        check_reduction("FocalLoss", reduction)
+        self.gamma = gamma
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.focal_loss(
+            input,
+            target,
+            gamma=self.gamma,
+            weight=self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+        )
+
+    def extra_repr(self) -> str:
+        return f"gamma={self.gamma}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+class SigmoidFocalLoss(nn.Module):
+    r"""Binary (sigmoid) focal loss of RetinaNet, finite for every ``gamma >= 0``.
+
+    Replaces ``torchvision.ops.sigmoid_focal_loss``; unlike that function the module's default
+    reduction is ``'mean'``. See [`sigmoid_focal_loss`][stablelosses.functional.sigmoid_focal_loss].
+
+    Args:
+        alpha: weight of the positive class in ``[0, 1]``; ``< 0`` disables weighting.
+            Default: ``0.25``.
+        gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> logits = torch.tensor([20.0, -20.0], requires_grad=True)
+        >>> sl.SigmoidFocalLoss(gamma=0.5)(logits, torch.tensor([1.0, 0.0])).backward()
+        >>> bool(torch.isfinite(logits.grad).all())
+        True
+    """
+
+    def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "mean") -> None:
+        super().__init__()
+        check_reduction("SigmoidFocalLoss", reduction)
+        self.alpha = alpha
+        self.gamma = gamma
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.sigmoid_focal_loss(
+            input, target, alpha=self.alpha, gamma=self.gamma, reduction=self.reduction
+        )
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}, gamma={self.gamma}, reduction={self.reduction!r}"
+
+
+class KLDivLoss(nn.Module):
+    r"""KL divergence whose zero-probability targets contribute 0 with 0 gradient.
+
+    Drop-in for ``nn.KLDivLoss`` (same arguments, ``size_average``/``reduce`` accepted as
+    torch's deprecated aliases). See [`kl_div`][stablelosses.functional.kl_div].
+
+    Args:
+        reduction: ``'none'`` | ``'batchmean'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        log_target: whether ``target`` is given as log-probabilities. Default: ``False``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> logp = torch.tensor([[0.0, float("-inf")]], requires_grad=True)
+        >>> sl.KLDivLoss(reduction="batchmean")(logp, torch.tensor([[1.0, 0.0]])).backward()
+        >>> logp.grad
+        tensor([[-1., 0.]])
+    """
+
+    def __init__(
+        self,
+        size_average: Optional[bool] = None,
+        reduce: Optional[bool] = None,
+        reduction: str = "mean",
+        log_target: bool = False,
+    ) -> None:
+        super().__init__()
+        reduction = _legacy_reduction(size_average, reduce, reduction)
+        check_reduction("KLDivLoss", reduction, ("none", "batchmean", "mean", "sum"))
+        self.reduction = reduction
+        self.log_target = log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}, log_target={self.log_target}"
+
+
+class LogCoshLoss(nn.Module):
+    r"""``log(cosh(input - target))`` without overflow, gradient ``tanh(r)``.
+
+    See [`log_cosh_loss`][stablelosses.functional.log_cosh_loss].
+
+    Args:
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> x = torch.tensor([1000.0], requires_grad=True)
+        >>> sl.LogCoshLoss()(x, torch.zeros(1))
+        tensor(999.3069, grad_fn=...)
+    """
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        check_reduction("LogCoshLoss", reduction)
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.log_cosh_loss(input, target, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"
