@@ -1,0 +1,146 @@
+"""logsumexp, softmax and log_softmax with defined values on all-``-inf`` and ``+inf`` slices.
+
+The textbook kernels subtract the slice maximum ``m``. When ``m`` is infinite that
+subtraction is ``inf - inf`` = NaN, which is where ``torch.softmax`` and the gradient of
+``torch.logsumexp`` go NaN. The limits are:
+
+* all entries ``-inf``: ``logsumexp = -inf``, ``softmax = 0``, ``log_softmax = -inf``,
+  and every gradient 0 (the output does not move when any input moves);
+* some entries ``+inf``: ``logsumexp = +inf`` and the probability mass is uniform over the
+  ``+inf`` entries (``softmax → 1/k`` there, 0 elsewhere), with finite gradients.
+
+A NaN anywhere in a slice makes the whole slice NaN, value and gradient, as in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+_INF = float("inf")
+
+
+def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """Return ``z = x - max`` with the infinite-max slices made finite, and the row max.
+
+    ``x - m`` is NaN exactly where ``x == m == ±inf`` (and in NaN slices); mapping that NaN to 0
+    turns a ``+inf`` slice into ``0`` at its ``+inf`` entries and ``-inf`` elsewhere (so the
+    kernels put uniform mass on them) and an all-``-inf`` slice into zeros (fixed by the
+    caller from ``m``). NaN slices are restored by the caller from ``m`` too.
+    """
+    m = x.amax(dim, keepdim=True)
+    z = x - m
+    z.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
+    return z, m
+
+
+def _slice_fix(m: Tensor, empty_value: float) -> Tensor:
+    """Per-slice additive fix: ``empty_value`` for all-``-inf`` slices, NaN for NaN slices."""
+    fix = torch.where(m == -_INF, empty_value, 0.0).to(m.dtype)
+    return torch.where(torch.isnan(m), m, fix)
+
+
+class _Softmax(torch.autograd.Function):
+    """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries.
+
+    Backward ``y · (g − Σ g·y)`` from the saved output: 0 wherever ``y`` is 0, so masked
+    entries and all-masked slices get gradient 0.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, dim: int) -> Tensor:
+        if x.ndim == 0 or x.shape[dim] == 0:
+            return torch.softmax(x, dim)
+        z, m = _shift_by_max(x, dim)
+        y = torch.softmax(z, dim)
+        # All-(-inf) slices: 0 · 1/n = 0. NaN slices: NaN.
+        scale = torch.where(m == -_INF, 0.0, 1.0).to(m.dtype)
+        scale = torch.where(torch.isnan(m), m, scale)
+        return y.mul_(scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, dim = inputs
+        ctx.dim = dim
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (y,) = ctx.saved_tensors
+        if y.ndim == 0:
+            return torch.zeros_like(grad), None
+        return torch._softmax_backward_data(grad, y, ctx.dim, y.dtype), None
+
+
+class _LogSoftmax(torch.autograd.Function):
+    """Log-softmax; ``-inf`` on all-``-inf`` slices; ``-log k`` on the ``k`` ``+inf`` entries.
+
+    Backward ``g − softmax · Σ g`` from the saved output, then 0 wherever the output is
+    ``-inf`` (masked entries, all-masked slices, entries dominated by ``+inf``): those outputs
+    do not move when their input moves.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, dim: int) -> Tensor:
+        if x.ndim == 0 or x.shape[dim] == 0:
+            return torch.log_softmax(x, dim)
+        z, m = _shift_by_max(x, dim)
+        return torch.log_softmax(z, dim).add_(_slice_fix(m, -_INF))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, dim = inputs
+        ctx.dim = dim
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (y,) = ctx.saved_tensors
+        if y.ndim == 0:
+            return torch.zeros_like(grad), None
+        dead = y == -_INF
+        gx = torch._log_softmax_backward_data(grad, y, ctx.dim, y.dtype)
+        return gx.masked_fill(dead, 0), None
+
+
+class _LogSumExp(torch.autograd.Function):
+    """``log Σ exp x`` over ``dims``; the gradient is the softmax of ``x`` with the limits above."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, dims: Sequence[int], keepdim: bool) -> Tensor:
+        return torch.logsumexp(x, dims, keepdim)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dims, keepdim = inputs
+        ctx.dims = tuple(dims)
+        ctx.keepdim = keepdim
+        ctx.save_for_backward(x, output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, out = ctx.saved_tensors
+        if not ctx.keepdim and x.ndim > 0:
+            for d in sorted(ctx.dims):
+                out = out.unsqueeze(d)
+                grad = grad.unsqueeze(d)
+        # exp(x - out) is the softmax except where out is ±inf:
+        #   out = -inf: shift by 0 instead, exp(-inf) = 0 everywhere;
+        #   out = +inf: x - out is NaN exactly at the +inf entries (and 0 elsewhere after exp);
+        #   those NaNs become 1 and the slice is divided by their count.
+        neg_inf = out == -_INF
+        pos_inf = out == _INF
+        shift = out.masked_fill(neg_inf, 0)
+        p = torch.exp(x - shift)
+        p = torch.where(torch.isnan(p) & pos_inf, 1.0, p)
+        count = p.sum(ctx.dims, keepdim=True) if x.ndim > 0 else p
+        count = torch.where(pos_inf, count, torch.ones_like(count))
+        return p * (grad / count), None, None
