@@ -28,6 +28,9 @@ def shapes(min_dims: int = 0, max_dims: int = 3, min_side: int = 0, max_side: in
 def finite_floats(dtype: torch.dtype = torch.float32, max_abs: float | None = None, hazards: bool = True):
     """Finite floats representable in ``dtype``, biased toward the hazard values."""
     bound = _MAX[dtype] if max_abs is None else min(max_abs, _MAX[dtype])
+    if _WIDTH[dtype] < 64:  # hypothesis wants bounds exactly representable at this width
+        rep = torch.float16 if _WIDTH[dtype] == 16 else torch.float32
+        bound = float(torch.tensor(bound, dtype=rep))
     base = st.floats(
         min_value=-bound, max_value=bound, allow_nan=False, allow_infinity=False,
         width=_WIDTH[dtype], allow_subnormal=True,

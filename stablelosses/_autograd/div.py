@@ -50,7 +50,9 @@ class _SafeDiv(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_a = _sum_to(g_over_b, ctx.a_shape)
         if ctx.needs_input_grad[1]:
-            grad_b = torch.rsub(g_over_b * out, 0)  # 0 - x: no -0.0 where b == 0
+            # -(g / b) · (a / b); exactly 0 where the quotient is 0 (g / b may overflow for a
+            # subnormal b, and inf · 0 would be NaN). 0 - x avoids -0.0.
+            grad_b = torch.rsub(g_over_b * out, 0).masked_fill_(out == 0, 0)
             if not ctx.fill_finite:  # 0 · (±inf fill) must not become NaN
                 grad_b = grad_b.masked_fill_(zero, 0)
             grad_b = _sum_to(grad_b, b.shape)

@@ -79,9 +79,9 @@ class _Softmax(torch.autograd.Function):
 class _LogSoftmax(torch.autograd.Function):
     """Log-softmax; ``-inf`` on all-``-inf`` slices; ``-log k`` on the ``k`` ``+inf`` entries.
 
-    Backward ``g − softmax · Σ g`` from the saved output, then 0 wherever the output is
-    ``-inf`` (masked entries, all-masked slices, entries dominated by ``+inf``): those outputs
-    do not move when their input moves.
+    Backward ``g − softmax · Σ g`` from the saved output, with the incoming gradient of every
+    ``-inf`` output (masked entries, all-masked slices, entries dominated by ``+inf``) taken as
+    0: those outputs do not move when any input moves. Their own gradient is then 0 too.
     """
 
     generate_vmap_rule = True
@@ -104,9 +104,11 @@ class _LogSoftmax(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         if y.ndim == 0:
             return torch.zeros_like(grad), None
-        dead = y == -_INF
-        gx = torch._log_softmax_backward_data(grad, y, ctx.dim, y.dtype)
-        return gx.masked_fill(dead, 0), None
+        # A -inf output does not move, so its incoming gradient is dropped before the sum
+        # (e.g. label smoothing's -ε/C on a masked class); its own gradient is then
+        # g - exp(-inf)·Σg = 0.
+        g = grad.masked_fill(y == -_INF, 0)
+        return torch._log_softmax_backward_data(g, y, ctx.dim, y.dtype), None
 
 
 class _LogSumExp(torch.autograd.Function):
@@ -138,9 +140,10 @@ class _LogSumExp(torch.autograd.Function):
         #   those NaNs become 1 and the slice is divided by their count.
         neg_inf = out == -_INF
         pos_inf = out == _INF
-        shift = out.masked_fill(neg_inf, 0)
-        p = torch.exp(x - shift)
-        p = torch.where(torch.isnan(p) & pos_inf, 1.0, p)
+        diff = x - out.masked_fill(neg_inf, 0)
+        # Double where: set the NaN exponents to 0 *before* exp, so double backward never
+        # multiplies a zero gradient by NaN.
+        p = torch.exp(diff.masked_fill(torch.isnan(diff) & pos_inf, 0))
         count = p.sum(ctx.dims, keepdim=True) if x.ndim > 0 else p
         count = torch.where(pos_inf, count, torch.ones_like(count))
         return p * (grad / count), None, None

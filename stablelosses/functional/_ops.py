@@ -383,9 +383,10 @@ def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
     an all-masked slice gives ``-inf`` everywhere (``torch.log_softmax``: NaN); a slice with
     $k$ ``+inf`` entries gives $-\log k$ on them and ``-inf`` elsewhere.
 
-    **Gradient.** $g - \operatorname{softmax}(x)\sum g$ from the saved output, defined as $0$
-    wherever the output is ``-inf`` (masked entries, all-masked slices, entries dominated by
-    ``+inf``): such an output does not move when its input moves.
+    **Gradient.** $g - \operatorname{softmax}(x)\sum g$ from the saved output. An output that
+    is ``-inf`` (masked entry, all-masked slice, entry dominated by ``+inf``) does not move when
+    any input moves, so its incoming gradient is ignored and its input's gradient is $0$; e.g.
+    label smoothing's $-\varepsilon/C$ on a masked class does not leak into the other classes.
 
     Args:
         input: floating-point tensor.
