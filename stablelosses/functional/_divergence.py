@@ -1,5 +1,112 @@
-"""kl_div (stub: being written)."""
+"""kl_div."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import Tensor
+
+from stablelosses._autograd.kl import _KLDiv
+from stablelosses._utils import check_floating, check_reduction, loss_out_dtype, upcast
+
+_KL_REDUCTIONS = ("none", "batchmean", "mean", "sum")
 
 
-def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
-    raise NotImplementedError
+def _legacy_reduction(size_average: Optional[bool], reduce: Optional[bool], reduction: str) -> str:
+    # torch's legacy_get_string: either deprecated flag overrides `reduction`.
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
+
+
+def kl_div(
+    input: Tensor,
+    target: Tensor,
+    reduction: str = "mean",
+    log_target: bool = False,
+    *,
+    size_average: Optional[bool] = None,
+    reduce: Optional[bool] = None,
+) -> Tensor:
+    r"""Kullback-Leibler divergence whose zero-probability targets contribute exactly 0.
+
+    ``input`` holds log-probabilities $x$; ``target`` holds probabilities $p$ (or
+    log-probabilities $\log p$ with ``log_target=True``). Pointwise:
+
+    $$
+    \ell_i = p_i\,(\log p_i - x_i), \qquad \ell_i = 0 \text{ where } p_i = 0,
+    $$
+
+    also when $x_i = -\infty$ (where the textbook $0\cdot(-\infty)$ is NaN). Reductions:
+    none $\ell$; sum $\sum_i \ell_i$; mean $\tfrac{1}{N}\sum_i \ell_i$; batchmean
+    $\tfrac{1}{B}\sum_i \ell_i$ with $B$ = ``input.size(0)`` (1 for a 0-dim input, as torch).
+
+    **Gradient**
+
+    $$
+    \frac{\partial \ell_i}{\partial x_i} = -p_i,\qquad
+    \frac{\partial \ell_i}{\partial p_i} = \log p_i + 1 - x_i
+    \quad\Big(\text{log\_target: } \frac{\partial \ell_i}{\partial \log p_i}
+    = p_i(\log p_i - x_i + 1)\Big),
+    $$
+
+    scaled by the reduction. Where $p_i = 0$ (``target == 0``, or ``target == -inf`` with
+    ``log_target``) both gradients are defined as **0**, also at $x_i = -\infty$; torch gives
+    NaN for the target gradient there. A NaN in ``input`` or ``target`` makes the value NaN
+    (at a zero-probability term too); the gradients follow ``F.kl_div`` (a NaN target gives
+    NaN gradients).
+
+    Args:
+        input: log-probabilities, any shape; ``'batchmean'`` divides by ``input.size(0)``.
+        target: probabilities (or log-probabilities), broadcastable with ``input``.
+        reduction: ``'none'`` | ``'batchmean'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        log_target: ``target`` is given as log-probabilities. Default: ``False``.
+        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``
+            (``'batchmean'`` still divides by ``input.size(0)`` afterwards, as torch does).
+        reduce: deprecated (as in torch), see ``size_average``.
+
+    Returns:
+        A scalar, or the broadcast shape for ``'none'``. dtype as ``F.kl_div`` returns it
+        (the input's; float32 for half input under autocast).
+
+    Raises:
+        ValueError: ``reduction`` is not one of the above.
+        TypeError: ``input``/``target`` is not a floating-point tensor.
+        RuntimeError: the shapes do not broadcast.
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> import stablelosses.functional as SF
+        >>> logq = torch.tensor([[0.0, float("-inf")]], requires_grad=True)
+        >>> p = torch.tensor([[1.0, 0.0]])
+        >>> F.kl_div(logq, p, reduction="batchmean")
+        tensor(nan, grad_fn=<DivBackward0>)
+        >>> loss = SF.kl_div(logq, p, reduction="batchmean")
+        >>> loss
+        tensor(0., grad_fn=<DivBackward0>)
+        >>> loss.backward()
+        >>> logq.grad
+        tensor([[-1., 0.]])
+
+    Replaces ``torch.nn.functional.kl_div``.
+    """
+    fn = "kl_div"
+    check_floating(fn, "input", input)
+    check_floating(fn, "target", target)
+    check_reduction(fn, reduction, _KL_REDUCTIONS)
+    # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
+    # the result by input.size(0) afterwards (torch keeps that quirk).
+    base = _legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
+    out_dtype = loss_out_dtype(input)
+    loss = _KLDiv.apply(upcast(input), upcast(target), bool(log_target))
+    if base == "sum":
+        loss = loss.sum()
+    elif base == "mean":
+        loss = loss.mean()
+    if reduction == "batchmean" and input.dim() != 0:
+        loss = loss / input.size(0)
+    return loss.to(out_dtype)

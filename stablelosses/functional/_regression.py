@@ -1,9 +1,160 @@
-"""rmse_loss and log_cosh_loss (stub: being written)."""
+"""rmse_loss and log_cosh_loss."""
+
+from __future__ import annotations
+
+import warnings
+
+from torch import Tensor
+
+from stablelosses._autograd.logcosh import _LogCosh
+from stablelosses._autograd.rmse import _RMSE
+from stablelosses._utils import (
+    check_floating,
+    check_nonnegative,
+    check_reduction,
+    loss_out_dtype,
+    upcast,
+)
+
+_MODES = {"none": 0, "mean": 1, "sum": 2}
 
 
-def rmse_loss(input, target, reduction="mean", eps=0.0):
-    raise NotImplementedError
+def _warn_broadcast(input: Tensor, target: Tensor) -> None:
+    # Mirrors F.mse_loss, which warns and then broadcasts.
+    if target.size() != input.size():
+        warnings.warn(
+            f"Using a target size ({target.size()}) that is different to the input size "
+            f"({input.size()}). This will likely lead to incorrect results due to "
+            "broadcasting. Please ensure they have the same size.",
+            stacklevel=3,
+        )
 
 
-def log_cosh_loss(input, target, reduction="mean"):
-    raise NotImplementedError
+def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float = 0.0) -> Tensor:
+    r"""Root-mean-square error with a finite gradient at zero residual and no overflow.
+
+    With $r = \text{input} - \text{target}$ (broadcast as in ``F.mse_loss``) and $N$ its
+    number of elements:
+
+    $$
+    \text{mean: } \sqrt{\tfrac{1}{N}\textstyle\sum_i r_i^2 + \epsilon},\qquad
+    \text{sum: } \sqrt{\textstyle\sum_i r_i^2 + \epsilon},\qquad
+    \text{none: } \sqrt{r_i^2 + \epsilon} .
+    $$
+
+    The sum of squares is evaluated as $s^2 \sum_i (r_i/s)^2$ with $s = \max_i |r_i|$, so the
+    result is finite whenever it is representable (float32 residual ``1e20`` gives ``1e20``;
+    float16 input is computed in float32). float16/bfloat16 inputs are computed in float32.
+
+    **Gradient**
+
+    $$
+    \frac{\partial\,\text{rmse}}{\partial r_i} = \frac{r_i}{D\,\text{rmse}},\qquad
+    D = N \text{ (mean)},\ 1 \text{ (sum, none)},
+    $$
+
+    the well-conditioned form, bounded by $1/\sqrt{D}$ in magnitude (with $\epsilon > 0$ it is
+    $r_i / (D\sqrt{m + \epsilon})$). Where the result is 0 (all residuals 0 and
+    $\epsilon = 0$) the gradient is defined as **0** (the minimal-norm subgradient), where
+    the textbook $\tfrac{1}{2\sqrt{m}} \cdot \tfrac{2r}{N}$ gives NaN. The gradient with
+    respect to ``target`` is the negative. NaN in ``input``/``target`` propagates.
+
+    Args:
+        input: predictions, any shape, floating point.
+        target: targets, broadcastable to ``input`` (a size mismatch warns, as ``F.mse_loss``).
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        eps: a float ``>= 0`` added under the square root. Default: ``0.0``.
+
+    Returns:
+        A scalar for ``'mean'``/``'sum'``, else the broadcast shape. dtype: the input's, or
+        float32 for float16/bfloat16 input under autocast (as ``F.mse_loss``).
+
+    Raises:
+        ValueError: ``reduction`` is not one of the above, or ``eps < 0``.
+        TypeError: ``input``/``target`` is not a floating-point tensor, or ``eps`` is not a number.
+        RuntimeError: the shapes do not broadcast.
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> import stablelosses.functional as SF
+        >>> x = torch.zeros(3, requires_grad=True)
+        >>> torch.sqrt(F.mse_loss(x, torch.zeros(3))).backward()
+        >>> x.grad
+        tensor([nan, nan, nan])
+        >>> x.grad = None
+        >>> SF.rmse_loss(x, torch.zeros(3)).backward()
+        >>> x.grad
+        tensor([0., 0., 0.])
+        >>> SF.rmse_loss(torch.tensor([1e20]), torch.tensor([0.0]))
+        tensor(1.0000e+20)
+
+    Replaces ``torch.sqrt(F.mse_loss(input, target, reduction=reduction) + eps)``.
+    """
+    fn = "rmse_loss"
+    check_floating(fn, "input", input)
+    check_floating(fn, "target", target)
+    check_reduction(fn, reduction)
+    eps = check_nonnegative(fn, "eps", eps)
+    _warn_broadcast(input, target)
+    out_dtype = loss_out_dtype(input)
+    out = _RMSE.apply(upcast(input), upcast(target), _MODES[reduction], eps)
+    return out.to(out_dtype)
+
+
+def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    r"""Log-cosh loss $\log\cosh(\text{input} - \text{target})$ without overflow.
+
+    With $r = \text{input} - \text{target}$ (broadcast):
+
+    $$
+    \ell_i = \log\cosh r_i = |r_i| + \operatorname{softplus}(-2|r_i|) - \log 2,
+    $$
+
+    finite for every finite $r$ (the naive ``log(cosh(r))`` overflows to ``inf`` for
+    $|r| > 89$ in float32). Reductions: none $\ell$; mean $\tfrac{1}{N}\sum_i \ell_i$;
+    sum $\sum_i \ell_i$. float16/bfloat16 inputs are computed in float32.
+
+    **Gradient**
+
+    $$
+    \frac{\partial \ell_i}{\partial r_i} = \tanh r_i
+    $$
+
+    (times $1/N$ for ``'mean'``), evaluated directly: bounded by 1, never the
+    ``inf/inf`` = NaN of $\sinh r / \cosh r$. The function is smooth, so there is no singular
+    point. The gradient with respect to ``target`` is the negative.
+
+    Args:
+        input: predictions, any shape, floating point.
+        target: targets, broadcastable with ``input``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Returns:
+        A scalar for ``'mean'``/``'sum'``, else the broadcast shape; dtype as ``F.mse_loss``
+        would return for ``input`` (float32 for half input under autocast).
+
+    Raises:
+        ValueError: ``reduction`` is not one of the above.
+        TypeError: ``input``/``target`` is not a floating-point tensor.
+        RuntimeError: the shapes do not broadcast.
+
+    Example:
+        >>> import torch
+        >>> import stablelosses.functional as SF
+        >>> x = torch.tensor([100.0], requires_grad=True)
+        >>> torch.log(torch.cosh(x)).sum().backward()
+        >>> x.grad
+        tensor([nan])
+        >>> x.grad = None
+        >>> SF.log_cosh_loss(x, torch.zeros(1), reduction="sum").backward()
+        >>> x.grad
+        tensor([1.])
+
+    Replaces ``torch.log(torch.cosh(input - target))`` followed by the reduction.
+    """
+    fn = "log_cosh_loss"
+    check_floating(fn, "input", input)
+    check_floating(fn, "target", target)
+    check_reduction(fn, reduction)
+    out_dtype = loss_out_dtype(input)
+    return _LogCosh.apply(upcast(input), upcast(target), _MODES[reduction]).to(out_dtype)

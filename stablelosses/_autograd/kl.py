@@ -1,0 +1,66 @@
+"""Pointwise KL divergence term whose zero-probability targets give 0 with gradient 0."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    return grad if grad.shape == shape else grad.sum_to_size(shape)
+
+
+class _KLDiv(torch.autograd.Function):
+    """Elementwise ``target · (log target - input)`` (``exp(target) · (target - input)`` if
+    ``log_target``), 0 where the target probability is 0."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(input: Tensor, target: Tensor, log_target: bool) -> Tensor:
+        if log_target:
+            zero = target == -math.inf
+            naive = torch.exp(target) * (target - input)
+        else:
+            zero = target == 0
+            naive = torch.addcmul(torch.xlogy(target, target), target, input, value=-1)
+        # A term with zero target probability is 0, also at input = ±inf (where the textbook
+        # 0·inf is NaN); clamp(x, 0, 0) is 0 for every non-NaN x and keeps a NaN input NaN.
+        return torch.where(zero, input.clamp(0.0, 0.0), naive)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        input, target, log_target = inputs
+        ctx.save_for_backward(input, target)
+        ctx.log_target = log_target
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, target = ctx.saved_tensors
+        grad_input = grad_target = None
+        if ctx.log_target:
+            p = torch.exp(target)  # exactly 0 at target = -inf
+            if ctx.needs_input_grad[0]:
+                # 0 - p·g: +0 (not -0) at zero-probability terms.
+                grad_input = _sum_to(torch.rsub(p * grad_output, 0.0), input.shape)
+            if ctx.needs_input_grad[1]:
+                # d/dt e^t (t - x) = e^t (t - x + 1); 0 at t = -inf (double where).
+                zero = target == -math.inf
+                t_safe = torch.where(zero, 0.0, target)
+                x_safe = torch.where(zero, 0.0, input)
+                g = torch.where(zero, 0.0, p * (t_safe - x_safe + 1))
+                grad_target = _sum_to(g * grad_output, target.shape)
+        else:
+            if ctx.needs_input_grad[0]:
+                # 0 - t·g: +0 (not -0) at zero-probability terms.
+                grad_input = _sum_to(torch.rsub(target * grad_output, 0.0), input.shape)
+            if ctx.needs_input_grad[1]:
+                # d/dt (t log t - t x) = log t + 1 - x; 0 at t = 0 (double where).
+                zero = target == 0
+                t_safe = torch.where(zero, 1.0, target)
+                x_safe = torch.where(zero, 0.0, input)
+                g = torch.where(zero, 0.0, torch.log(t_safe) + 1 - x_safe)
+                grad_target = _sum_to(g * grad_output, target.shape)
+        return grad_input, grad_target, None

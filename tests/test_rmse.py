@@ -1,0 +1,255 @@
+"""rmse_loss / RMSELoss: parity with sqrt(F.mse_loss + eps), defined gradient at 0, no overflow."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import stablelosses as sl
+import stablelosses.functional as SF
+from strategies import broadcast_pair, finite_floats, shaped_tensor, tensors
+from conftest import tol
+
+REDUCTIONS = ["none", "mean", "sum"]
+
+
+def naive(x, y, reduction="mean", eps=0.0):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.sqrt(F.mse_loss(x, y, reduction=reduction) + eps)
+
+
+def value_and_grads(fn, x, y, **kw):
+    x = x.detach().clone().requires_grad_()
+    y = y.detach().clone().requires_grad_()
+    out = fn(x, y, **kw)
+    gx, gy = torch.autograd.grad(out.sum(), (x, y), allow_unused=True)
+    return out.detach(), gx, gy
+
+
+SHAPES = [((), ()), ((0,), (0,)), ((5,), (5,)), ((2, 3), (2, 3)), ((2, 3), (3,)), ((3,), (2, 1))]
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+@pytest.mark.parametrize("shapes", SHAPES, ids=str)
+def test_parity_with_torch(device, reduction, eps, shapes):
+    x = torch.randn(shapes[0], dtype=torch.float64, device=device)
+    y = torch.randn(shapes[1], dtype=torch.float64, device=device)
+    v, gx, gy = value_and_grads(SF.rmse_loss, x, y, reduction=reduction, eps=eps)
+    rv, rgx, rgy = value_and_grads(naive, x, y, reduction=reduction, eps=eps)
+    torch.testing.assert_close(v, rv, equal_nan=True)
+    if v.numel() and torch.isfinite(rv).all():
+        torch.testing.assert_close(gx, rgx)
+        torch.testing.assert_close(gy, rgy)
+
+
+def test_empty():
+    x = torch.empty(0)
+    assert torch.isnan(SF.rmse_loss(x, x))
+    assert SF.rmse_loss(x, x, reduction="sum") == 0
+    assert SF.rmse_loss(x, x, reduction="sum", eps=4.0) == 2
+    assert SF.rmse_loss(x, x, reduction="none").shape == (0,)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_zero_residual_gradient_is_zero(device, reduction):
+    # the user snippet: torch.sqrt(F.mse_loss(x * 0, 0)) turns the model's gradient into NaN
+    x = torch.randn(4, 3, device=device, requires_grad=True)
+    naive(x * 0, torch.zeros(4, 3, device=device), reduction).sum().backward()
+    assert torch.isnan(x.grad).all()
+    x.grad = None
+    loss = SF.rmse_loss(x * 0, torch.zeros(4, 3, device=device), reduction)
+    assert (loss == 0).all()
+    loss.sum().backward()
+    assert (x.grad == 0).all()
+
+
+def test_partial_zero_residual_none():
+    x = torch.tensor([0.0, 2.0, -3.0], requires_grad=True)
+    SF.rmse_loss(x, torch.zeros(3), "none").sum().backward()
+    assert x.grad.tolist() == [0.0, 1.0, -1.0]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_overflow_float32_1e20(reduction):
+    x = torch.tensor([1e20, 0.0], requires_grad=True)
+    loss = SF.rmse_loss(x, torch.zeros(2), reduction)
+    expected = {"mean": 1e20 / math.sqrt(2), "sum": 1e20, "none": [1e20, 0.0]}[reduction]
+    torch.testing.assert_close(loss.detach(), torch.tensor(expected, dtype=torch.float32))
+    assert not torch.isfinite(naive(x.detach(), torch.zeros(2), reduction)).all()
+    loss.sum().backward()
+    g = {"mean": [1 / math.sqrt(2), 0.0], "sum": [1.0, 0.0], "none": [1.0, 0.0]}[reduction]
+    torch.testing.assert_close(x.grad, torch.tensor(g))
+
+
+def test_overflow_single_1e20_exact():
+    assert SF.rmse_loss(torch.tensor([1e20]), torch.tensor([0.0])).item() == torch.tensor(1e20).item()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_overflow_float16_300(reduction):
+    x = torch.full((3,), 300.0, dtype=torch.float16, requires_grad=True)
+    y = torch.zeros(3, dtype=torch.float16)
+    assert torch.isinf(naive(x.detach(), y, reduction)).all()  # 300² > 65504
+    loss = SF.rmse_loss(x, y, reduction)
+    assert loss.dtype == torch.float16
+    expected = {"mean": 300.0, "sum": 300.0 * math.sqrt(3), "none": [300.0] * 3}[reduction]
+    torch.testing.assert_close(loss.detach().float(), torch.tensor(expected), **tol(torch.float16))
+    loss.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_eps_gradient_formula():
+    x = torch.tensor([0.0, 3.0], dtype=torch.float64, requires_grad=True)
+    SF.rmse_loss(x, torch.zeros(2, dtype=torch.float64), eps=0.5).backward()
+    torch.testing.assert_close(x.grad, x.detach() / (2 * math.sqrt(4.5 + 0.5)))
+
+
+@pytest.mark.parametrize("value", [1e30, -1e30, 1e4, 1e-45, 1e-38, 0.0])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_extremes_vs_float64(value, reduction):
+    x = torch.tensor([value, value / 2, 0.0], requires_grad=True)
+    y = torch.zeros(3)
+    loss = SF.rmse_loss(x, y, reduction)
+    x64 = x.detach().double().requires_grad_()
+    ref = naive(x64, y.double(), reduction)  # r² fits in float64
+    torch.testing.assert_close(loss.detach().double(), ref.detach(), rtol=1e-6, atol=1e-45)
+    loss.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    ref.sum().backward()
+    ok = torch.isfinite(x64.grad)
+    if abs(value) < 1.2e-38 and reduction != "none":
+        # a subnormal result carries few bits, so r / (N·rmse) is only finite and bounded there
+        assert (x.grad.abs() <= 1).all()
+        return
+    torch.testing.assert_close(x.grad.double()[ok], x64.grad[ok], rtol=1e-5, atol=1e-7)
+    if reduction == "none" or value == 0:
+        assert (x.grad[~ok] == 0).all()
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@given(pair=broadcast_pair(torch.float32, max_abs=1e30), reduction=st.sampled_from(REDUCTIONS),
+       eps=st.sampled_from([0.0, 1e-6, 1.0]))
+def test_property_finite_and_matches_float64(pair, reduction, eps):
+    x, y = pair
+    out, gx, gy = value_and_grads(SF.rmse_loss, x, y, reduction=reduction, eps=eps)
+    ref = naive(x.double(), y.double(), reduction, eps)
+    if ref.numel() and torch.isfinite(ref).all():
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-30)
+    assert torch.isfinite(gx).all() and torch.isfinite(gy).all()
+    torch.testing.assert_close(gx, -gy) if x.shape == y.shape else None
+
+
+@given(x=shaped_tensor(torch.float32, min_dims=1, max_abs=1e4), reduction=st.sampled_from(REDUCTIONS))
+def test_property_nan_propagates(x, reduction):
+    if x.numel() == 0:
+        return
+    x = x.clone()
+    x.view(-1)[0] = float("nan")
+    out, gx, _ = value_and_grads(SF.rmse_loss, x, torch.zeros_like(x), reduction=reduction)
+    assert torch.isnan(out.view(-1)[0])
+    assert torch.isnan(gx.view(-1)[0])
+
+
+def test_inf_input_gives_inf():
+    x = torch.tensor([float("inf"), 1.0])
+    assert SF.rmse_loss(x, torch.zeros(2)) == float("inf")
+    assert SF.rmse_loss(x, torch.zeros(2), "sum") == float("inf")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_gradcheck(reduction, eps):
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    f = lambda a, b: SF.rmse_loss(a, b, reduction, eps)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.autograd.gradcheck(f, (x, y), check_batched_grad=True)
+        assert torch.autograd.gradgradcheck(f, (x, y), check_batched_grad=True)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_func_grad_and_vmap(reduction):
+    x = torch.randn(5, 3, dtype=torch.float64)
+    y = torch.randn(5, 3, dtype=torch.float64)
+    g = torch.func.grad(lambda a: SF.rmse_loss(a, y, reduction).sum())(x)
+    rx = x.clone().requires_grad_()
+    naive(rx, y, reduction).sum().backward()
+    torch.testing.assert_close(g, rx.grad)
+    v = torch.vmap(lambda a, b: SF.rmse_loss(a, b, reduction))(x, y)
+    torch.testing.assert_close(v, torch.stack([naive(a, b, reduction) for a, b in zip(x, y)]))
+    pg = torch.vmap(torch.func.grad(lambda a, b: SF.rmse_loss(a, b, reduction).sum()))(x, y)
+    ref = torch.stack([torch.func.grad(lambda a: naive(a, b, reduction).sum())(a) for a, b in zip(x, y)])
+    torch.testing.assert_close(pg, ref)
+
+
+def test_dtypes_and_autocast(dtype):
+    x = torch.randn(6, dtype=dtype, requires_grad=True)
+    y = torch.randn(6, dtype=dtype)
+    out = SF.rmse_loss(x, y)
+    assert out.dtype == naive(x, y).dtype == dtype
+    ref = naive(x.detach().double(), y.double())
+    torch.testing.assert_close(out.detach().double(), ref, **tol(dtype))
+    out.backward()
+    assert x.grad.dtype == dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert SF.rmse_loss(x, y).dtype == naive(x, y).dtype
+
+
+def test_half_computed_in_float32():
+    # float16 sum of squares would overflow: 100 values of 100 -> 1e6 > 65504
+    x = torch.full((100,), 100.0, dtype=torch.float16)
+    assert SF.rmse_loss(x, torch.zeros_like(x), "sum").item() == 1000.0
+
+
+def test_module_matches_function():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    m = sl.RMSELoss(reduction="sum", eps=0.1)
+    assert torch.equal(m(x, y), SF.rmse_loss(x, y, "sum", 0.1))
+
+
+def test_broadcast_warns_like_mse_loss():
+    with pytest.warns(UserWarning, match="target size"):
+        out = SF.rmse_loss(torch.randn(3, 1), torch.randn(3))
+    assert out.shape == ()
+
+
+def test_bad_arguments():
+    x = torch.randn(3)
+    with pytest.raises(ValueError, match=r"rmse_loss: reduction must be 'none', 'mean' or 'sum', got 'avg'"):
+        SF.rmse_loss(x, x, reduction="avg")
+    with pytest.raises(ValueError, match=r"rmse_loss: eps must be >= 0"):
+        SF.rmse_loss(x, x, eps=-1.0)
+    with pytest.raises(ValueError, match=r"eps"):
+        SF.rmse_loss(x, x, eps=float("nan"))
+    with pytest.raises(TypeError, match=r"rmse_loss: eps"):
+        SF.rmse_loss(x, x, eps=torch.tensor(1.0))
+    with pytest.raises(TypeError, match=r"rmse_loss: input"):
+        SF.rmse_loss(torch.arange(3), x)
+    with pytest.raises(TypeError, match=r"rmse_loss: target"):
+        SF.rmse_loss(x, torch.arange(3))
+    with pytest.raises(RuntimeError, match="size"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        SF.rmse_loss(x, torch.randn(4))
+    with pytest.raises(ValueError, match="RMSELoss: reduction"):
+        sl.RMSELoss(reduction="avg")
+
+
+@pytest.mark.slow
+def test_compile_fullgraph():
+    f = torch.compile(lambda a, b: SF.rmse_loss(a, b), fullgraph=True)
+    x = torch.tensor([1e20, 3.0, 0.0], requires_grad=True)
+    y = torch.zeros(3)
+    out = f(x, y)
+    torch.testing.assert_close(out, SF.rmse_loss(x, y))
+    out.backward()
+    torch.testing.assert_close(x.grad, torch.tensor([1 / math.sqrt(3), 0.0, 0.0]))

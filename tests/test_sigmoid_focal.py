@@ -1,0 +1,249 @@
+"""sigmoid_focal_loss / SigmoidFocalLoss: torchvision's formula, finite gradients for every gamma."""
+
+from __future__ import annotations
+
+import mpmath
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import stablelosses as sl
+import stablelosses.functional as SF
+from stablelosses._autograd import sigmoid_focal as _impl
+from strategies import finite_floats, saturated_logits, tensors
+from conftest import tol
+
+REDUCTIONS = ["none", "mean", "sum"]
+
+
+def torchvision_formula(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
+    """torchvision.ops.sigmoid_focal_loss, written out from its published formula."""
+    p = torch.sigmoid(inputs)
+    ce_loss = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+    p_t = p * targets + (1 - p) * (1 - targets)
+    loss = ce_loss * ((1 - p_t) ** gamma)
+    if alpha >= 0:
+        alpha_t = alpha * targets + (1 - alpha) * (1 - targets)
+        loss = alpha_t * loss
+    if reduction == "mean":
+        loss = loss.mean()
+    elif reduction == "sum":
+        loss = loss.sum()
+    return loss
+
+
+def mp_reference(x, t, alpha, gamma):
+    """Value, d/dx and d/dt at 60 significant digits (mpmath), independent of both formulas."""
+    mpmath.mp.dps = 60
+
+    def f(xv, tv):
+        p = 1 / (1 + mpmath.exp(-xv))
+        ce = -(tv * mpmath.log(p) + (1 - tv) * mpmath.log(1 - p))
+        q = tv * (1 - p) + (1 - tv) * p
+        at = alpha * tv + (1 - alpha) * (1 - tv) if alpha >= 0 else 1
+        return at * ce * q ** gamma
+
+    X, T = mpmath.mpf(x), mpmath.mpf(t)
+    return float(f(X, T)), float(mpmath.diff(lambda v: f(v, T), X)), float(mpmath.diff(lambda v: f(X, v), T))
+
+
+def value_and_grads(fn, x, y, **kw):
+    x = x.detach().clone().requires_grad_()
+    y = y.detach().clone().requires_grad_()
+    out = fn(x, y, **kw)
+    gx, gy = torch.autograd.grad(out.sum(), (x, y))
+    return out.detach(), gx, gy
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("alpha", [0.25, 0.5, 1.0, -1.0])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 1.0, 2.0, 3.5])
+@pytest.mark.parametrize("soft", [False, True])
+def test_parity_with_torchvision(device, reduction, alpha, gamma, soft):
+    x = torch.randn(4, 7, dtype=torch.float64, device=device) * 4  # moderate logits: formula is accurate
+    t = torch.rand(4, 7, dtype=torch.float64, device=device)
+    t = t if soft else (t > 0.5).double()
+    kw = dict(alpha=alpha, gamma=gamma, reduction=reduction)
+    v, gx, gt = value_and_grads(SF.sigmoid_focal_loss, x, t, **kw)
+    rv, rgx, rgt = value_and_grads(torchvision_formula, x, t, **kw)
+    torch.testing.assert_close(v, rv, rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(gx, rgx, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(gt, rgt, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("shapes", [((), ()), ((0,), (0,)), ((2, 0, 3), (2, 0, 3)), ((1, 4, 1), (1, 4, 1))], ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_shapes(shapes, reduction):
+    x = torch.randn(shapes[0], dtype=torch.float64)
+    t = torch.rand(shapes[1], dtype=torch.float64)
+    v, gx, gt = value_and_grads(SF.sigmoid_focal_loss, x, t, reduction=reduction)
+    rv, rgx, rgt = value_and_grads(torchvision_formula, x, t, reduction=reduction)
+    torch.testing.assert_close(v, rv, equal_nan=True)
+    torch.testing.assert_close(gx, rgx)
+    torch.testing.assert_close(gt, rgt)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("gamma", [0.5, 2.0])
+def test_chunked_path_matches(reduction, gamma):
+    n = 2 * _impl._CHUNK + 123  # several chunks and a ragged tail
+    x = torch.randn(n, dtype=torch.float64) * 4
+    t = torch.rand(n, dtype=torch.float64)
+    kw = dict(gamma=gamma, reduction=reduction)
+    v, gx, gt = value_and_grads(SF.sigmoid_focal_loss, x, t, **kw)
+    rv, rgx, rgt = value_and_grads(torchvision_formula, x, t, **kw)
+    torch.testing.assert_close(v, rv, rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(gx, rgx, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(gt, rgt, rtol=1e-6, atol=1e-12)
+
+
+def test_user_regression_logit_20_gamma_half():
+    x = torch.tensor([20.0, -20.0], requires_grad=True)
+    t = torch.tensor([1.0, 0.0])
+    torchvision_formula(x, t, gamma=0.5).sum().backward()
+    assert torch.isnan(x.grad).all()
+    x.grad = None
+    SF.sigmoid_focal_loss(x, t, gamma=0.5).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    _, dx, _ = mp_reference(20.0, 1.0, 0.25, 0.5)
+    torch.testing.assert_close(x.grad[0].double(), torch.tensor(dx, dtype=torch.float64), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("x", [0.0, 1e-45, -1e-38, 3.0, -3.0, 20.0, -20.0, 60.0, -60.0, 1e4, -1e4, 1e30, -1e30])
+@pytest.mark.parametrize("t", [0.0, 1.0, 0.3])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_extremes_vs_mpmath(x, t, gamma):
+    out, gx, gt = value_and_grads(
+        SF.sigmoid_focal_loss, torch.tensor([x], dtype=torch.float64), torch.tensor([t], dtype=torch.float64),
+        gamma=gamma,
+    )
+    if abs(x) <= 60:
+        v, dx, dt = mp_reference(x, t, 0.25, gamma)
+        torch.testing.assert_close(out[0].item(), v, rtol=1e-9, atol=1e-300)
+        torch.testing.assert_close(gx[0].item(), dx, rtol=1e-7, atol=1e-300)
+        torch.testing.assert_close(gt[0].item(), dt, rtol=1e-7, atol=1e-300)
+    assert torch.isfinite(out).all() and torch.isfinite(gx).all() and torch.isfinite(gt).all()
+    # float32 as well: finite value and gradients
+    o32, g32, t32 = value_and_grads(
+        SF.sigmoid_focal_loss, torch.tensor([x]), torch.tensor([t]), gamma=gamma)
+    assert torch.isfinite(o32).all() and torch.isfinite(g32).all() and torch.isfinite(t32).all()
+
+
+def test_saturated_gradient_is_exactly_zero():
+    # 1 - p_t underflows to 0: the defined gradient is 0 (torchvision: NaN for gamma < 1)
+    x = torch.tensor([200.0, -200.0], requires_grad=True)
+    t = torch.tensor([1.0, 0.0], requires_grad=True)
+    loss = SF.sigmoid_focal_loss(x, t, gamma=0.5)
+    assert (loss == 0).all()
+    loss.sum().backward()
+    assert (x.grad == 0).all() and (t.grad == 0).all()
+
+
+logits = st.one_of(finite_floats(torch.float32, max_abs=1e30), saturated_logits(torch.float32))
+targets = st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0, width=32))
+
+
+@given(data=st.data(), gamma=st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 5.0]),
+       alpha=st.sampled_from([0.25, -1.0, 0.9]), reduction=st.sampled_from(REDUCTIONS))
+def test_property_finite_gradients(data, gamma, alpha, reduction):
+    n = data.draw(st.integers(1, 6))
+    x = data.draw(tensors((n,), torch.float32, elements=logits))
+    t = data.draw(tensors((n,), torch.float32, elements=targets))
+    v, gx, gt = value_and_grads(SF.sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma, reduction=reduction)
+    assert torch.isfinite(v).all() and torch.isfinite(gx).all() and torch.isfinite(gt).all()
+    # matches a float64 evaluation of our own math
+    v64 = SF.sigmoid_focal_loss(x.double(), t.double(), alpha=alpha, gamma=gamma, reduction=reduction)
+    torch.testing.assert_close(v.double(), v64, rtol=1e-4, atol=1e-6)
+
+
+def test_nan_propagates():
+    x = torch.tensor([float("nan"), 1.0], requires_grad=True)
+    t = torch.tensor([1.0, float("nan")], requires_grad=True)
+    out = SF.sigmoid_focal_loss(x, t, gamma=0.5)
+    assert torch.isnan(out).all()
+    out.sum().backward()
+    assert torch.isnan(x.grad).all() and torch.isnan(t.grad).all()
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_gradcheck(reduction, gamma):
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    t = (torch.rand(3, 4, dtype=torch.float64) * 0.8 + 0.1).requires_grad_()
+    f = lambda a, b: SF.sigmoid_focal_loss(a, b, 0.25, gamma, reduction)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, t), check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(f, (x, t), check_batched_grad=True)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_func_grad_and_vmap(reduction):
+    x = torch.randn(5, 3, dtype=torch.float64) * 3
+    t = torch.rand(5, 3, dtype=torch.float64)
+    kw = dict(gamma=0.5, reduction=reduction)
+    g = torch.func.grad(lambda a, b: SF.sigmoid_focal_loss(a, b, **kw).sum(), argnums=(0, 1))(x, t)
+    r = torch.func.grad(lambda a, b: torchvision_formula(a, b, **kw).sum(), argnums=(0, 1))(x, t)
+    torch.testing.assert_close(g, r)
+    v = torch.vmap(lambda a, b: SF.sigmoid_focal_loss(a, b, **kw))(x, t)
+    torch.testing.assert_close(v, torch.stack([torchvision_formula(a, b, **kw) for a, b in zip(x, t)]))
+    pg = torch.vmap(torch.func.grad(lambda a, b: SF.sigmoid_focal_loss(a, b, **kw).sum()))(x, t)
+    ref = torch.stack([torch.func.grad(lambda a: torchvision_formula(a, b, **kw).sum())(a) for a, b in zip(x, t)])
+    torch.testing.assert_close(pg, ref)
+
+
+def test_dtypes_and_autocast(dtype):
+    x = (torch.randn(8) * 3).to(dtype).requires_grad_()
+    t = (torch.rand(8) > 0.5).to(dtype)
+    out = SF.sigmoid_focal_loss(x, t, reduction="mean")
+    assert out.dtype == dtype
+    ref = torchvision_formula(x.detach().double(), t.double(), reduction="mean")
+    torch.testing.assert_close(out.detach().double(), ref, **tol(dtype))
+    out.backward()
+    assert x.grad.dtype == dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = F.binary_cross_entropy_with_logits(x, t).dtype
+        assert SF.sigmoid_focal_loss(x, t).dtype == expected
+
+
+def test_defaults_match_torchvision():
+    x, t = torch.randn(2, 3), (torch.rand(2, 3) > 0.5).float()
+    assert SF.sigmoid_focal_loss(x, t).shape == (2, 3)  # reduction='none' by default
+    torch.testing.assert_close(SF.sigmoid_focal_loss(x, t), torchvision_formula(x, t))
+
+
+def test_module_matches_function():
+    x, t = torch.randn(3, 4), torch.rand(3, 4)
+    m = sl.SigmoidFocalLoss(alpha=0.5, gamma=1.5)
+    assert torch.equal(m(x, t), SF.sigmoid_focal_loss(x, t, 0.5, 1.5, "mean"))
+
+
+def test_bad_arguments():
+    x = torch.randn(3)
+    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: reduction must be 'none', 'mean' or 'sum', got 'avg'"):
+        SF.sigmoid_focal_loss(x, x, reduction="avg")
+    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: gamma must be >= 0"):
+        SF.sigmoid_focal_loss(x, x, gamma=-1.0)
+    with pytest.raises(TypeError, match=r"sigmoid_focal_loss: alpha"):
+        SF.sigmoid_focal_loss(x, x, alpha="0.25")
+    with pytest.raises(TypeError, match=r"sigmoid_focal_loss: input"):
+        SF.sigmoid_focal_loss(torch.arange(3), x)
+    with pytest.raises(TypeError, match=r"sigmoid_focal_loss: target"):
+        SF.sigmoid_focal_loss(x, torch.arange(3))
+    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: target size .* must be the same as input size"):
+        SF.sigmoid_focal_loss(x, torch.rand(4))
+    with pytest.raises(ValueError, match="must be the same"):  # no broadcasting, as torchvision
+        SF.sigmoid_focal_loss(torch.randn(2, 3), torch.rand(3))
+
+
+@pytest.mark.slow
+def test_compile_fullgraph():
+    f = torch.compile(lambda a, b: SF.sigmoid_focal_loss(a, b, gamma=0.5, reduction="mean"), fullgraph=True)
+    x = torch.tensor([20.0, -3.0, 0.5], requires_grad=True)
+    t = torch.tensor([1.0, 0.0, 0.3])
+    out = f(x, t)
+    torch.testing.assert_close(out, SF.sigmoid_focal_loss(x, t, gamma=0.5, reduction="mean"))
+    out.backward()
+    ref = x.detach().clone().requires_grad_()
+    SF.sigmoid_focal_loss(ref, t, gamma=0.5, reduction="mean").backward()
+    torch.testing.assert_close(x.grad, ref.grad)
