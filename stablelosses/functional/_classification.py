@@ -1,9 +1,270 @@
-"""cross_entropy and focal_loss (stub: being written)."""
+r"""Softmax classification losses: ``cross_entropy`` and ``focal_loss``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from stablelosses._autograd.cross_entropy import _CrossEntropyIndex, _CrossEntropyProb
+from stablelosses._autograd.focal import _FocalLoss
+from stablelosses._utils import check_floating, check_reduction, check_tensor, loss_out_dtype, upcast
+
+_INDEX_DTYPES = (torch.int64, torch.uint8)
 
 
-def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    raise NotImplementedError
+def _legacy_get_string(size_average: Optional[bool], reduce: Optional[bool]) -> str:
+    """torch's mapping of the deprecated ``size_average``/``reduce`` pair onto ``reduction``."""
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
 
 
-def focal_loss(input, target, gamma=2.0, weight=None, ignore_index=-100, reduction="mean"):
-    raise NotImplementedError
+def _class_dim(fn: str, input: Tensor) -> int:
+    if input.dim() == 0:
+        raise ValueError(f"{fn}: input must have a class dimension, got a 0-d tensor")
+    return 0 if input.dim() == 1 else 1
+
+
+def _check_weight(fn: str, weight: Optional[Tensor], input: Tensor, dtype: torch.dtype) -> Optional[Tensor]:
+    if weight is None:
+        return None
+    check_floating(fn, "weight", weight)
+    n_classes = input.shape[_class_dim(fn, input)]
+    if weight.dim() != 1 or weight.shape[0] != n_classes:
+        raise RuntimeError(
+            f"{fn}: weight tensor should be defined either for all {n_classes} classes or no "
+            f"classes but got weight tensor of shape: {list(weight.shape)}"
+        )
+    return weight.to(dtype)
+
+
+def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> None:
+    if target.dtype not in _INDEX_DTYPES:
+        raise RuntimeError(
+            f"{fn}: expected target dtype to be Long or Byte (class indices) or the input's "
+            f"shape (class probabilities), but got {target.dtype} of shape {list(target.shape)}"
+        )
+    expected = input.shape[:cdim] + input.shape[cdim + 1 :]
+    if target.shape != expected:
+        raise ValueError(
+            f"{fn}: target of class indices must have shape {list(expected)} for input of "
+            f"shape {list(input.shape)}, got {list(target.shape)}"
+        )
+
+
+def _reduce(loss: Tensor, denom: Tensor, reduction: str) -> Tensor:
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        return loss.sum() / denom.sum()
+    return loss
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    *,
+    size_average: Optional[bool] = None,
+    reduce: Optional[bool] = None,
+) -> Tensor:
+    r"""Cross-entropy between logits and class indices or class probabilities, masked-class safe.
+
+    With $\log p = \operatorname{log\_softmax}(x)$ over the class dimension, smoothing
+    $\varepsilon$ and, for row $i$, $U_i$ the set of its $K_i$ unmasked classes (logit
+    $\neq -\infty$), class-index targets $t_i$ give
+
+    $$
+    \ell_i = (1 - \varepsilon)\, w_{t_i} (-\log p_{i,t_i})
+             + \frac{\varepsilon}{K_i} \sum_{c \in U_i} w_c (-\log p_{i,c}),
+    $$
+
+    and $\ell_i = 0$ when $t_i$ is `ignore_index` or every logit of row $i$ is $-\infty$.
+    Class-probability targets $y$ give
+    $\ell_i = -\sum_c w_c\, q_{i,c} \log p_{i,c}$ with
+    $q_{i,c} = (1 - \varepsilon) y_{i,c} + [c \in U_i]\, \varepsilon / K_i$, a term with
+    $q_{i,c} = 0$ counting as 0 (also where $\log p_{i,c} = -\infty$). Without masked classes
+    $K_i = C$ and this is exactly `torch.nn.functional.cross_entropy`. Reductions:
+
+    $$
+    \text{none}: (\ell_i)_i, \qquad \text{sum}: \sum_i \ell_i, \qquad
+    \text{mean}: \frac{\sum_i \ell_i}{\sum_{i\ \text{valid}} w_{t_i}}
+    \ \Big(\text{probabilities: } \frac{\sum_i \ell_i}{\#\{i\ \text{valid}\}}\Big),
+    $$
+
+    where a row is valid unless it is ignored or fully masked; an empty (or fully ignored)
+    batch gives `nan` for `'mean'`, as torch.
+
+    **Gradient**: $\partial \ell_i / \partial x_{i,c} = p_{i,c} \sum_k q_{i,k} - q_{i,c}$
+    (softmax minus the weighted target distribution), computed from the saved
+    log-probabilities. Defined values at the singular points:
+
+    - masked class ($x_{i,c} = -\infty$): gradient 0, no smoothing mass;
+    - fully masked row (all $-\infty$): loss 0, not counted in the mean, gradient exactly 0;
+    - target class masked: the loss is $+\infty$ (as torch), the gradient stays finite
+      ($p - q$);
+    - $+\infty$ logits: the limit — the row's probability is uniform over its $+\infty$
+      entries, every other class gets probability 0 (log-probability $-\infty$); the gradient
+      is finite. Logits are clamped to $\pm$`finfo.max` for this, the identity on finite ones;
+    - NaN logits give a NaN loss and gradient for their row.
+
+    Args:
+        input: logits of shape $(C)$, $(N, C)$ or $(N, C, d_1, \dots)$; float16 and bfloat16
+            are computed in float32.
+        target: class indices (int64 or uint8) of shape $()$, $(N)$ or $(N, d_1, \dots)$, or
+            class probabilities with the shape of `input`.
+        weight: per-class weight of shape $(C)$. Default: `None`.
+        ignore_index: class-index target value that contributes nothing (index targets only).
+            Default: `-100`.
+        reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
+        label_smoothing: $\varepsilon \in [0, 1]$. Default: `0.0`.
+        size_average: deprecated alias (as in torch); overrides `reduction` when given.
+        reduce: deprecated alias (as in torch); overrides `reduction` when given.
+
+    Returns:
+        The loss: shape of `target` (index targets) or `input` without its class dimension
+        for `'none'`, else a scalar; dtype of `input` (float32 for float16/bfloat16 inside
+        autocast, as the built-in).
+
+    Raises:
+        ValueError: `reduction` is not `'none'`, `'mean'` or `'sum'`; index target of the
+            wrong shape.
+        RuntimeError: `weight` not of shape $(C)$; target of the wrong dtype; `label_smoothing`
+            outside $[0, 1]$; a class index out of range (raised by the gather).
+        TypeError: `input` not a floating-point tensor.
+
+    Example:
+        >>> import torch, stablelosses.functional as SF
+        >>> x = torch.tensor([[2.0, 0.5, float("-inf")], [float("-inf")] * 3], requires_grad=True)
+        >>> t = torch.tensor([0, 1])
+        >>> torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1)  # torch: NaN
+        tensor(nan, grad_fn=...)
+        >>> loss = SF.cross_entropy(x, t, label_smoothing=0.1)
+        >>> loss
+        tensor(0.2764, grad_fn=...)
+        >>> loss.backward()
+        >>> x.grad
+        tensor([[-0.1324,  0.1324,  0.0000],
+                [ 0.0000,  0.0000,  0.0000]])
+
+    Replaces `torch.nn.functional.cross_entropy` / `torch.nn.CrossEntropyLoss`.
+    """
+    fn = "cross_entropy"
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_get_string(size_average, reduce)
+    check_reduction(fn, reduction)
+    check_floating(fn, "input", input)
+    check_tensor(fn, "target", target)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"{fn}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    cdim = _class_dim(fn, input)
+    x = upcast(input)
+    w = _check_weight(fn, weight, input, x.dtype)
+    out_dtype = loss_out_dtype(input)
+    eps = float(label_smoothing)
+    if target.shape == input.shape:
+        if not target.is_floating_point():
+            raise RuntimeError(
+                f"{fn}: expected floating point type for target with class probabilities, "
+                f"got {target.dtype}"
+            )
+        loss, _, valid = _CrossEntropyProb.apply(x, target.to(x.dtype), w, eps, cdim)
+        out = _reduce(loss, valid.to(x.dtype), reduction)
+    else:
+        _check_index_target(fn, input, target, cdim)
+        loss, _, denom, _, _ = _CrossEntropyIndex.apply(x, target.long(), w, int(ignore_index), eps, cdim)
+        out = _reduce(loss, denom, reduction)
+    return out.to(out_dtype)
+
+
+def focal_loss(
+    input: Tensor,
+    target: Tensor,
+    gamma: float = 2.0,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Multi-class focal loss on logits, with a finite gradient for every $\gamma \ge 0$.
+
+    With $\log p_t = \operatorname{log\_softmax}(x)_t$ at the target class and
+    $1 - p_t = -\operatorname{expm1}(\log p_t)$,
+
+    $$
+    \ell_i = w_{t_i}\, (1 - p_{i,t_i})^{\gamma}\, (-\log p_{i,t_i}),
+    $$
+
+    and $\ell_i = 0$ when $t_i$ is `ignore_index` or every logit of row $i$ is $-\infty$.
+    Reductions: `'none'` $(\ell_i)_i$; `'sum'` $\sum_i \ell_i$; `'mean'`
+    $\sum_i \ell_i / \sum_{i\ \text{valid}} w_{t_i}$ — the same weights and denominator as
+    `cross_entropy`, so `gamma=0` equals `cross_entropy` exactly.
+
+    **Gradient**: with $r = -\log p_t / (1 - p_t)$,
+
+    $$
+    \frac{\partial \ell_i}{\partial x_{i,c}}
+      = w_{t_i} (1 - p_t)^{\gamma} (1 + \gamma\, p_t\, r)\,(p_{i,c} - [c = t_i]),
+    $$
+
+    which groups the textbook factor $(1 - p_t)^{\gamma - 1}(-\log p_t)$ as
+    $(1 - p_t)^\gamma r$, finite for every $\gamma \ge 0$. Defined values: $r = 1$ at
+    $p_t = 1$ (its limit), so the gradient there is 0 for $\gamma > 0$; $p_t r = 0$ at
+    $p_t = 0$ (target logit $-\infty$: the loss is $+\infty$, the gradient finite).
+    Masked classes, fully masked rows, $+\infty$ and NaN logits behave as in
+    `cross_entropy`.
+
+    Args:
+        input: logits of shape $(C)$, $(N, C)$ or $(N, C, d_1, \dots)$; float16 and bfloat16
+            are computed in float32.
+        target: class indices (int64 or uint8) of shape $()$, $(N)$ or $(N, d_1, \dots)$.
+        gamma: focusing parameter $\gamma \ge 0$ (a Python number). Default: `2.0`.
+        weight: per-class weight of shape $(C)$. Default: `None`.
+        ignore_index: target value that contributes nothing. Default: `-100`.
+        reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
+
+    Returns:
+        The loss: shape of `target` for `'none'`, else a scalar; dtype of `input` (float32 for
+        float16/bfloat16 inside autocast).
+
+    Raises:
+        ValueError: `reduction` not `'none'`, `'mean'` or `'sum'`; `gamma` negative or NaN;
+            target of the wrong shape.
+        TypeError: `gamma` not a number; `input` not floating point.
+        RuntimeError: `weight` not of shape $(C)$; target not int64/uint8; a class index out
+            of range (raised by the gather).
+
+    Example:
+        >>> import torch, stablelosses.functional as SF
+        >>> x = torch.tensor([[10.0, -200.0]], requires_grad=True)
+        >>> p = torch.softmax(x, dim=1)  # the classic FocalLoss snippet
+        >>> (-(1 - p[:, 0]) ** 0.5 * torch.log(p[:, 0])).sum().backward()
+        >>> x.grad
+        tensor([[nan, nan]])
+        >>> x.grad = None
+        >>> SF.focal_loss(x, torch.tensor([0]), gamma=0.5).backward()
+        >>> x.grad.abs()  # the limit: p_t = 1 exactly in float32
+        tensor([[0., 0.]])
+
+    Replaces the hand-written softmax → log `FocalLoss` snippet and `kornia.losses.focal_loss`.
+    """
+    fn = "focal_loss"
+    check_reduction(fn, reduction)
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
+        raise TypeError(f"{fn}: gamma must be a float, got {type(gamma).__name__}")
+    if not gamma >= 0:
+        raise ValueError(f"{fn}: gamma must be >= 0, got {gamma}")
+    check_floating(fn, "input", input)
+    check_tensor(fn, "target", target)
+    cdim = _class_dim(fn, input)
+    _check_index_target(fn, input, target, cdim)
+    x = upcast(input)
+    w = _check_weight(fn, weight, input, x.dtype)
+    loss, _, _, denom, _, _, _ = _FocalLoss.apply(x, target.long(), w, float(gamma), int(ignore_index), cdim)
+    return _reduce(loss, denom, reduction).to(loss_out_dtype(input))

@@ -1,0 +1,350 @@
+"""cross_entropy: parity with F.cross_entropy, masked-class semantics, defined gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import stablelosses as sl
+import stablelosses.functional as SF
+from tests.conftest import tol
+from tests.strategies import logits_with_masks
+
+INF = float("inf")
+SHAPES = [(5,), (4, 5), (3, 5, 2, 2), (0, 5)]
+
+
+def _index_target(shape, n_classes, ignore_index=None, gen=None):
+    tshape = () if len(shape) == 1 else (shape[0],) + shape[2:]
+    t = torch.randint(0, n_classes, tshape)
+    if ignore_index is not None and t.numel() > 1:
+        t.view(-1)[0] = ignore_index
+    return t
+
+
+def _both(fn_ref, fn_ours, x):
+    """Value and gradient (of sum) of both functions at x."""
+    out = []
+    for fn in (fn_ref, fn_ours):
+        xi = x.detach().clone().requires_grad_(True)
+        v = fn(xi)
+        (g,) = torch.autograd.grad(v.sum(), xi) if v.requires_grad else (torch.zeros_like(xi),)
+        out.append((v.detach(), g))
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ignore_index", [-100, 1])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.3])
+def test_parity_class_index(shape, weighted, ignore_index, reduction, label_smoothing):
+    x = torch.randn(shape, dtype=torch.float64) * 3
+    C = shape[0] if len(shape) == 1 else shape[1]
+    t = _index_target(shape, C, ignore_index if ignore_index >= 0 else -100)
+    w = torch.rand(C, dtype=torch.float64) + 0.1 if weighted else None
+    kw = dict(weight=w, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+    (v0, g0), (v1, g1) = _both(lambda z: F.cross_entropy(z, t, **kw), lambda z: SF.cross_entropy(z, t, **kw), x)
+    torch.testing.assert_close(v1, v0, equal_nan=True, **tol(torch.float64))
+    torch.testing.assert_close(g1, g0, equal_nan=True, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+def test_parity_probabilities(shape, weighted, reduction, label_smoothing):
+    x = torch.randn(shape, dtype=torch.float64) * 3
+    cdim = 0 if len(shape) == 1 else 1
+    C = shape[cdim]
+    y = torch.softmax(torch.randn(shape, dtype=torch.float64), cdim)
+    w = torch.rand(C, dtype=torch.float64) + 0.1 if weighted else None
+    kw = dict(weight=w, reduction=reduction, label_smoothing=label_smoothing)
+    (v0, g0), (v1, g1) = _both(lambda z: F.cross_entropy(z, y, **kw), lambda z: SF.cross_entropy(z, y, **kw), x)
+    torch.testing.assert_close(v1, v0, equal_nan=True, **tol(torch.float64))
+    torch.testing.assert_close(g1, g0, equal_nan=True, **tol(torch.float64))
+    # gradient with respect to the soft target too
+    yy = y.clone().requires_grad_(True)
+    yr = y.clone().requires_grad_(True)
+    (gt1,) = torch.autograd.grad(SF.cross_entropy(x, yy, **kw).sum(), yy)
+    (gt0,) = torch.autograd.grad(F.cross_entropy(x, yr, **kw).sum(), yr)
+    torch.testing.assert_close(gt1, gt0, **tol(torch.float64))
+
+
+def test_empty_batch_and_all_ignored_like_torch():
+    x = torch.randn(0, 4, requires_grad=True)
+    t = torch.zeros(0, dtype=torch.long)
+    assert torch.isnan(SF.cross_entropy(x, t)) and torch.isnan(F.cross_entropy(x, t))
+    assert SF.cross_entropy(x, t, reduction="sum").item() == 0.0
+    assert SF.cross_entropy(x, t, reduction="none").shape == (0,)
+    x = torch.randn(3, 4)
+    t = torch.full((3,), -100)
+    assert torch.isnan(SF.cross_entropy(x, t)) and torch.isnan(F.cross_entropy(x, t))
+
+
+def test_legacy_size_average_reduce():
+    x = torch.randn(4, 3)
+    t = torch.tensor([0, 1, 2, 1])
+    for sa, rd in itertools.product([None, True, False], repeat=2):
+        with pytest.warns(UserWarning) if (sa is not None or rd is not None) else _nullcontext():
+            ref = F.cross_entropy(x, t, size_average=sa, reduce=rd)
+        torch.testing.assert_close(SF.cross_entropy(x, t, size_average=sa, reduce=rd), ref)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_uint8_target_and_module():
+    x = torch.randn(4, 3)
+    t = torch.tensor([0, 1, 2, 1])
+    w = torch.tensor([1.0, 2.0, 0.5])
+    ref = F.cross_entropy(x, t, weight=w, label_smoothing=0.1)
+    torch.testing.assert_close(SF.cross_entropy(x, t.to(torch.uint8), weight=w, label_smoothing=0.1), ref)
+    mod = sl.CrossEntropyLoss(weight=w, label_smoothing=0.1)
+    torch.testing.assert_close(mod(x, t), ref)
+
+
+# ---------------------------------------------------------------- masked classes
+
+
+def _ref_masked(x, t, eps, w=None):
+    """Per-row loss over the unmasked classes, float64, by hand."""
+    x = x.double()
+    C = x.shape[1]
+    w = torch.ones(C, dtype=torch.float64) if w is None else w.double()
+    out, den = [], []
+    for i in range(x.shape[0]):
+        keep = [c for c in range(C) if x[i, c] != -INF]
+        if not keep:
+            out.append(0.0)
+            den.append(0.0)
+            continue
+        xs = x[i, keep]
+        lse = torch.logsumexp(xs, 0)
+        logp = {c: (x[i, c] - lse).item() for c in keep}
+        nll = -logp.get(int(t[i]), -INF)
+        smooth = -sum(w[c].item() * logp[c] for c in keep) / len(keep)
+        out.append((1 - eps) * w[t[i]].item() * nll + eps * smooth)
+        den.append(w[t[i]].item())
+    return torch.tensor(out, dtype=torch.float64), torch.tensor(den, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_masked_smoothing_semantics_exact(weighted):
+    x = torch.tensor(
+        [[2.0, 0.5, -INF, 1.0], [-INF, -INF, 3.0, -1.0], [-INF, -INF, -INF, -INF], [0.1, 0.2, 0.3, 0.4]],
+        dtype=torch.float64, requires_grad=True,
+    )
+    t = torch.tensor([0, 3, 2, 1])
+    w = torch.tensor([1.0, 2.0, 0.5, 3.0], dtype=torch.float64) if weighted else None
+    eps = 0.25
+    ref, den = _ref_masked(x.detach(), t, eps, w)
+    none = SF.cross_entropy(x, t, weight=w, label_smoothing=eps, reduction="none")
+    torch.testing.assert_close(none, ref, **tol(torch.float64))
+    mean = SF.cross_entropy(x, t, weight=w, label_smoothing=eps)
+    torch.testing.assert_close(mean, ref.sum() / den.sum(), **tol(torch.float64))
+    mean.backward()
+    g = x.grad
+    assert torch.isfinite(g).all()
+    assert (g[2] == 0).all()  # fully masked row: exactly 0
+    assert g[0, 2] == 0 and g[1, 0] == 0 and g[1, 1] == 0  # masked classes: exactly 0
+    # unmasked rows: gradient of the hand reference on the unmasked sub-problem
+    sub = x.detach()[1, 2:].clone().requires_grad_(True)
+    ww = w[2:] if weighted else torch.ones(2, dtype=torch.float64)
+    ref_sub = F.cross_entropy(sub[None], torch.tensor([1]), weight=ww, label_smoothing=eps, reduction="sum")
+    (gs,) = torch.autograd.grad(ref_sub / den.sum(), sub)
+    torch.testing.assert_close(g[1, 2:], gs, **tol(torch.float64))
+
+
+def test_fully_masked_row_counts_as_ignored():
+    x = torch.tensor([[1.0, 2.0, 0.0], [-INF, -INF, -INF]], requires_grad=True)
+    t = torch.tensor([1, 0])
+    loss = SF.cross_entropy(x, t)
+    torch.testing.assert_close(loss, F.cross_entropy(x[:1].detach(), t[:1]))
+    loss.backward()
+    assert (x.grad[1] == 0).all()
+    torch.testing.assert_close(x.grad[0], torch.softmax(x[0].detach(), 0) - torch.tensor([0.0, 1.0, 0.0]))
+    assert SF.cross_entropy(x, t, reduction="none")[1].item() == 0.0
+    # soft targets: same rule, the mean counts valid rows only
+    y = torch.tensor([[0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
+    torch.testing.assert_close(SF.cross_entropy(x.detach(), y), F.cross_entropy(x[:1].detach(), y[:1]))
+
+
+def test_masked_target_is_inf_with_finite_gradient():
+    x = torch.tensor([[-INF, 1.0, 2.0]], requires_grad=True)
+    t = torch.tensor([0])
+    loss = SF.cross_entropy(x, t)
+    assert loss.item() == INF == F.cross_entropy(x.detach(), t).item()
+    loss.backward()
+    assert torch.isfinite(x.grad).all()
+    torch.testing.assert_close(x.grad[0], torch.softmax(x[0].detach(), 0) - torch.tensor([1.0, 0, 0]))
+
+
+def test_soft_target_zero_mass_on_masked_class():
+    x = torch.tensor([[-INF, 1.0, 2.0]], requires_grad=True)
+    y = torch.tensor([[0.0, 0.5, 0.5]])
+    loss = SF.cross_entropy(x, y)
+    assert torch.isnan(F.cross_entropy(x.detach(), y))  # torch: 0 * (-inf)
+    ref = -(0.5 * torch.log_softmax(x[0, 1:].detach(), 0)).sum()
+    torch.testing.assert_close(loss, ref)
+    loss.backward()
+    assert x.grad[0, 0] == 0 and torch.isfinite(x.grad).all()
+
+
+def test_posinf_logits_limit():
+    x = torch.tensor([[INF, 1.0, 2.0], [INF, INF, 0.0], [3.0, INF, 0.0]], requires_grad=True)
+    t = torch.tensor([0, 0, 0])
+    loss = SF.cross_entropy(x, t, reduction="none")
+    torch.testing.assert_close(loss[:2], torch.tensor([0.0, 0.6931472]))
+    assert loss[2].item() == INF
+    loss.sum().backward()
+    expect = torch.tensor([[0.0, 0.0, 0.0], [-0.5, 0.5, 0.0], [-1.0, 1.0, 0.0]])
+    torch.testing.assert_close(x.grad, expect)
+
+
+@given(logits_with_masks(dtype=torch.float32, max_abs=float(torch.tensor(1e30))), st.floats(0.0, 1.0),
+       st.booleans(), st.data())
+def test_property_no_nan_created(xm, eps, weighted, data):
+    x, mask = xm
+    x = x.masked_fill(~mask, -INF).requires_grad_(True)
+    C = x.shape[1]
+    t = torch.tensor(data.draw(st.lists(st.integers(0, C - 1), min_size=x.shape[0], max_size=x.shape[0])))
+    w = torch.rand(C) + 0.5 if weighted else None
+    loss = SF.cross_entropy(x, t, weight=w, label_smoothing=eps, reduction="sum")
+    loss.backward()
+    assert not torch.isnan(loss)
+    assert torch.isfinite(x.grad).all()
+    not_target = torch.ones_like(mask).scatter_(1, t[:, None], False)
+    assert (x.grad[~mask & not_target] == 0).all()
+    assert (x.grad[~mask.any(1)] == 0).all()
+    # where torch is finite, equal
+    ref = F.cross_entropy(x.detach().double(), t, weight=None if w is None else w.double(),
+                          label_smoothing=eps, reduction="none")
+    ours = SF.cross_entropy(x.detach().double(), t, weight=None if w is None else w.double(),
+                            label_smoothing=eps, reduction="none")
+    fin = torch.isfinite(ref) & mask.all(1)
+    torch.testing.assert_close(ours[fin], ref[fin], rtol=1e-9, atol=1e-9)
+
+
+@given(logits_with_masks(dtype=torch.float32, max_abs=1e4))
+def test_property_nan_propagates(xm):
+    x, mask = xm
+    x = x.masked_fill(~mask, -INF)
+    x[0, 0] = float("nan")
+    x.requires_grad_(True)
+    t = torch.zeros(x.shape[0], dtype=torch.long)
+    loss = SF.cross_entropy(x, t, reduction="none")
+    assert torch.isnan(loss[0])
+    loss.sum().backward()
+    assert torch.isnan(x.grad[0]).all()
+    assert not torch.isnan(x.grad[1:]).any()
+
+
+# ---------------------------------------------------------------- autograd machinery
+
+
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_gradcheck_gradgradcheck(soft, weighted, eps):
+    x = torch.randn(3, 4, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(4, dtype=torch.float64) + 0.5 if weighted else None
+    t = torch.softmax(torch.randn(3, 4, 2, dtype=torch.float64), 1) if soft else torch.tensor([[0, 3], [-100, 1], [2, 2]])
+    fn = lambda z: SF.cross_entropy(z, t, weight=w, label_smoothing=eps, reduction="none")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x,), check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(fn, (x,), check_batched_grad=True)
+
+
+def test_func_grad_and_vmap():
+    x = torch.randn(6, 5, 4, dtype=torch.float64)
+    t = torch.randint(0, 4, (6, 5))
+    w = torch.rand(4, dtype=torch.float64) + 0.5
+    ours = torch.func.vmap(torch.func.grad(lambda z, y: SF.cross_entropy(z, y, weight=w, label_smoothing=0.1)))(x, t)
+    ref = torch.func.vmap(torch.func.grad(lambda z, y: F.cross_entropy(z, y, weight=w, label_smoothing=0.1)))(x, t)
+    torch.testing.assert_close(ours, ref)
+    y = torch.softmax(torch.randn(6, 5, 4, dtype=torch.float64), -1)
+    ours = torch.func.vmap(lambda z, q: SF.cross_entropy(z, q, reduction="none"))(x, y)
+    torch.testing.assert_close(ours, F.cross_entropy(x.reshape(30, 4), y.reshape(30, 4), reduction="none").view(6, 5))
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_low_precision_dtype_and_autocast(dt, device):
+    x = (torch.randn(8, 5, device=device) * 4).to(dt).requires_grad_(True)
+    t = torch.randint(0, 5, (8,), device=device)
+    out = SF.cross_entropy(x, t, label_smoothing=0.1)
+    ref = F.cross_entropy(x.float(), t, label_smoothing=0.1)
+    assert out.dtype == dt
+    torch.testing.assert_close(out.float(), ref, **tol(dt))
+    out.backward()
+    assert x.grad.dtype == dt
+    with torch.autocast(device_type=device, dtype=dt):
+        out = SF.cross_entropy(x, t)
+        builtin = F.cross_entropy(x, t)
+    assert out.dtype == builtin.dtype == torch.float32
+
+
+def test_parity_on_device(device):
+    x = torch.randn(16, 7, 3, device=device, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 7, (16, 3), device=device)
+    t[0, 0] = 2
+    w = torch.rand(7, device=device, dtype=torch.float64)
+    kw = dict(weight=w, ignore_index=2, label_smoothing=0.2)
+    (v0, g0), (v1, g1) = _both(lambda z: F.cross_entropy(z, t, **kw), lambda z: SF.cross_entropy(z, t, **kw), x)
+    torch.testing.assert_close(v1, v0)
+    torch.testing.assert_close(g1, g0)
+
+
+@pytest.mark.slow
+def test_compile_fullgraph():
+    x = torch.randn(8, 5, requires_grad=True)
+    x.data[0, 1] = -INF
+    t = torch.randint(0, 5, (8,))
+    f = torch.compile(lambda z: SF.cross_entropy(z, t, label_smoothing=0.1), fullgraph=True)
+    out = f(x)
+    (g,) = torch.autograd.grad(out, x)
+    x2 = x.detach().clone().requires_grad_(True)
+    ref = SF.cross_entropy(x2, t, label_smoothing=0.1)
+    (g2,) = torch.autograd.grad(ref, x2)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(g, g2)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_errors():
+    x = torch.randn(4, 3)
+    t = torch.tensor([0, 1, 2, 1])
+    with pytest.raises(ValueError, match="cross_entropy: reduction must be 'none', 'mean' or 'sum', got 'avg'"):
+        SF.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(RuntimeError, match="cross_entropy: expected target dtype to be Long or Byte"):
+        SF.cross_entropy(x, t.int())
+    with pytest.raises(RuntimeError, match="cross_entropy: expected target dtype"):
+        SF.cross_entropy(x, t.float())
+    with pytest.raises(RuntimeError, match="floating point type for target with class probabilities"):
+        SF.cross_entropy(x, torch.zeros(4, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="cross_entropy: target of class indices must have shape"):
+        SF.cross_entropy(x, torch.zeros(5, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="cross_entropy: weight tensor should be defined"):
+        SF.cross_entropy(x, t, weight=torch.ones(4))
+    with pytest.raises(RuntimeError, match="cross_entropy: weight tensor should be defined"):
+        SF.cross_entropy(x, t, weight=torch.ones(3, 1))
+    with pytest.raises(RuntimeError, match="cross_entropy: label_smoothing must be between 0.0 and 1.0"):
+        SF.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises((RuntimeError, IndexError), match="out of bounds"):
+        SF.cross_entropy(x, torch.tensor([0, 1, 3, 1]))
+    with pytest.raises((RuntimeError, IndexError), match="out of bounds"):
+        SF.cross_entropy(x, torch.tensor([0, 1, -1, 1]))
+    with pytest.raises(TypeError, match="cross_entropy: input must be a floating-point tensor"):
+        SF.cross_entropy(t, t)
+    with pytest.raises(ValueError, match="cross_entropy: input must have a class dimension"):
+        SF.cross_entropy(torch.tensor(1.0), torch.tensor(0))
