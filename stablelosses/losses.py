@@ -247,7 +247,7 @@ class LogCoshLoss(nn.Module):
         >>> import torch, stablelosses as sl
         >>> x = torch.tensor([1000.0], requires_grad=True)
         >>> sl.LogCoshLoss()(x, torch.zeros(1))
-        tensor(999.3069, grad_fn=...)
+        tensor(999.3068, grad_fn=...)
     """
 
     def __init__(self, reduction: str = "mean") -> None:

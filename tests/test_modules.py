@@ -1,0 +1,103 @@
+"""The nn.Module classes: config as attributes, repr, buffers, and equality with the functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import stablelosses as sl
+import stablelosses.functional as SF
+
+
+def _inputs(kind: str):
+    torch.manual_seed(0)
+    if kind == "regression":
+        return torch.randn(6, 3, requires_grad=True), torch.randn(6, 3)
+    if kind == "classes":
+        return torch.randn(6, 5, requires_grad=True), torch.tensor([0, 4, 2, -100, 1, 3])
+    if kind == "binary":
+        return torch.randn(6, 3, requires_grad=True), (torch.rand(6, 3) > 0.5).float()
+    if kind == "kl":
+        return torch.log_softmax(torch.randn(6, 5), -1).requires_grad_(), torch.softmax(torch.randn(6, 5), -1)
+    raise AssertionError(kind)
+
+
+CASES = [
+    ("regression", sl.RMSELoss(reduction="sum", eps=1e-3), lambda x, y: SF.rmse_loss(x, y, reduction="sum", eps=1e-3)),
+    ("regression", sl.LogCoshLoss(), lambda x, y: SF.log_cosh_loss(x, y)),
+    ("classes", sl.CrossEntropyLoss(weight=torch.rand(5), label_smoothing=0.1),
+     None),  # filled in below: needs the module's weight
+    ("classes", sl.FocalLoss(gamma=1.5, reduction="none"), lambda x, y: SF.focal_loss(x, y, gamma=1.5, reduction="none")),
+    ("binary", sl.SigmoidFocalLoss(alpha=0.5, gamma=1.0), lambda x, y: SF.sigmoid_focal_loss(x, y, 0.5, 1.0, "mean")),
+    ("kl", sl.KLDivLoss(reduction="batchmean"), lambda x, y: SF.kl_div(x, y, reduction="batchmean")),
+]
+
+
+@pytest.mark.parametrize("kind, module, fn", CASES, ids=[type(c[1]).__name__ for c in CASES])
+def test_module_equals_function(kind, module, fn):
+    if fn is None:
+        fn = lambda x, y: SF.cross_entropy(x, y, weight=module.weight, label_smoothing=0.1)  # noqa: E731
+    x, y = _inputs(kind)
+    out_m = module(x, y)
+    (g_m,) = torch.autograd.grad(out_m.sum(), x)
+    out_f = fn(x, y)
+    (g_f,) = torch.autograd.grad(out_f.sum(), x)
+    assert torch.equal(out_m, out_f)
+    assert torch.equal(g_m, g_f)
+
+
+def test_modules_match_torch_modules():
+    x, y = _inputs("classes")
+    y = y.clamp(min=0)  # ignore_index is 2 here, so -100 would be out of range (as in torch)
+    w = torch.rand(5)
+    torch.testing.assert_close(
+        sl.CrossEntropyLoss(weight=w, ignore_index=2, label_smoothing=0.2)(x, y),
+        nn.CrossEntropyLoss(weight=w, ignore_index=2, label_smoothing=0.2)(x, y),
+    )
+    lp, q = _inputs("kl")
+    for red in ["none", "sum", "batchmean", "mean"]:
+        torch.testing.assert_close(sl.KLDivLoss(reduction=red)(lp, q), nn.KLDivLoss(reduction=red)(lp, q))
+    xr, yr = _inputs("regression")
+    torch.testing.assert_close(sl.RMSELoss()(xr, yr), torch.sqrt(nn.MSELoss()(xr, yr)))
+
+
+def test_weight_is_a_buffer_and_config_attributes():
+    w = torch.rand(5)
+    ce = sl.CrossEntropyLoss(weight=w, ignore_index=3, label_smoothing=0.05)
+    assert "weight" in dict(ce.named_buffers())
+    assert torch.equal(ce.state_dict()["weight"], w)
+    assert ce.ignore_index == 3 and ce.reduction == "mean" and ce.label_smoothing == 0.05
+    fl = sl.FocalLoss(gamma=0.5, weight=w)
+    assert fl.gamma == 0.5 and torch.equal(fl.weight, w)
+    assert sl.FocalLoss().weight is None
+    sfl = sl.SigmoidFocalLoss()
+    assert (sfl.alpha, sfl.gamma, sfl.reduction) == (0.25, 2.0, "mean")
+    assert sl.RMSELoss().eps == 0.0
+    assert sl.KLDivLoss(log_target=True).log_target is True
+    assert sl.FocalLoss(weight=w).to(torch.float64).weight.dtype == torch.float64
+
+
+def test_reprs_show_config():
+    assert repr(sl.RMSELoss(reduction="sum", eps=0.5)) == "RMSELoss(reduction='sum', eps=0.5)"
+    assert "label_smoothing=0.1" in repr(sl.CrossEntropyLoss(label_smoothing=0.1))
+    assert "gamma=0.5" in repr(sl.FocalLoss(gamma=0.5))
+    assert repr(sl.SigmoidFocalLoss()) == "SigmoidFocalLoss(alpha=0.25, gamma=2.0, reduction='mean')"
+    assert repr(sl.KLDivLoss()) == "KLDivLoss(reduction='mean', log_target=False)"
+    assert repr(sl.LogCoshLoss()) == "LogCoshLoss(reduction='mean')"
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [(sl.RMSELoss, {}), (sl.CrossEntropyLoss, {}), (sl.FocalLoss, {}), (sl.SigmoidFocalLoss, {}),
+     (sl.LogCoshLoss, {}), (sl.KLDivLoss, {})],
+)
+def test_bad_reduction_raises_naming_the_class(cls, kwargs):
+    with pytest.raises(ValueError, match=f"{cls.__name__}: reduction must be"):
+        cls(reduction="avg", **kwargs)
+
+
+def test_legacy_size_average_and_reduce_map_like_torch():
+    assert sl.CrossEntropyLoss(size_average=False).reduction == nn.CrossEntropyLoss(size_average=False).reduction
+    assert sl.CrossEntropyLoss(reduce=False).reduction == nn.CrossEntropyLoss(reduce=False).reduction
+    assert sl.KLDivLoss(size_average=True, reduce=True).reduction == nn.KLDivLoss(size_average=True, reduce=True).reduction
