@@ -1,0 +1,8 @@
+"""``python -m stablelosses``: see :mod:`stablelosses.cli`."""
+
+import sys
+
+from stablelosses.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+r"""The hazard catalog as data: each naive PyTorch formula beside its stablelosses function.
+
+Every `Hazard` holds a name, a factory for its inputs, the naive formula (the snippet people
+write or the built-in) and the stablelosses call. `evaluate` runs one side (forward value and
+the gradient of ``output.sum()`` with respect to one input) and `render` prints the table that
+``python -m stablelosses`` shows. The docs reuse `HAZARDS`.
+
+Example:
+    >>> from stablelosses._demo import HAZARDS, evaluate
+    >>> h = next(h for h in HAZARDS if h.name == "log(cosh(x)) at x = 1000")
+    >>> naive = evaluate(h, "naive")
+    >>> naive.value_text, naive.grad_text, naive.ok
+    ('inf', 'nan', False)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+import stablelosses.functional as SF
+
+_INF = math.inf
+
+__all__ = ["Hazard", "Result", "HAZARDS", "evaluate", "render"]
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One row of the demo.
+
+    Attributes:
+        name: short title of the hazard.
+        inputs: builds fresh input tensors (the one at ``grad_arg`` gets ``requires_grad``).
+        naive: the naive formula, called as ``naive(*inputs)``.
+        stable: the stablelosses call, called as ``stable(*inputs)``.
+        grad_arg: which input's gradient is shown.
+        inf_ok: the exact value holds ±inf (a masked entry, the logsumexp of nothing), so an
+            infinite value is right; a NaN never is.
+    """
+
+    name: str
+    inputs: Callable[[], Tuple[torch.Tensor, ...]]
+    naive: Callable[..., torch.Tensor]
+    stable: Callable[..., torch.Tensor]
+    grad_arg: int = 0
+    inf_ok: bool = False
+
+
+@dataclass(frozen=True)
+class Result:
+    """One side of a row: the value, the gradient, whether both are sound, or an error."""
+
+    value: Optional[torch.Tensor]
+    grad: Optional[torch.Tensor]
+    error: Optional[str] = None
+    inf_ok: bool = False
+
+    @property
+    def ok(self) -> bool:
+        if self.error is not None or self.value is None:
+            return False
+        v = self.value.detach().float()
+        if torch.isnan(v).any():
+            return False
+        if not self.inf_ok and torch.isinf(v).any():
+            return False
+        return self.grad is None or bool(torch.isfinite(self.grad.float()).all())
+
+    @property
+    def value_text(self) -> str:
+        return self.error if self.error is not None else _fmt(self.value)
+
+    @property
+    def grad_text(self) -> str:
+        return "" if self.error is not None else _fmt(self.grad)
+
+
+def _fmt(t: Optional[torch.Tensor]) -> str:
+    if t is None:
+        return "-"
+    vals = t.detach().double().reshape(-1).tolist()
+    parts = [_num(v) for v in vals[:4]] + (["…"] if len(vals) > 4 else [])
+    return parts[0] if t.dim() == 0 else "[" + ", ".join(parts) + "]"
+
+
+def _num(v: float) -> str:
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    return f"{v:.4g}"
+
+
+def _t(*values, dtype=torch.float32):
+    return torch.tensor(values, dtype=dtype)
+
+
+# ---- the naive formulas: what the snippets people post compute --------------------------
+
+
+def _naive_rmse(x, y):
+    return torch.sqrt(F.mse_loss(x, y))
+
+
+def _naive_div(a, b):
+    return torch.where(b != 0, a / b, torch.zeros_like(a))
+
+
+def _naive_softmax(z):
+    return torch.exp(z) / torch.exp(z).sum()
+
+
+def _masked(x, keep):
+    return x.masked_fill(~keep, -_INF)
+
+
+def _classic_focal(x, t, gamma=2.0):
+    # the classic snippet: softmax, pick p_t, take its log
+    pt = F.softmax(x, dim=1).gather(1, t[:, None]).squeeze(1)
+    return (-((1 - pt) ** gamma) * torch.log(pt)).mean()
+
+
+def _logpt_focal(x, t, gamma):
+    # the log-space variant: finite log p_t, but (1 - p_t) ** gamma has an infinite slope at 1
+    logpt = F.log_softmax(x, dim=1).gather(1, t[:, None]).squeeze(1)
+    return (-((1 - logpt.exp()) ** gamma) * logpt).mean()
+
+
+def _sigmoid_focal_formula(x, y, alpha=0.25, gamma=2.0):
+    # the formula of torchvision.ops.sigmoid_focal_loss
+    p = torch.sigmoid(x)
+    bce = F.binary_cross_entropy_with_logits(x, y, reduction="none")
+    p_t = y * p + (1 - y) * (1 - p)
+    a_t = y * alpha + (1 - y) * (1 - alpha)
+    return a_t * bce * (1 - p_t) ** gamma
+
+
+def _long(*values):
+    return torch.tensor(values, dtype=torch.long)
+
+
+HAZARDS: Sequence[Hazard] = (
+    Hazard(
+        "sqrt at 0",
+        lambda: (_t(0.0, 4.0),),
+        torch.sqrt,
+        SF.safe_sqrt,
+    ),
+    Hazard(
+        "RMSE of a zero residual",
+        lambda: (_t(1.0, 2.0), _t(1.0, 2.0)),
+        _naive_rmse,
+        SF.rmse_loss,
+    ),
+    Hazard(
+        "a / b with b = 0 (where(b != 0, a/b, 0))",
+        lambda: (_t(1.0, 2.0), _t(0.0, 4.0)),
+        _naive_div,
+        SF.safe_div,
+    ),
+    Hazard(
+        "softmax exp(z)/sum exp(z), z = [92, 1]",
+        lambda: (_t(92.0, 1.0),),
+        _naive_softmax,
+        lambda z: SF.softmax(z, 0),
+    ),
+    Hazard(
+        "softmax of a fully masked row",
+        lambda: (_t(1.0, 2.0, 3.0),),
+        lambda x: torch.softmax(_masked(x, torch.zeros(3, dtype=torch.bool)), -1),
+        lambda x: SF.softmax(x, -1, mask=torch.zeros(3, dtype=torch.bool)),
+    ),
+    Hazard(
+        "logsumexp of all -inf",
+        lambda: (_t(-_INF, -_INF),),
+        lambda x: torch.logsumexp(x, 0),
+        lambda x: SF.logsumexp(x, 0),
+        inf_ok=True,
+    ),
+    Hazard(
+        "log_softmax with a masked row",
+        lambda: (torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]),),
+        lambda x: torch.log_softmax(_masked(x, torch.tensor([[True, True, False], [False] * 3])), -1),
+        lambda x: SF.log_softmax(x, -1, mask=torch.tensor([[True, True, False], [False] * 3])),
+        inf_ok=True,
+    ),
+    Hazard(
+        "xlogy(x, y) at x = y = 0, d/dy",
+        lambda: (_t(0.0, 1.0), _t(0.0, 2.0)),
+        torch.xlogy,
+        SF.xlogy,
+        grad_arg=1,
+    ),
+    Hazard(
+        "focal loss snippet, logits [[10, -200]]",
+        lambda: (torch.tensor([[10.0, -200.0]]), _long(1)),
+        _classic_focal,
+        lambda x, t: SF.focal_loss(x, t, gamma=2.0),
+    ),
+    Hazard(
+        "focal loss γ=0.5 at p_t → 1",
+        lambda: (torch.tensor([[20.0, 0.0]]), _long(0)),
+        lambda x, t: _logpt_focal(x, t, 0.5),
+        lambda x, t: SF.focal_loss(x, t, gamma=0.5),
+    ),
+    Hazard(
+        "sigmoid focal (torchvision) logit 20, γ=0.5",
+        lambda: (torch.tensor(20.0), torch.tensor(1.0)),
+        lambda x, y: _sigmoid_focal_formula(x, y, gamma=0.5),
+        lambda x, y: SF.sigmoid_focal_loss(x, y, gamma=0.5),
+    ),
+    Hazard(
+        "cross_entropy, label smoothing, -inf logit",
+        lambda: (torch.tensor([[2.0, -_INF, 0.5]]), _long(0)),
+        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
+        lambda x, t: SF.cross_entropy(x, t, label_smoothing=0.1),
+    ),
+    Hazard(
+        "kl_div, zero target at -inf log-prob",
+        lambda: (torch.tensor([[-0.5, -_INF]]).log_softmax(-1), torch.tensor([[1.0, 0.0]])),
+        lambda x, p: F.kl_div(x, p, reduction="batchmean"),
+        lambda x, p: SF.kl_div(x, p, reduction="batchmean"),
+    ),
+    Hazard(
+        "log(cosh(x)) at x = 1000",
+        lambda: (torch.tensor(1000.0), torch.tensor(0.0)),
+        lambda x, y: torch.log(torch.cosh(x - y)),
+        SF.log_cosh_loss,
+    ),
+    Hazard(
+        "float16 RMSE, residual 300",
+        lambda: (_t(300.0, 300.0, dtype=torch.float16), _t(0.0, 0.0, dtype=torch.float16)),
+        _naive_rmse,
+        SF.rmse_loss,
+    ),
+)
+
+
+def evaluate(hazard: Hazard, side: str) -> Result:
+    """Run ``hazard.naive`` or ``hazard.stable`` ('naive' | 'stable'): value and gradient."""
+    fn = hazard.naive if side == "naive" else hazard.stable
+    inputs = [t.clone() for t in hazard.inputs()]
+    x = inputs[hazard.grad_arg].requires_grad_(True)
+    try:
+        with torch.autograd.set_detect_anomaly(False):
+            out = fn(*inputs)
+            out.sum().backward()
+    except NotImplementedError:
+        return Result(None, None, error="(not implemented)")
+    except Exception as e:  # the table reports any failure in its cell
+        return Result(None, None, error=f"{type(e).__name__}: {str(e).splitlines()[0][:60]}")
+    return Result(out.detach(), x.grad, inf_ok=hazard.inf_ok)
+
+
+def rows(hazards: Sequence[Hazard] = HAZARDS) -> list:
+    """``[(hazard, naive Result, stable Result)]``."""
+    return [(h, evaluate(h, "naive"), evaluate(h, "stable")) for h in hazards]
+
+
+def render(hazards: Sequence[Hazard] = HAZARDS) -> str:
+    """The aligned text table: naive value and gradient beside the stable ones."""
+    header = ("hazard", "naive value", "naive grad", "", "stable value", "stable grad", "")
+    body = []
+    for h, n, s in rows(hazards):
+        body.append((h.name, n.value_text, n.grad_text, _mark(n), s.value_text, s.grad_text, _mark(s)))
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    out = [line(header), "  ".join("-" * w for w in widths).rstrip()]
+    out += [line(r) for r in body]
+    bad_naive = sum(r[3] == "NaN/inf" for r in body)
+    out.append("")
+    out.append(
+        f"{bad_naive} of {len(body)} naive formulas give NaN/inf in the value or gradient; "
+        f"{sum(r[6] == 'ok' for r in body)} of {len(body)} stablelosses calls are finite and defined."
+    )
+    out.append("ok: no NaN, no overflow, finite gradient (-inf allowed where it is the exact value).")
+    return "\n".join(out)
+
+
+def _mark(r: Result) -> str:
+    if r.error is not None:
+        return "error"
+    return "ok" if r.ok else "NaN/inf"

@@ -1,0 +1,193 @@
+r"""The ``stablelosses`` command (also ``python -m stablelosses``).
+
+- no arguments, or ``demo``: the hazard table, naive formula beside stablelosses.
+- ``trace SCRIPT.py [ARGS...]``: run a script under
+  [`detect_nonfinite`][stablelosses.debug.detect_nonfinite]; report the first NaN/Inf created
+  (exit 1) or that there was none (exit 0).
+- ``bench [--device cuda] [--compile] [--quick] [--json PATH]``: the speed comparison.
+
+Bad arguments print one line to stderr and exit 2.
+
+Example:
+    >>> from stablelosses.cli import main
+    >>> main(["--version"])
+    stablelosses 0.1.0
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from typing import Optional, Sequence
+
+__all__ = ["main"]
+
+_PROG = "stablelosses"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) and no exit on errors."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise _UsageError(f"{self.prog}: error: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=_PROG,
+        description="Numerically stable losses for PyTorch. Without a command: the hazard demo.",
+    )
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    sub.add_parser(
+        "demo",
+        help="the hazard table: naive PyTorch formulas beside stablelosses (the default)",
+        description="For each hazard, the naive formula's value and gradient beside the "
+        "stablelosses function's.",
+    )
+
+    t = sub.add_parser(
+        "trace",
+        help="run a script under detect_nonfinite and report the first NaN/Inf",
+        description="Run SCRIPT (as `python SCRIPT ARGS...` would, with __name__ == '__main__') "
+        "under stablelosses.debug.detect_nonfinite. Exit 1 with a report of the first operator "
+        "that created a NaN/Inf, or 0 when none was created.",
+    )
+    t.add_argument("--warn", action="store_true",
+                   help="do not stop at the first one: report every distinct one at the end")
+    t.add_argument("--no-forward", dest="forward", action="store_false", help="skip the forward")
+    t.add_argument("--no-backward", dest="backward", action="store_false", help="skip the backward")
+    t.add_argument("--no-nan", dest="nan", action="store_false", help="do not report NaN")
+    t.add_argument("--no-inf", dest="inf", action="store_false", help="do not report Inf")
+    t.add_argument("--allow", action="append", default=[], metavar="OP",
+                   help="operator to ignore, e.g. aten::exp (repeatable)")
+    t.add_argument("script", metavar="SCRIPT.py", help="the script to run")
+    t.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+    b = sub.add_parser(
+        "bench",
+        help="speed of stablelosses against the built-ins and the naive formulas",
+        description="Benchmark every function against the PyTorch built-in and the naive formula.",
+    )
+    b.add_argument("--device", default="cpu", help="device to run on, e.g. cuda (default: cpu)")
+    b.add_argument("--compile", action="store_true", help="also time torch.compile'd versions")
+    b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    try:
+        if argv and argv[0] == "bench":
+            return _bench(parser, argv)
+        args = parser.parse_args(argv)
+    except _UsageError as e:
+        print(str(e).splitlines()[0], file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    if args.version:
+        from stablelosses import __version__
+
+        print(f"{_PROG} {__version__}")
+        return 0
+    if args.command in (None, "demo"):
+        return _demo()
+    if args.command == "trace":
+        return _trace(args)
+    raise AssertionError(args.command)  # pragma: no cover
+
+
+def _demo() -> int:
+    from stablelosses._demo import render
+
+    print(render())
+    return 0
+
+
+def _bench(parser: argparse.ArgumentParser, argv: list) -> int:
+    """Hand ``bench ARGS`` to ``stablelosses._bench.main(ARGS)``, which parses them itself."""
+    try:
+        import stablelosses._bench as bench
+    except ModuleNotFoundError as e:
+        if e.name != "stablelosses._bench":
+            raise
+        parser.parse_args(argv)  # --help still works; the options are listed here too
+        print(f"{_PROG} bench: not available (stablelosses._bench is missing)", file=sys.stderr)
+        return 2
+    try:
+        return int(bench.main(list(argv[1:])) or 0)
+    except SystemExit as e:  # its argparse: --help, or a bad argument (already reported)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from stablelosses.debug import NonFiniteError, detect_nonfinite
+
+    script = args.script
+    if not os.path.isfile(script):
+        print(f"{_PROG} trace: error: no such file: {script}", file=sys.stderr)
+        return 2
+    script_args = list(args.args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    detector = detect_nonfinite(
+        forward=args.forward, backward=args.backward, nan=args.nan, inf=args.inf,
+        mode="warn" if args.warn else "raise", allow=args.allow,
+    )
+    old_argv, old_path0 = sys.argv, sys.path[0] if sys.path else None
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    status = 0
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            if args.warn:
+                from stablelosses.debug import NonFiniteWarning
+
+                warnings.simplefilter("ignore", NonFiniteWarning)
+            with detector:
+                runpy.run_path(script, run_name="__main__")
+    except NonFiniteError:
+        pass  # reported below from detector.reports
+    except SystemExit as e:
+        code = e.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    finally:
+        sys.argv = old_argv
+        try:
+            sys.path.remove(os.path.dirname(os.path.abspath(script)))
+        except ValueError:
+            pass
+    reports = detector.reports
+    if not reports:
+        print(f"{_PROG} trace: no NaN/Inf created in {script}")
+        return status
+    if args.warn:
+        seen, unique = set(), []
+        for r in reports:
+            key = (r.op, r.phase, r.filename, r.lineno)
+            if key not in seen:
+                seen.add(key)
+                unique.append(r)
+        print(f"{_PROG} trace: {len(unique)} distinct NaN/Inf creations in {script}:")
+        for r in unique:
+            print(str(r), end="\n\n")
+    else:
+        print(f"{_PROG} trace: first NaN/Inf created in {script}:")
+        print(str(reports[0]))
+    return 1
