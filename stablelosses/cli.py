@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import runpy
 import sys
@@ -119,7 +120,8 @@ def _demo() -> int:
 def _bench(parser: argparse.ArgumentParser, argv: list) -> int:
     """Hand ``bench ARGS`` to ``stablelosses._bench.main(ARGS)``, which parses them itself."""
     try:
-        import stablelosses._bench as bench
+        # sys.modules first (not the package attribute), so a stand-in module is honoured
+        bench = importlib.import_module("stablelosses._bench")
     except ModuleNotFoundError as e:
         if e.name != "stablelosses._bench":
             raise
