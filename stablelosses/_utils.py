@@ -111,3 +111,20 @@ def reduce(loss: Tensor, reduction: str) -> Tensor:
     if reduction == "sum":
         return loss.sum()
     return loss
+
+
+def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Undo broadcasting in a backward: sum ``grad`` down to ``shape``."""
+    return grad if grad.shape == shape else grad.sum_to_size(shape)
+
+
+def legacy_reduction(size_average: object, reduce: object, reduction: str) -> str:
+    """torch's mapping of the deprecated ``size_average``/``reduce`` pair onto ``reduction``
+    (``legacy_get_string``): when either is given, it overrides ``reduction``."""
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"

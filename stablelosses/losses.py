@@ -13,18 +13,7 @@ from typing import Optional
 from torch import Tensor, nn
 
 from stablelosses import functional as SF
-from stablelosses._utils import check_reduction
-
-
-def _legacy_reduction(size_average: Optional[bool], reduce: Optional[bool], reduction: str) -> str:
-    """Map torch's deprecated ``size_average``/``reduce`` pair onto ``reduction``, as torch does."""
-    if size_average is None and reduce is None:
-        return reduction
-    size_average = True if size_average is None else size_average
-    reduce = True if reduce is None else reduce
-    if not reduce:
-        return "none"
-    return "mean" if size_average else "sum"
+from stablelosses._utils import check_reduction, legacy_reduction
 
 
 class RMSELoss(nn.Module):
@@ -89,7 +78,7 @@ class CrossEntropyLoss(nn.Module):
         label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
-        reduction = _legacy_reduction(size_average, reduce, reduction)
+        reduction = legacy_reduction(size_average, reduce, reduction)
         check_reduction("CrossEntropyLoss", reduction)
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
@@ -223,7 +212,7 @@ class KLDivLoss(nn.Module):
         log_target: bool = False,
     ) -> None:
         super().__init__()
-        reduction = _legacy_reduction(size_average, reduce, reduction)
+        reduction = legacy_reduction(size_average, reduce, reduction)
         check_reduction("KLDivLoss", reduction, ("none", "batchmean", "mean", "sum"))
         self.reduction = reduction
         self.log_target = log_target

@@ -7,12 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    """Undo broadcasting: sum ``grad`` down to ``shape``."""
-    if grad.shape == shape:
-        return grad
-    return grad.sum_to_size(shape)
+from stablelosses._utils import sum_to
 
 
 class _SafeDiv(torch.autograd.Function):
@@ -48,12 +43,12 @@ class _SafeDiv(torch.autograd.Function):
         g_over_b = (grad / safe_b).masked_fill_(zero, 0)
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_a = _sum_to(g_over_b, ctx.a_shape)
+            grad_a = sum_to(g_over_b, ctx.a_shape)
         if ctx.needs_input_grad[1]:
             # -(g / b) · (a / b); exactly 0 where the quotient is 0 (g / b may overflow for a
             # subnormal b, and inf · 0 would be NaN). 0 - x avoids -0.0.
             grad_b = torch.rsub(g_over_b * out, 0).masked_fill_(out == 0, 0)
             if not ctx.fill_finite:  # 0 · (±inf fill) must not become NaN
                 grad_b = grad_b.masked_fill_(zero, 0)
-            grad_b = _sum_to(grad_b, b.shape)
+            grad_b = sum_to(grad_b, b.shape)
         return grad_a, grad_b, None

@@ -7,9 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    return grad if grad.shape == shape else grad.sum_to_size(shape)
+from stablelosses._utils import sum_to
 
 
 class _KLDiv(torch.autograd.Function):
@@ -44,23 +42,23 @@ class _KLDiv(torch.autograd.Function):
             p = torch.exp(target)  # exactly 0 at target = -inf
             if ctx.needs_input_grad[0]:
                 # 0 - p·g: +0 (not -0) at zero-probability terms.
-                grad_input = _sum_to(torch.rsub(p * grad_output, 0.0), input.shape)
+                grad_input = sum_to(torch.rsub(p * grad_output, 0.0), input.shape)
             if ctx.needs_input_grad[1]:
                 # d/dt e^t (t - x) = e^t (t - x + 1); 0 at t = -inf (double where).
                 zero = target == -math.inf
                 t_safe = torch.where(zero, 0.0, target)
                 x_safe = torch.where(zero, 0.0, input)
                 g = torch.where(zero, 0.0, p * (t_safe - x_safe + 1))
-                grad_target = _sum_to(g * grad_output, target.shape)
+                grad_target = sum_to(g * grad_output, target.shape)
         else:
             if ctx.needs_input_grad[0]:
                 # 0 - t·g: +0 (not -0) at zero-probability terms.
-                grad_input = _sum_to(torch.rsub(target * grad_output, 0.0), input.shape)
+                grad_input = sum_to(torch.rsub(target * grad_output, 0.0), input.shape)
             if ctx.needs_input_grad[1]:
                 # d/dt (t log t - t x) = log t + 1 - x; 0 at t = 0 (double where).
                 zero = target == 0
                 t_safe = torch.where(zero, 1.0, target)
                 x_safe = torch.where(zero, 0.0, input)
                 g = torch.where(zero, 0.0, torch.log(t_safe) + 1 - x_safe)
-                grad_target = _sum_to(g * grad_output, target.shape)
+                grad_target = sum_to(g * grad_output, target.shape)
         return grad_input, grad_target, None

@@ -7,11 +7,9 @@ import math
 import torch
 from torch import Tensor
 
+from stablelosses._utils import sum_to
+
 _LOG2 = math.log(2.0)
-
-
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    return grad if grad.shape == shape else grad.sum_to_size(shape)
 
 
 class _LogCosh(torch.autograd.Function):
@@ -47,7 +45,7 @@ class _LogCosh(torch.autograd.Function):
         grad = torch.tanh(input - target) * g
         grad_input = grad_target = None
         if ctx.needs_input_grad[0]:
-            grad_input = _sum_to(grad, input.shape)
+            grad_input = sum_to(grad, input.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = _sum_to(-grad, target.shape)
+            grad_target = sum_to(-grad, target.shape)
         return grad_input, grad_target, None

@@ -7,11 +7,9 @@ import math
 import torch
 from torch import Tensor
 
+from stablelosses._utils import sum_to
+
 _NONE, _MEAN, _SUM = 0, 1, 2
-
-
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    return grad if grad.shape == shape else grad.sum_to_size(shape)
 
 
 def _common(input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -75,7 +73,7 @@ class _RMSE(torch.autograd.Function):
         grad = (x - y) / safe * (grad_output / d if d != 1 else grad_output)
         grad_input = grad_target = None
         if ctx.needs_input_grad[0]:
-            grad_input = _sum_to(grad, input.shape)
+            grad_input = sum_to(grad, input.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = _sum_to(-grad, target.shape)
+            grad_target = sum_to(-grad, target.shape)
         return grad_input, grad_target, None, None

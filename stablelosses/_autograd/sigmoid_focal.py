@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from stablelosses._utils import sum_to
+
 _NONE, _MEAN, _SUM = 0, 1, 2
 # Elements per chunk of the eager, no-autograd paths: the ~10 temporaries of a chunk stay
 # in cache instead of each being a full-size tensor.
@@ -98,10 +100,6 @@ def _chunkable(x: Tensor, t: Tensor) -> bool:
     )
 
 
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    return grad if grad.shape == shape else grad.sum_to_size(shape)
-
-
 class _SigmoidFocal(torch.autograd.Function):
     """``reduce(α_t · BCE(x, t) · (1 - p_t)**γ)``; ``mode`` 0 = none, 1 = mean, 2 = sum."""
 
@@ -165,6 +163,6 @@ class _SigmoidFocal(torch.autograd.Function):
                 None,
             )
         gx, gt = _grads(input, target, alpha, gamma, need_x, need_t)
-        grad_input = _sum_to(gx * scale, input.shape) if need_x else None
-        grad_target = _sum_to(gt * scale, target.shape) if need_t else None
+        grad_input = sum_to(gx * scale, input.shape) if need_x else None
+        grad_target = sum_to(gt * scale, target.shape) if need_t else None
         return grad_input, grad_target, None, None, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.div import _sum_to
+from stablelosses._utils import sum_to
 
 
 class _XLogY(torch.autograd.Function):
@@ -35,9 +35,9 @@ class _XLogY(torch.autograd.Function):
             both_zero = x_zero & (y == 0)
             safe_y = y.masked_fill(both_zero, 1)
             grad_x = (grad * torch.log(safe_y)).masked_fill_(both_zero, 0)
-            grad_x = _sum_to(grad_x, x.shape)
+            grad_x = sum_to(grad_x, x.shape)
         if ctx.needs_input_grad[1]:
             safe_y = y.masked_fill(x_zero, 1)
             grad_y = (grad * (x / safe_y)).masked_fill_(x_zero, 0)
-            grad_y = _sum_to(grad_y, y.shape)
+            grad_y = sum_to(grad_y, y.shape)
         return grad_x, grad_y

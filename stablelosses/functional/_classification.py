@@ -9,18 +9,16 @@ from torch import Tensor
 
 from stablelosses._autograd.cross_entropy import _CrossEntropyIndex, _CrossEntropyProb
 from stablelosses._autograd.focal import _FocalLoss
-from stablelosses._utils import check_floating, check_reduction, check_tensor, loss_out_dtype, upcast
+from stablelosses._utils import (
+    check_floating,
+    check_reduction,
+    check_tensor,
+    legacy_reduction,
+    loss_out_dtype,
+    upcast,
+)
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
-
-
-def _legacy_get_string(size_average: Optional[bool], reduce: Optional[bool]) -> str:
-    """torch's mapping of the deprecated ``size_average``/``reduce`` pair onto ``reduction``."""
-    size_average = True if size_average is None else size_average
-    reduce = True if reduce is None else reduce
-    if not reduce:
-        return "none"
-    return "mean" if size_average else "sum"
 
 
 def _class_dim(fn: str, input: Tensor) -> int:
@@ -158,7 +156,7 @@ def cross_entropy(
     """
     fn = "cross_entropy"
     if size_average is not None or reduce is not None:
-        reduction = _legacy_get_string(size_average, reduce)
+        reduction = legacy_reduction(size_average, reduce, reduction)
     check_reduction(fn, reduction)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)

@@ -7,20 +7,9 @@ from typing import Optional
 from torch import Tensor
 
 from stablelosses._autograd.kl import _KLDiv
-from stablelosses._utils import check_floating, check_reduction, loss_out_dtype, upcast
+from stablelosses._utils import check_floating, check_reduction, legacy_reduction, loss_out_dtype, upcast
 
 _KL_REDUCTIONS = ("none", "batchmean", "mean", "sum")
-
-
-def _legacy_reduction(size_average: Optional[bool], reduce: Optional[bool], reduction: str) -> str:
-    # torch's legacy_get_string: either deprecated flag overrides `reduction`.
-    if size_average is None and reduce is None:
-        return reduction
-    size_average = True if size_average is None else size_average
-    reduce = True if reduce is None else reduce
-    if not reduce:
-        return "none"
-    return "mean" if size_average else "sum"
 
 
 def kl_div(
@@ -100,7 +89,7 @@ def kl_div(
     check_reduction(fn, reduction, _KL_REDUCTIONS)
     # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
     # the result by input.size(0) afterwards (torch keeps that quirk).
-    base = _legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
+    base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
     out_dtype = loss_out_dtype(input)
     loss = _KLDiv.apply(upcast(input), upcast(target), bool(log_target))
     if base == "sum":
