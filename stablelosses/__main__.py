@@ -1,4 +1,4 @@
-"""``python -m stablelosses``: see :mod:`stablelosses.cli`."""
+"""``python -m stablelosses``: see `stablelosses.cli`."""
 
 import sys
 

@@ -2,7 +2,7 @@
 
 Each class stores its configuration, registers ``weight`` as a buffer (so ``.to()`` and
 ``state_dict()`` carry it), and calls the function of the same name in
-:mod:`stablelosses.functional` in ``forward``. The math, the defined gradients and the examples
+`stablelosses.functional` in ``forward``. The math, the defined gradients and the examples
 are documented once, on those functions.
 """
 

@@ -1,7 +1,7 @@
 """Functional API: the stable ops and the losses.
 
 ``import stablelosses.functional as SF`` gives every function; the module classes that wrap
-the losses live in :mod:`stablelosses.losses` (and at the top level).
+the losses live in `stablelosses.losses` (and at the top level).
 """
 
 from stablelosses.functional._classification import cross_entropy, focal_loss
