@@ -13,7 +13,7 @@ from typing import Optional
 from torch import Tensor, nn
 
 from stablelosses import functional as SF
-from stablelosses._utils import check_reduction, legacy_reduction
+from stablelosses._utils import check_nonnegative, check_reduction, legacy_reduction
 
 
 class RMSELoss(nn.Module):
@@ -37,6 +37,7 @@ class RMSELoss(nn.Module):
     def __init__(self, reduction: str = "mean", eps: float = 0.0) -> None:
         super().__init__()
         check_reduction("RMSELoss", reduction)
+        check_nonnegative("RMSELoss", "eps", eps)
         self.reduction = reduction
         self.eps = eps
 
@@ -131,6 +132,7 @@ class FocalLoss(nn.Module):
     ) -> None:
         super().__init__()
         check_reduction("FocalLoss", reduction)
+        check_nonnegative("FocalLoss", "gamma", gamma)
         self.gamma = gamma
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
@@ -173,6 +175,7 @@ class SigmoidFocalLoss(nn.Module):
     def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "mean") -> None:
         super().__init__()
         check_reduction("SigmoidFocalLoss", reduction)
+        check_nonnegative("SigmoidFocalLoss", "gamma", gamma)
         self.alpha = alpha
         self.gamma = gamma
         self.reduction = reduction

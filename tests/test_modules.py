@@ -101,3 +101,13 @@ def test_legacy_size_average_and_reduce_map_like_torch():
     assert sl.CrossEntropyLoss(size_average=False).reduction == nn.CrossEntropyLoss(size_average=False).reduction
     assert sl.CrossEntropyLoss(reduce=False).reduction == nn.CrossEntropyLoss(reduce=False).reduction
     assert sl.KLDivLoss(size_average=True, reduce=True).reduction == nn.KLDivLoss(size_average=True, reduce=True).reduction
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: sl.FocalLoss(gamma=-0.5), "FocalLoss: gamma must be >= 0"),
+    (lambda: sl.SigmoidFocalLoss(gamma=float("nan")), "SigmoidFocalLoss: gamma must be >= 0"),
+    (lambda: sl.RMSELoss(eps=-1e-3), "RMSELoss: eps must be >= 0"),
+])
+def test_constructor_checks_config(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
