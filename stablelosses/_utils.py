@@ -6,7 +6,7 @@ tensor values, so it costs no host sync and traces under ``torch.compile(fullgra
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -128,3 +128,21 @@ def legacy_reduction(size_average: object, reduce: object, reduction: str) -> st
     if not reduce:
         return "none"
     return "mean" if size_average else "sum"
+
+
+def inplace_ok(*tensors: Optional[Tensor]) -> bool:
+    """In-place updates of a fresh tensor are safe: no double backward, no vmap wrappers.
+
+    Under vmap (also the batched-gradient vmap of gradcheck) the row scale may be batched
+    while the saved log-probabilities are not; an in-place op cannot grow its target.
+    """
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False  # compiled: functionalized and fused anyway
+    fc = getattr(torch._C, "_functorch", None)
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if fc is None or active is None or active():
+        return False
+    for t in tensors:
+        if t is not None and (fc.is_functorch_wrapped_tensor(t) or fc.is_legacy_batchedtensor(t)):
+            return False
+    return True

@@ -19,6 +19,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from stablelosses._utils import inplace_ok
+
 
 def _lsm_prelude(x: Tensor, cdim: int) -> Tuple[Tensor, Tensor, float]:
     """``log_softmax`` of the logits clamped to ``±finfo.max``, the logsumexp read off class 0."""
@@ -78,24 +80,6 @@ def _add_lsm_grad(g: Tensor, lsm: Tensor, grad_lsm: Optional[Tensor], cdim: int)
     return g + grad_lsm - torch.exp(lsm) * grad_lsm.sum(cdim, keepdim=True)
 
 
-def _inplace_ok(*tensors: Optional[Tensor]) -> bool:
-    """In-place updates of a fresh tensor are safe: no double backward, no vmap wrappers.
-
-    Under vmap (also the batched-gradient vmap of gradcheck) the row scale may be batched
-    while the saved log-probabilities are not; an in-place op cannot grow its target.
-    """
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return False  # compiled: functionalized and fused anyway
-    fc = getattr(torch._C, "_functorch", None)
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    if fc is None or active is None or active():
-        return False
-    for t in tensors:
-        if t is not None and (fc.is_functorch_wrapped_tensor(t) or fc.is_legacy_batchedtensor(t)):
-            return False
-    return True
-
-
 def softmax_minus_target(
     lsm: Tensor, row_scale: Tensor, idx: Tensor, t_scale: Tensor, cdim: int,
     dense: Optional[Tensor] = None,
@@ -103,7 +87,7 @@ def softmax_minus_target(
     """``exp(lsm) * row_scale - dense - onehot(idx) * t_scale`` in few full passes."""
     row_scale = row_scale.unsqueeze(cdim)
     t_scale = t_scale.unsqueeze(cdim)
-    if not _inplace_ok(lsm, row_scale, t_scale, dense):
+    if not inplace_ok(lsm, row_scale, t_scale, dense):
         # Double backward needs exp's saved result intact: out-of-place.
         g = torch.exp(lsm) * row_scale
         if dense is not None:

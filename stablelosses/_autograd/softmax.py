@@ -19,6 +19,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from stablelosses._utils import inplace_ok
+
 _INF = float("inf")
 
 
@@ -136,14 +138,20 @@ class _LogSumExp(torch.autograd.Function):
                 grad = grad.unsqueeze(d)
         # exp(x - out) is the softmax except where out is ±inf:
         #   out = -inf: shift by 0 instead, exp(-inf) = 0 everywhere;
-        #   out = +inf: x - out is NaN exactly at the +inf entries (and 0 elsewhere after exp);
-        #   those NaNs become 1 and the slice is divided by their count.
+        #   out = +inf: x - out is NaN exactly at the +inf entries (-inf elsewhere); those
+        #   exponents become 0 (p = 1 there) and the slice is divided by their count.
+        #   NaN slices (out is NaN) keep a NaN scale.
         neg_inf = out == -_INF
         pos_inf = out == _INF
         diff = x - out.masked_fill(neg_inf, 0)
-        # Double where: set the NaN exponents to 0 *before* exp, so double backward never
+        scale = torch.where(torch.isnan(out), out, grad)
+        if inplace_ok(diff, grad, out):
+            # first order, no transforms: three passes over our own buffer
+            p = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
+            count = p.sum(ctx.dims, keepdim=True)
+            return p.mul_(scale / torch.where(pos_inf, count, 1.0)), None, None
+        # Double where (set the NaN exponents to 0 before exp), so double backward never
         # multiplies a zero gradient by NaN.
         p = torch.exp(diff.masked_fill(torch.isnan(diff) & pos_inf, 0))
-        count = p.sum(ctx.dims, keepdim=True) if x.ndim > 0 else p
-        count = torch.where(pos_inf, count, torch.ones_like(count))
-        return p * (grad / count), None, None
+        count = p.sum(ctx.dims, keepdim=True)
+        return p * (scale / torch.where(pos_inf, count, 1.0)), None, None
