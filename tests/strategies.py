@@ -96,3 +96,12 @@ def broadcast_pair(draw, dtype: torch.dtype = torch.float32, max_abs: float | No
     if draw(st.booleans()):
         a, b = b, a
     return a, b
+
+
+def value_and_grads(fn, x, y, **kw):
+    """``fn(x, y, **kw)`` and the gradients of its sum with respect to both operands."""
+    x = x.detach().clone().requires_grad_()
+    y = y.detach().clone().requires_grad_()
+    out = fn(x, y, **kw)
+    gx, gy = torch.autograd.grad(out.sum(), (x, y), allow_unused=True)
+    return out.detach(), gx, gy

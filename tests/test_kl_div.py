@@ -13,20 +13,13 @@ from hypothesis import strategies as st
 import stablelosses as sl
 import stablelosses.functional as SF
 from strategies import finite_floats, tensors
+from strategies import value_and_grads
 from conftest import tol
 
 REDUCTIONS = ["none", "batchmean", "mean", "sum"]
 INF = float("inf")
 
 pytestmark = pytest.mark.filterwarnings("ignore:reduction. 'mean'", "ignore:size_average and reduce")
-
-
-def value_and_grads(fn, x, y, **kw):
-    x = x.detach().clone().requires_grad_()
-    y = y.detach().clone().requires_grad_()
-    out = fn(x, y, **kw)
-    gx, gy = torch.autograd.grad(out.sum(), (x, y))
-    return out.detach(), gx, gy
 
 
 def make(shape_x, shape_t, log_target, device="cpu", dtype=torch.float64):

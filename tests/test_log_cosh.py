@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import stablelosses as sl
 import stablelosses.functional as SF
 from strategies import broadcast_pair, shaped_tensor
+from strategies import value_and_grads
 from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
@@ -32,14 +33,6 @@ def reference(x, y, reduction):
 
 def naive(x, y, reduction="mean"):
     return reduce(torch.log(torch.cosh(x - y)), reduction)
-
-
-def value_and_grads(fn, x, y, **kw):
-    x = x.detach().clone().requires_grad_()
-    y = y.detach().clone().requires_grad_()
-    out = fn(x, y, **kw)
-    gx, gy = torch.autograd.grad(out.sum(), (x, y))
-    return out.detach(), gx, gy
 
 
 SHAPES = [((), ()), ((0,), (0,)), ((5,), (5,)), ((2, 3), (2, 3)), ((2, 3), (3,)), ((3,), (2, 1))]

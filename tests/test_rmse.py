@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from strategies import broadcast_pair, finite_floats, shaped_tensor, tensors
+from strategies import broadcast_pair, finite_floats, shaped_tensor, tensors, value_and_grads
 from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
@@ -23,14 +23,6 @@ def naive(x, y, reduction="mean", eps=0.0):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.sqrt(F.mse_loss(x, y, reduction=reduction) + eps)
-
-
-def value_and_grads(fn, x, y, **kw):
-    x = x.detach().clone().requires_grad_()
-    y = y.detach().clone().requires_grad_()
-    out = fn(x, y, **kw)
-    gx, gy = torch.autograd.grad(out.sum(), (x, y), allow_unused=True)
-    return out.detach(), gx, gy
 
 
 SHAPES = [((), ()), ((0,), (0,)), ((5,), (5,)), ((2, 3), (2, 3)), ((2, 3), (3,)), ((3,), (2, 1))]

@@ -13,6 +13,7 @@ import stablelosses as sl
 import stablelosses.functional as SF
 from stablelosses._autograd import sigmoid_focal as _impl
 from strategies import finite_floats, saturated_logits, tensors
+from strategies import value_and_grads
 from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
@@ -47,14 +48,6 @@ def mp_reference(x, t, alpha, gamma):
 
     X, T = mpmath.mpf(x), mpmath.mpf(t)
     return float(f(X, T)), float(mpmath.diff(lambda v: f(v, T), X)), float(mpmath.diff(lambda v: f(X, v), T))
-
-
-def value_and_grads(fn, x, y, **kw):
-    x = x.detach().clone().requires_grad_()
-    y = y.detach().clone().requires_grad_()
-    out = fn(x, y, **kw)
-    gx, gy = torch.autograd.grad(out.sum(), (x, y))
-    return out.detach(), gx, gy
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
