@@ -4,6 +4,7 @@
 the losses live in `stablelosses.losses` (and at the top level).
 """
 
+from stablelosses._autograd import cache_forward_signatures
 from stablelosses.functional._classification import cross_entropy, focal_loss
 from stablelosses.functional._detection import sigmoid_focal_loss
 from stablelosses.functional._divergence import kl_div
@@ -16,6 +17,8 @@ from stablelosses.functional._ops import (
     xlogy,
 )
 from stablelosses.functional._regression import log_cosh_loss, rmse_loss
+
+cache_forward_signatures()
 
 __all__ = [
     "safe_sqrt",
