@@ -34,6 +34,9 @@ def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """
     m = x.amax(dim, keepdim=True)
     z = x - m
+    if torch.compiler.is_compiling():
+        # same map written as a where: inductor vectorizes it (nan_to_num it does not)
+        return torch.where(z != z, 0.0, z), m
     z.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
     return z, m
 
@@ -58,11 +61,14 @@ class _Softmax(torch.autograd.Function):
         if x.ndim == 0 or x.shape[dim] == 0:
             return torch.softmax(x, dim)
         z, m = _shift_by_max(x, dim)
-        y = torch.softmax(z, dim)
         # All-(-inf) slices: 0 · 1/n = 0. NaN slices: NaN.
         scale = torch.where(m == -_INF, 0.0, 1.0).to(m.dtype)
         scale = torch.where(torch.isnan(m), m, scale)
-        return y.mul_(scale)
+        if torch.compiler.is_compiling():
+            # exp / sum spelled out fuse with the shift into two passes under inductor
+            e = torch.exp(z)
+            return e * (scale / e.sum(dim, keepdim=True))
+        return torch.softmax(z, dim).mul_(scale)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -93,6 +99,8 @@ class _LogSoftmax(torch.autograd.Function):
         if x.ndim == 0 or x.shape[dim] == 0:
             return torch.log_softmax(x, dim)
         z, m = _shift_by_max(x, dim)
+        if torch.compiler.is_compiling():
+            return z - (torch.exp(z).sum(dim, keepdim=True).log() - _slice_fix(m, -_INF))
         return torch.log_softmax(z, dim).add_(_slice_fix(m, -_INF))
 
     @staticmethod
