@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Write ``docs/benchmarks.md`` from a ``stablelosses bench --json`` result.
+
+Usage::
+
+    python benchmarks/make_docs.py BENCH.json [--pytest PYTEST_BENCH.json] [--notes NOTES.md]
+                                   [--out docs/benchmarks.md]
+
+The page holds: the machine and the command, the ratio table, the target table (every target:
+holds / MISS / not measured, with the numbers, from ``check_targets.py``), the raw medians of
+every variant, an optional hand-written notes section (``--notes``), and how to rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import check_targets  # noqa: E402
+
+from stablelosses._bench import format_table  # noqa: E402
+
+
+def _targets_section(path: str, modes: List[str]) -> str:
+    index, _ = check_targets.load(path)
+    outcomes = check_targets.evaluate(index, modes, ["float32"])
+    n = {s: sum(o.status == s for o in outcomes) for s in ("ok", "MISS", "skip")}
+    # One row per (target, input): a time target holds only if it holds in every mode.
+    rows: Dict[Any, List[check_targets.Outcome]] = {}
+    for o in outcomes:
+        fn, case, dtype, device, mode = o.key
+        rows.setdefault((o.target, fn, case, dtype, device), []).append(o)
+    lines = ["| status | function | input | target | measured |", "|---|---|---|---|---|"]
+    for (t, fn, case, dtype, device), os_ in rows.items():
+        if any(o.status == "MISS" for o in os_):
+            status = "**MISS**"
+        elif all(o.status == "ok" for o in os_):
+            status = "holds"
+        elif any(o.status == "ok" for o in os_):
+            status = "holds (partly measured)"
+        else:
+            status = "not measured"
+        detail = "<br>".join(
+            (f"{o.key[4]}: " if t.kind in ("time", "overhead") else "") + o.detail for o in os_)
+        lines.append(f"| {status} | `{fn}` | {case} | {t.text} | {detail} |")
+    summary = (f"{n['ok']} checks hold, **{n['MISS']} missed**, {n['skip']} not measured "
+               f"(float32, time targets checked in {' and '.join(modes)}).")
+    return summary + "\n\n" + "\n".join(lines)
+
+
+def _pytest_section(path: str, command: str) -> str:
+    with open(path) as f:
+        data = json.load(f)
+    n = sum(1 for b in data.get("benchmarks", []) if (b.get("extra_info") or {}).get("fn"))
+    index, _ = check_targets.load(path)
+    outcomes = check_targets.evaluate(index, ["fwd", "fwdbwd"], ["float32"])
+    k = {s: sum(o.status == s for o in outcomes) for s in ("ok", "MISS", "skip")}
+    lines = [
+        f"`{command}`: {n} benchmarks (pytest-benchmark {data.get('version', '?')}, "
+        f"{data.get('datetime', '')[:16]}). Each variant is timed on its own there (no "
+        "interleaving), so its ratios are noisier than the table above. `check_targets.py` on "
+        f"its JSON: {k['ok']} checks hold, {k['MISS']} missed, {k['skip']} not measured.",
+        "",
+        "| status | function | input | mode | target | measured |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        if o.status != "MISS":
+            continue
+        fn, case, dtype, device, mode = o.key
+        lines.append(f"| **MISS** | `{fn}` | {case} | {mode} | {o.target.text} | {o.detail} |")
+    return "\n".join(lines)
+
+
+def _raw_section(result: Dict[str, Any]) -> str:
+    by: Dict[Any, Dict[str, Any]] = {}
+    variants: List[str] = []
+    for r in result["results"]:
+        k = (r["fn"], r["case"], r["dtype"], r["mode"])
+        by.setdefault(k, {})[r["variant"]] = r
+        if r["variant"] not in variants:
+            variants.append(r["variant"])
+    order = ["torch", "naive", "naive-double-where", "kornia", "stable", "one-pass",
+             "torch-compiled", "naive-compiled", "naive-double-where-compiled", "kornia-compiled",
+             "stable-compiled"]
+    variants = [v for v in order if v in variants] + [v for v in variants if v not in order]
+    lines = ["| function | input | mode | " + " | ".join(variants) + " |",
+             "|---|---|---|" + "---:|" * len(variants)]
+    for (fn, case, dt, mode), vs in by.items():
+        cells = []
+        for v in variants:
+            r = vs.get(v)
+            if r is None:
+                cells.append("")
+            elif r.get("median_s") is None:
+                cells.append("err")
+            else:
+                ms = r["median_s"] * 1e3
+                cell = f"{ms:.3f}" if ms < 10 else f"{ms:.1f}"
+                if r.get("peak_bytes") is not None:
+                    cell += f" ({r['peak_bytes'] / 2**20:.1f} MiB)"
+                cells.append(cell)
+        lines.append(f"| {fn} | {case} {dt} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="make_docs.py")
+    p.add_argument("bench")
+    p.add_argument("--pytest", help="pytest-benchmark JSON of the same session (its target check is summarized)")
+    p.add_argument("--notes", help="Markdown file inserted as the observations section")
+    p.add_argument("--command", default="stablelosses bench --compile --json bench.json",
+                   help="the command that produced BENCH.json (shown on the page)")
+    p.add_argument("--pytest-command", default="pytest benchmarks/ --benchmark-only -k cpu",
+                   help="the command that produced the pytest JSON")
+    p.add_argument("--out", default=os.path.join(HERE, "..", "docs", "benchmarks.md"))
+    args = p.parse_args(argv)
+    with open(args.bench) as f:
+        result = json.load(f)
+    m, s = result["machine"], result["settings"]
+    parts = [
+        "# Benchmarks",
+        "",
+        "Speed and peak memory of stablelosses against the PyTorch built-ins it replaces, the "
+        "naive formulas people post, kornia's `focal_loss` and a memory-bandwidth floor. "
+        "Generated by `benchmarks/make_docs.py` from a real run; the numbers below are from "
+        "that run only.",
+        "",
+        "## Machine and run",
+        "",
+        f"- CPU: **{m['cpu_model']}** ({m['cpu_count']} cores visible), "
+        f"**{m['torch_threads']} threads** (`torch.set_num_threads`)",
+        f"- torch {m['torch_version']}, Python {m['python']}, kornia {m.get('kornia') or 'not installed'}",
+        f"- date: {m['date_utc']}; 1-minute load average at the start / end of the run: "
+        f"{m.get('loadavg_1m_start') or float('nan'):.2f} / {m.get('loadavg_1m', float('nan')):.2f} "
+        "(the run itself keeps 2 threads busy)",
+        f"- command: `{args.command}` ({result['elapsed_s']:.0f} s); tier `{s['tier']}`, "
+        f"device `{s['device']}`, dtypes {', '.join(s['dtypes'])}, {s['repeats']} interleaved "
+        f"repeats per variant, medians",
+        "- allocator environment: "
+        + ", ".join(f"`{k}={v}`" for k, v in (m.get("malloc_env") or {}).items()),
+        "",
+        "## Ratios",
+        "",
+        "Ours ÷ reference, medians of interleaved repeats; below 1 is faster. `fwd` is the forward "
+        "on inputs that do not require grad, `fwdbwd` the forward plus `torch.autograd.grad`. "
+        "Columns: `÷torch` the built-in replaced (`F.cross_entropy` for `focal_loss`, the "
+        "torchvision formula for `sigmoid_focal_loss`); `÷naive` the naive snippet (the "
+        "double-`where` idiom for `safe_div`); `÷1-pass` one read-and-write pass over the input "
+        "(`torch.neg`), i.e. \"× the physical minimum\"; `comp` our `torch.compile`d function, "
+        "against the compiled built-in and the eager built-in; `peak` the peak bytes allocated "
+        "during one forward+backward, against the built-in's and against the gradient's size.",
+        "",
+        format_table(result, markdown=True),
+        "",
+        "## Targets",
+        "",
+        "From `python benchmarks/check_targets.py` on the same JSON. A time target holds only if "
+        "it holds for the forward and for forward+backward.",
+        "",
+        _targets_section(args.bench, ["fwd", "fwdbwd"]),
+        "",
+    ]
+    if args.pytest:
+        parts += ["## pytest-benchmark suite", "", _pytest_section(args.pytest, args.pytest_command), ""]
+    if args.notes:
+        with open(args.notes) as f:
+            parts += [f.read().strip(), ""]
+    if result.get("notes"):
+        parts += ["## Run notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
+    parts += [
+        "## Raw medians",
+        "",
+        "Milliseconds per call; in parentheses the peak memory of one forward+backward.",
+        "",
+        _raw_section(result),
+        "",
+        "## How to rerun",
+        "",
+        "```bash",
+        "stablelosses bench                               # eager, default shapes, float32",
+        "stablelosses bench --compile --json bench.json   # + torch.compile'd variants",
+        "stablelosses bench --quick                       # < 1 min smoke run",
+        "stablelosses bench --full                        # all shapes, float32 + bfloat16",
+        "python benchmarks/check_targets.py bench.json    # exit 1 listing each missed target",
+        "python benchmarks/make_docs.py bench.json        # regenerate this page",
+        "",
+        "# pytest-benchmark suites (not part of the default `pytest` run)",
+        "benchmarks/run_cpu.sh                            # sets the allocator environment",
+        "STABLELOSSES_BENCH_FULL=1 pytest benchmarks/ --benchmark-only   # full grid",
+        "OUT=results benchmarks/run_cuda.sh               # on a GPU machine (< 10 min)",
+        "```",
+        "",
+        "`stablelosses bench` re-executes itself with `MALLOC_MMAP_THRESHOLD_`, "
+        "`MALLOC_TRIM_THRESHOLD_` and `MALLOC_TOP_PAD_` set high so that freed large buffers stay "
+        "in glibc's heap (no page faults on reuse), and uses 2 threads. Run it on an otherwise "
+        "idle machine: on a shared one the 2-thread parallel regions wait for descheduled "
+        "threads and every ratio drifts. The details are in `benchmarks/README.md`.",
+        "",
+    ]
+    with open(args.out, "w") as f:
+        f.write("\n".join(parts))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

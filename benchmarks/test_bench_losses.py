@@ -1,0 +1,110 @@
+"""pytest-benchmark suites: stablelosses against the built-ins, the naive formulas and kornia.
+
+One group per function (``benchmark.group``); parametrized over ``case`` =
+function-shape-dtype-device and ``variant`` (ids ``torch``, ``naive``, ``stable``, ``kornia``,
+``one-pass``, ``<variant>-compiled``); ``test_fwd`` times the forward, ``test_fwdbwd`` forward
+plus ``torch.autograd.grad``. The registry (inputs, baselines, shapes) is the one of
+``stablelosses bench`` (``stablelosses/_bench.py``), so both report the same things.
+
+Compiled variants are built and warmed up before the timed calls. The peak memory of one
+forward+backward is recorded in ``extra_info['peak_bytes']`` (with ``grad_bytes``, the size of
+the gradient), for ``benchmarks/check_targets.py``.
+
+Environment: ``STABLELOSSES_BENCH_FULL=1`` for the full grid (adds the LLM-vocabulary and
+segmentation shapes, 1e7-element inputs everywhere, bfloat16); ``STABLELOSSES_BENCH_COMPILE=0``
+to leave out compiled variants (default: compiled variants of float32, non-tiny inputs, in
+``test_fwdbwd``; the full grid compiles everything).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import torch
+
+from stablelosses import _bench as B
+
+FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
+COMPILE = os.environ.get("STABLELOSSES_BENCH_COMPILE", "1") != "0"
+TIER = "full" if FULL else "default"
+ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "7"))
+SAMPLE_S = 0.02
+DTYPES = ("float32", "bfloat16") if FULL else ("float32",)
+HAS_CUDA = torch.cuda.is_available()
+SPECS = B.specs()
+
+
+def _cases(mode: str) -> List[Any]:
+    params = []
+    for spec in SPECS.values():
+        for case in spec.cases:
+            if TIER not in case.tiers:
+                continue
+            for dt in DTYPES:
+                if dt != "float32" and case.kind == "tiny":
+                    continue
+                for dev in ("cpu", "cuda"):
+                    cid = f"{spec.name}-{case.label}-{dt}-{dev}"
+                    compiled = COMPILE and (FULL or (mode == "fwdbwd" and dt == "float32"
+                                                     and case.kind != "tiny"))
+                    for v in B.variant_ids(spec, compiled=compiled, only_available=False):
+                        marks = []
+                        if dev == "cuda" and not HAS_CUDA:
+                            marks.append(pytest.mark.skip(reason="needs CUDA"))
+                        params.append(pytest.param(cid, v, marks=marks, id=f"{cid}-{v}"))
+    return params
+
+
+_INPUTS: Dict[Tuple[str, str], Any] = {}
+
+
+def _inputs(cid: str):
+    if cid not in _INPUTS:
+        _INPUTS.clear()  # parameters come case by case: keep one case's tensors alive
+        fn, label, dt, dev = cid.split("-")
+        spec = SPECS[fn]
+        case = next(c for c in spec.cases if c.label == label)
+        _INPUTS[cid] = B.make_inputs(spec, case, B._DTYPES[dt], dev)
+    return _INPUTS[cid]
+
+
+def _run(benchmark, cid: str, variant: str, mode: str):
+    fn, label, dt, dev = cid.split("-")
+    spec = SPECS[fn]
+    if not B.available(variant):
+        pytest.skip(f"{variant}: optional package not installed")
+    tensors, grad_idx = _inputs(cid)
+    key = (label, dt, dev)
+    try:
+        call = B.make_callable(spec, variant, tensors, grad_idx, mode, dev, key)
+    except NotImplementedError:
+        pytest.skip(f"{fn} is not implemented yet")
+    inner = B.warm_and_calibrate(call, SAMPLE_S, warm_s=0.1, min_warm=3)
+    benchmark.group = fn
+    benchmark.extra_info.update(
+        fn=fn, case=label, dtype=dt, device=dev, mode=mode, variant=variant,
+        shape=list(next(c.shape for c in spec.cases if c.label == label)),
+        grad_bytes=sum(tensors[i].numel() * tensors[i].element_size() for i in grad_idx),
+        input_bytes=sum(t.numel() * t.element_size() for t in tensors),
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+    )
+    result = benchmark.pedantic(call, rounds=ROUNDS, iterations=inner, warmup_rounds=1)
+    if mode == "fwdbwd":
+        benchmark.extra_info["peak_bytes"] = B.peak_memory(call, dev)
+    if variant.startswith("stable"):
+        outs = result if isinstance(result, tuple) else (result,)
+        for o in outs:
+            assert torch.isfinite(o).all(), f"{fn} {variant}: non-finite result"
+
+
+@pytest.mark.parametrize("case,variant", _cases("fwd"))
+def test_fwd(benchmark, case, variant):
+    _run(benchmark, case, variant, "fwd")
+
+
+@pytest.mark.parametrize("case,variant", _cases("fwdbwd"))
+def test_fwdbwd(benchmark, case, variant):
+    _run(benchmark, case, variant, "fwdbwd")
