@@ -41,10 +41,17 @@ def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     return z, m
 
 
-def _slice_fix(m: Tensor, empty_value: float) -> Tensor:
-    """Per-slice additive fix: ``empty_value`` for all-``-inf`` slices, NaN for NaN slices."""
-    fix = torch.where(m == -_INF, empty_value, 0.0).to(m.dtype)
-    return torch.where(torch.isnan(m), m, fix)
+def _per_slice(m: Tensor, empty_value: float, other_value: float) -> Tensor:
+    """From the slice max ``m``: ``empty_value`` on all-``-inf`` slices, NaN on NaN slices,
+    ``other_value`` elsewhere."""
+    value = torch.where(m == -_INF, empty_value, other_value).to(m.dtype)
+    return torch.where(torch.isnan(m), m, value)
+
+
+def _save_output(ctx, inputs, output):
+    """setup_context of softmax and log_softmax: both differentiate from their output."""
+    ctx.dim = inputs[1]
+    ctx.save_for_backward(output)
 
 
 class _Softmax(torch.autograd.Function):
@@ -58,29 +65,22 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, dim: int) -> Tensor:
-        if x.ndim == 0 or x.shape[dim] == 0:
+        if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.softmax(x, dim)
         z, m = _shift_by_max(x, dim)
         # All-(-inf) slices: 0 · 1/n = 0. NaN slices: NaN.
-        scale = torch.where(m == -_INF, 0.0, 1.0).to(m.dtype)
-        scale = torch.where(torch.isnan(m), m, scale)
+        scale = _per_slice(m, 0.0, 1.0)
         if torch.compiler.is_compiling():
             # exp / sum spelled out fuse with the shift into two passes under inductor
             e = torch.exp(z)
             return e * (scale / e.sum(dim, keepdim=True))
         return torch.softmax(z, dim).mul_(scale)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, dim = inputs
-        ctx.dim = dim
-        ctx.save_for_backward(output)
+    setup_context = staticmethod(_save_output)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (y,) = ctx.saved_tensors
-        if y.ndim == 0:
-            return torch.zeros_like(grad), None
         return torch._softmax_backward_data(grad, y, ctx.dim, y.dtype), None
 
 
@@ -96,24 +96,19 @@ class _LogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, dim: int) -> Tensor:
-        if x.ndim == 0 or x.shape[dim] == 0:
+        if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.log_softmax(x, dim)
         z, m = _shift_by_max(x, dim)
+        fix = _per_slice(m, -_INF, 0.0)  # -inf on all-(-inf) slices, NaN on NaN slices
         if torch.compiler.is_compiling():
-            return z - (torch.exp(z).sum(dim, keepdim=True).log() - _slice_fix(m, -_INF))
-        return torch.log_softmax(z, dim).add_(_slice_fix(m, -_INF))
+            return z - (torch.exp(z).sum(dim, keepdim=True).log() - fix)
+        return torch.log_softmax(z, dim).add_(fix)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, dim = inputs
-        ctx.dim = dim
-        ctx.save_for_backward(output)
+    setup_context = staticmethod(_save_output)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (y,) = ctx.saved_tensors
-        if y.ndim == 0:
-            return torch.zeros_like(grad), None
         # A -inf output does not move, so its incoming gradient is dropped before the sum
         # (e.g. label smoothing's -ε/C on a masked class); its own gradient is then
         # g - exp(-inf)·Σg = 0.
@@ -140,7 +135,7 @@ class _LogSumExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, out = ctx.saved_tensors
-        if not ctx.keepdim and x.ndim > 0:
+        if not ctx.keepdim:  # the wrapper makes scalars 1-d
             for d in sorted(ctx.dims):
                 out = out.unsqueeze(d)
                 grad = grad.unsqueeze(d)
