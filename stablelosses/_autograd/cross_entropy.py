@@ -33,6 +33,12 @@ def _lsm_prelude(x: Tensor, cdim: int) -> Tuple[Tensor, Tensor, float]:
     return lsm, lse, fmax
 
 
+def _exact_log_prob(lp: Tensor) -> Tensor:
+    """Read a log-probability at or below ``-finfo.max`` back as ``-inf``: its probability
+    ``exp(-finfo.max)`` is 0 either way."""
+    return torch.where(lp <= -torch.finfo(lp.dtype).max, -float("inf"), lp)
+
+
 def index_forward(
     x: Tensor, target: Tensor, ignore_index: int, cdim: int
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -49,7 +55,7 @@ def index_forward(
     lt = lsm.gather(cdim, idx).squeeze(cdim)
     valid = (lse != -fmax) & kept
     # log p_t <= -finfo.max means p_t underflowed to exactly 0: log p_t = -inf.
-    lt = torch.where(lt <= -fmax, -float("inf"), lt)
+    lt = _exact_log_prob(lt)
     return lsm, lt, valid, idx
 
 
@@ -204,7 +210,7 @@ class _CrossEntropyProb(torch.autograd.Function):
     def forward(x, target, weight, label_smoothing, cdim):
         lsm, lse, fmax = _lsm_prelude(x, cdim)
         q = _CrossEntropyProb._target_dist(x, lsm, target, weight, label_smoothing, cdim)
-        logp = torch.where(lsm <= -fmax, torch.full_like(lsm, -float("inf")), lsm)
+        logp = _exact_log_prob(lsm)
         # 0 * log 0 = 0: classes without target mass contribute nothing.
         terms = torch.where(q == 0, torch.zeros_like(lsm), q * logp)
         loss = -terms.sum(cdim)
@@ -233,9 +239,7 @@ class _CrossEntropyProb(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 gx = torch.exp(lsm) * (q.sum(cdim, keepdim=True) * s) - q * s
             if ctx.needs_input_grad[1]:
-                fmax = torch.finfo(lsm.dtype).max
-                logp = torch.where(lsm <= -fmax, torch.full_like(lsm, -float("inf")), lsm)
-                gt = -(1.0 - eps) * logp * s
+                gt = -(1.0 - eps) * _exact_log_prob(lsm) * s
                 if weight is not None:
                     gt = gt * weight.view(_wshape(x.dim(), cdim))
         if grad_lsm is not None:

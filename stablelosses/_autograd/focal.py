@@ -18,29 +18,30 @@ from torch import Tensor
 from stablelosses._autograd.cross_entropy import _add_lsm_grad, index_forward, softmax_minus_target
 
 
-def focal_row_scale(lt: Tensor, gamma: float) -> Tensor:
-    """``m^γ (1 + γ p r)``, ``m = 1 - p = -expm1(l)``, ``r = (-l)/m`` with its limits.
+def _modulator_and_factor(lt: Tensor, gamma: float):
+    """``m^γ`` and ``1 + γ p r``, ``m = 1 - p = -expm1(l)``, ``r = (-l)/m`` with its limits.
 
     ``r = 1`` at ``m = 0`` (``p = 1``); at ``l = -inf`` the clamp makes ``r`` finite so that
     ``p·r = 0·r = 0``, the limit of ``-p log p / (1 - p)``.
     """
     em = torch.expm1(lt)
-    fmax = torch.finfo(lt.dtype).max
-    r = torch.where(em == 0, 1.0, lt.clamp(min=-fmax) / em)
+    r = torch.where(em == 0, 1.0, lt.clamp(min=-torch.finfo(lt.dtype).max) / em)
     one = torch.ones((), dtype=lt.dtype, device=lt.device)
-    return torch.pow(em.neg(), gamma) * torch.addcmul(one, torch.exp(lt), r, value=gamma)
+    return torch.pow(em.neg(), gamma), torch.addcmul(one, torch.exp(lt), r, value=gamma)
+
+
+def focal_row_scale(lt: Tensor, gamma: float) -> Tensor:
+    """The backward's row scale ``m^γ (1 + γ p r)``."""
+    mg, factor = _modulator_and_factor(lt, gamma)
+    return mg * factor
 
 
 def focal_value_and_scale(lt: Tensor, gamma: float):
     """``m^γ (-l)`` and the backward row scale ``m^γ (1 + γ p r)``, sharing ``m^γ``."""
     if gamma == 0.0:
         return -lt, None
-    em = torch.expm1(lt)
-    mg = torch.pow(em.neg(), gamma)
-    fmax = torch.finfo(lt.dtype).max
-    r = torch.where(em == 0, 1.0, lt.clamp(min=-fmax) / em)
-    one = torch.ones((), dtype=lt.dtype, device=lt.device)
-    return mg * lt.neg(), mg * torch.addcmul(one, torch.exp(lt), r, value=gamma)
+    mg, factor = _modulator_and_factor(lt, gamma)
+    return mg * lt.neg(), mg * factor
 
 
 class _FocalLoss(torch.autograd.Function):

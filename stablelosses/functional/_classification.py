@@ -11,6 +11,7 @@ from stablelosses._autograd.cross_entropy import _CrossEntropyIndex, _CrossEntro
 from stablelosses._autograd.focal import _FocalLoss
 from stablelosses._utils import (
     check_floating,
+    check_nonnegative,
     check_reduction,
     check_tensor,
     legacy_reduction,
@@ -254,15 +255,12 @@ def focal_loss(
     """
     fn = "focal_loss"
     check_reduction(fn, reduction)
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
-        raise TypeError(f"{fn}: gamma must be a float, got {type(gamma).__name__}")
-    if not gamma >= 0:
-        raise ValueError(f"{fn}: gamma must be >= 0, got {gamma}")
+    gamma = check_nonnegative(fn, "gamma", gamma)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    loss, _, _, denom, _, _, _ = _FocalLoss.apply(x, target.long(), w, float(gamma), int(ignore_index), cdim)
+    loss, _, _, denom, _, _, _ = _FocalLoss.apply(x, target.long(), w, gamma, int(ignore_index), cdim)
     return _reduce(loss, denom, reduction).to(loss_out_dtype(input))
