@@ -13,6 +13,9 @@ from torch import Tensor
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 REDUCTIONS = ("none", "mean", "sum")
+# The same reductions as the ints the autograd Functions take.
+NONE, MEAN, SUM = 0, 1, 2
+REDUCTION_MODE = {"none": NONE, "mean": MEAN, "sum": SUM}
 
 
 def _quoted(values: Sequence[str]) -> str:

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._utils import sum_to
+from stablelosses._utils import MEAN, SUM, sum_to
 
 _LOG2 = math.log(2.0)
 
@@ -25,9 +25,9 @@ class _LogCosh(torch.autograd.Function):
         # "- log 2" per element, in place on our fresh buffer (no cancellation against a
         # summed N·log 2).
         loss = torch.logaddexp(r, -r).sub_(_LOG2)
-        if mode == 1:
+        if mode == MEAN:
             return loss.mean()
-        if mode == 2:
+        if mode == SUM:
             return loss.sum()
         return loss
 
@@ -41,7 +41,8 @@ class _LogCosh(torch.autograd.Function):
     def backward(ctx, grad_output):
         input, target = ctx.saved_tensors
         # d log cosh r / d r = tanh r (bounded by 1, never inf/inf).
-        g = grad_output / (input - target).numel() if ctx.mode == 1 else grad_output
+        n = torch.broadcast_shapes(input.shape, target.shape).numel()
+        g = grad_output / n if ctx.mode == MEAN else grad_output
         grad = torch.tanh(input - target) * g
         grad_input = grad_target = None
         if ctx.needs_input_grad[0]:

@@ -7,9 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._utils import sum_to
-
-_NONE, _MEAN, _SUM = 0, 1, 2
+from stablelosses._utils import MEAN, NONE, sum_to
 
 
 def _common(input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -33,7 +31,7 @@ class _RMSE(torch.autograd.Function):
         x, y = _common(input, target)
         r = x - y
         root_eps = math.sqrt(eps)
-        if mode == _NONE:
+        if mode == NONE:
             if eps == 0.0:
                 return r.abs_()
             # sqrt(r² + eps) = hypot(r, sqrt(eps)), which never forms r².
@@ -41,13 +39,13 @@ class _RMSE(torch.autograd.Function):
         n = r.numel()
         if n == 0:
             total = r.sum()
-            return torch.sqrt(total / n + eps) if mode == _MEAN else torch.sqrt(total + eps)
+            return torch.sqrt(total / n + eps) if mode == MEAN else torch.sqrt(total + eps)
         lo, hi = torch.aminmax(r)
         s = torch.maximum(hi, -lo)  # NaN if any residual is NaN
         s_safe = torch.where((s == 0) | (s == math.inf), 1.0, s)
         u = r.div_(s_safe).reshape(-1)  # r is ours: scale it in place
         ss = torch.dot(u, u)
-        if mode == _MEAN:
+        if mode == MEAN:
             ss = ss / n
         value = s * torch.sqrt(ss)
         if eps != 0.0:
@@ -69,7 +67,7 @@ class _RMSE(torch.autograd.Function):
         # is formed first; 1 / rmse alone would overflow for a subnormal rmse. Where
         # rmse == 0 every r_i is 0 and the safe divisor 1 gives the defined gradient 0.
         safe = value.masked_fill(value == 0, 1)
-        d = x.numel() if ctx.mode == _MEAN else 1
+        d = x.numel() if ctx.mode == MEAN else 1
         grad = (x - y) / safe * (grad_output / d if d != 1 else grad_output)
         grad_input = grad_target = None
         if ctx.needs_input_grad[0]:

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._utils import sum_to
+from stablelosses._utils import MEAN, NONE, SUM, sum_to
 
-_NONE, _MEAN, _SUM = 0, 1, 2
 # Elements per chunk of the eager, no-autograd paths: the ~10 temporaries of a chunk stay
 # in cache instead of each being a full-size tensor.
 _CHUNK = 1 << 16
@@ -110,7 +109,7 @@ class _SigmoidFocal(torch.autograd.Function):
         if _chunkable(input, target):
             xf, tf = input.reshape(-1), target.reshape(-1)
             n = xf.numel()
-            if mode == _NONE:
+            if mode == NONE:
                 out = torch.empty_like(xf)
                 for i in range(0, n, _CHUNK):
                     out[i : i + _CHUNK] = _loss(xf[i : i + _CHUNK], tf[i : i + _CHUNK], alpha, gamma)
@@ -120,11 +119,11 @@ class _SigmoidFocal(torch.autograd.Function):
                 for i in range(0, n, _CHUNK)
             ]
             total = torch.stack(parts).sum()
-            return total / n if mode == _MEAN else total
+            return total / n if mode == MEAN else total
         loss = _loss(input, target, alpha, gamma)
-        if mode == _MEAN:
+        if mode == MEAN:
             return loss.mean()
-        if mode == _SUM:
+        if mode == SUM:
             return loss.sum()
         return loss
 
@@ -141,7 +140,7 @@ class _SigmoidFocal(torch.autograd.Function):
         need_x, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         shape = torch.broadcast_shapes(input.shape, target.shape)
         n = max(1, shape.numel())
-        scale = grad_output / n if mode == _MEAN else grad_output
+        scale = grad_output / n if mode == MEAN else grad_output
         if not torch.is_grad_enabled() and _chunkable(input, target):
             xf, tf = input.reshape(-1), target.reshape(-1)
             gf = scale.reshape(-1)
@@ -149,7 +148,7 @@ class _SigmoidFocal(torch.autograd.Function):
             gt = torch.empty_like(tf) if need_t else None
             for i in range(0, xf.numel(), _CHUNK):
                 sl = slice(i, i + _CHUNK)
-                g = gf[sl] if mode == _NONE else gf
+                g = gf[sl] if mode == NONE else gf
                 cx, ct = _grads(xf[sl], tf[sl], alpha, gamma, need_x, need_t)
                 if need_x:
                     torch.mul(cx, g, out=gx[sl])

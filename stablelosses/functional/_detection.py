@@ -9,11 +9,10 @@ from stablelosses._utils import (
     check_floating,
     check_nonnegative,
     check_reduction,
+    REDUCTION_MODE,
     loss_out_dtype,
     upcast,
 )
-
-_MODES = {"none": 0, "mean": 1, "sum": 2}
 
 
 def sigmoid_focal_loss(
@@ -102,5 +101,5 @@ def sigmoid_focal_loss(
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
     out_dtype = loss_out_dtype(input)
-    loss = _SigmoidFocal.apply(upcast(input), upcast(target), float(alpha), gamma, _MODES[reduction])
+    loss = _SigmoidFocal.apply(upcast(input), upcast(target), float(alpha), gamma, REDUCTION_MODE[reduction])
     return loss.to(out_dtype)

@@ -7,7 +7,14 @@ from typing import Optional
 from torch import Tensor
 
 from stablelosses._autograd.kl import _KLDiv
-from stablelosses._utils import check_floating, check_reduction, legacy_reduction, loss_out_dtype, upcast
+from stablelosses._utils import (
+    check_floating,
+    check_reduction,
+    legacy_reduction,
+    loss_out_dtype,
+    upcast,
+)
+from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
 
 _KL_REDUCTIONS = ("none", "batchmean", "mean", "sum")
 
@@ -92,10 +99,7 @@ def kl_div(
     base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
     out_dtype = loss_out_dtype(input)
     loss = _KLDiv.apply(upcast(input), upcast(target), bool(log_target))
-    if base == "sum":
-        loss = loss.sum()
-    elif base == "mean":
-        loss = loss.mean()
+    loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:
         loss = loss / input.size(0)
     return loss.to(out_dtype)

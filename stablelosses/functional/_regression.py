@@ -12,11 +12,10 @@ from stablelosses._utils import (
     check_floating,
     check_nonnegative,
     check_reduction,
+    REDUCTION_MODE,
     loss_out_dtype,
     upcast,
 )
-
-_MODES = {"none": 0, "mean": 1, "sum": 2}
 
 
 def _warn_broadcast(input: Tensor, target: Tensor) -> None:
@@ -97,7 +96,7 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     eps = check_nonnegative(fn, "eps", eps)
     _warn_broadcast(input, target)
     out_dtype = loss_out_dtype(input)
-    out = _RMSE.apply(upcast(input), upcast(target), _MODES[reduction], eps)
+    out = _RMSE.apply(upcast(input), upcast(target), REDUCTION_MODE[reduction], eps)
     return out.to(out_dtype)
 
 
@@ -157,4 +156,4 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
     check_floating(fn, "target", target)
     check_reduction(fn, reduction)
     out_dtype = loss_out_dtype(input)
-    return _LogCosh.apply(upcast(input), upcast(target), _MODES[reduction]).to(out_dtype)
+    return _LogCosh.apply(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)
