@@ -148,7 +148,7 @@ def _trace(args: argparse.Namespace) -> int:
         forward=args.forward, backward=args.backward, nan=args.nan, inf=args.inf,
         mode="warn" if args.warn else "raise", allow=args.allow,
     )
-    old_argv, old_path0 = sys.argv, sys.path[0] if sys.path else None
+    old_argv = sys.argv
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     status = 0
