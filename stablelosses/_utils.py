@@ -107,11 +107,11 @@ def loss_out_dtype(t: Tensor) -> torch.dtype:
     return t.dtype
 
 
-def reduce(loss: Tensor, reduction: str) -> Tensor:
-    """Apply a checked ``reduction`` to an elementwise loss."""
-    if reduction == "mean":
+def reduce(loss: Tensor, reduction) -> Tensor:
+    """Apply a checked reduction, given as ``'none'``/``'mean'``/``'sum'`` or as its code."""
+    if reduction in ("mean", MEAN):
         return loss.mean()
-    if reduction == "sum":
+    if reduction in ("sum", SUM):
         return loss.sum()
     return loss
 

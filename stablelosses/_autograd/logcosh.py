@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._utils import MEAN, SUM, sum_to
+from stablelosses._utils import MEAN, reduce, sum_to
 
 _LOG2 = math.log(2.0)
 
@@ -25,11 +25,7 @@ class _LogCosh(torch.autograd.Function):
         # "- log 2" per element, in place on our fresh buffer (no cancellation against a
         # summed N·log 2).
         loss = torch.logaddexp(r, -r).sub_(_LOG2)
-        if mode == MEAN:
-            return loss.mean()
-        if mode == SUM:
-            return loss.sum()
-        return loss
+        return reduce(loss, mode)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._utils import MEAN, NONE, SUM, sum_to
+from stablelosses._utils import MEAN, NONE, reduce, sum_to
 
 # Elements per chunk of the eager, no-autograd paths: the ~10 temporaries of a chunk stay
 # in cache instead of each being a full-size tensor.
@@ -120,12 +120,7 @@ class _SigmoidFocal(torch.autograd.Function):
             ]
             total = torch.stack(parts).sum()
             return total / n if mode == MEAN else total
-        loss = _loss(input, target, alpha, gamma)
-        if mode == MEAN:
-            return loss.mean()
-        if mode == SUM:
-            return loss.sum()
-        return loss
+        return reduce(_loss(input, target, alpha, gamma), mode)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
