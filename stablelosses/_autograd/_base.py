@@ -1,0 +1,39 @@
+"""What every stablelosses Function shares: forward-mode AD that still compiles.
+
+torch.compile (Dynamo, torch 2.13) refuses to trace an ``autograd.Function`` that defines a
+``jvp`` staticmethod ("Unsupported custom jvp"), while ``torch.func.jvp``/``jacfwd``/``hessian``
+need one. :func:`applier` builds, for a Function that defines ``jvp``, a twin subclass whose ``jvp`` is the
+base class's, and returns a function that calls the twin while compiling and the original
+otherwise. Both
+share ``forward``, ``setup_context``, ``backward`` and the vmap rule, so the compiled and the
+eager graphs compute the same numbers; compiled code gets first-order reverse mode only, which
+is all torch.compile supports through custom Functions anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+def applier(cls: Any) -> Callable[..., Any]:
+    """``cls.apply``, through a jvp-free twin of ``cls`` under torch.compile.
+
+    Use as ``_sqrt = applier(_SafeSqrt)`` next to the Function, then ``_sqrt(x)``.
+    """
+    if "jvp" not in vars(cls):
+        raise TypeError(f"{cls.__name__}: applier is for Functions that define jvp")
+    twin = type(
+        cls.__name__ + "Compiled",
+        (cls,),
+        {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__},
+    )
+
+    def apply(*args: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return twin.apply(*args)
+        return cls.apply(*args)
+
+    apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
+    return apply
