@@ -1,0 +1,51 @@
+"""Every private torch API stablelosses touches, in one place, each with a fallback.
+
+torch keeps no promise about names that start with an underscore. Each use goes through a
+function here that returns the conservative answer when the name is gone, and
+``tests/test_compat.py`` checks, on every torch version CI runs (the current one and the
+floor in ``pyproject.toml``), that the private name is still there and still answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_functorch = getattr(torch._C, "_functorch", None)
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+_current_node = getattr(torch._C, "_current_autograd_node", None)
+
+
+def functorch_transforms_active() -> bool:
+    """True while a ``torch.func`` transform (vmap, grad, jvp, …) runs.
+
+    Fallback: True, which only disables in-place fast paths.
+    """
+    if _transforms_active is None:
+        return True
+    return bool(_transforms_active())
+
+
+def is_transform_wrapped(t: Tensor) -> bool:
+    """True when ``t`` is a functorch wrapper (a batched or a grad-tracking tensor).
+
+    Fallback: True, the conservative answer (in-place fast paths off).
+    """
+    if _functorch is None:
+        return True
+    checks = [getattr(_functorch, n, None) for n in ("is_functorch_wrapped_tensor", "is_legacy_batchedtensor")]
+    if any(c is None for c in checks):
+        return True
+    return any(bool(c(t)) for c in checks)
+
+
+def current_autograd_node() -> Any:
+    """The autograd Node being run by the engine (in a backward), or None.
+
+    Fallback: None; the NaN detector then names the backward op without its forward op.
+    """
+    if _current_node is None:
+        return None
+    return _current_node()

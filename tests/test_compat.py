@@ -1,0 +1,49 @@
+"""The private torch APIs behind stablelosses._compat still exist and answer on this torch."""
+
+from __future__ import annotations
+
+import torch
+
+from stablelosses import _compat
+
+
+def test_private_names_exist_on_this_torch():
+    assert _compat._functorch is not None
+    assert _compat._transforms_active is not None
+    assert _compat._current_node is not None
+
+
+def test_functorch_transforms_active_sees_vmap():
+    seen = []
+
+    def f(x):
+        seen.append(_compat.functorch_transforms_active())
+        return x
+
+    assert not _compat.functorch_transforms_active()
+    torch.vmap(f)(torch.zeros(2, 3))
+    assert seen == [True]
+
+
+def test_is_transform_wrapped_sees_batched_tensors():
+    seen = []
+
+    def f(x):
+        seen.append(_compat.is_transform_wrapped(x))
+        return x
+
+    plain = torch.zeros(3)
+    assert not _compat.is_transform_wrapped(plain)
+    torch.vmap(f)(torch.zeros(2, 3))
+    assert seen == [True]
+
+
+def test_current_autograd_node_names_the_running_backward():
+    names = []
+    x = torch.ones(2, requires_grad=True)
+    y = x.exp()
+    y.register_hook(lambda g: names.append(type(_compat.current_autograd_node()).__name__))
+    (y * 2).sum().backward()
+    assert _compat.current_autograd_node() is None
+    # a tensor hook on y runs as a pre-hook of the node that consumes its gradient: exp's
+    assert names and names[0].startswith("ExpBackward")
