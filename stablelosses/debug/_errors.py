@@ -1,0 +1,126 @@
+"""The exceptions and warnings of `stablelosses.debug`, and the tensor summary they carry."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """What a report says about one tensor: dtype, shape, range and non-finite counts."""
+
+    dtype: torch.dtype
+    shape: tuple
+    min: Optional[float]
+    max: Optional[float]
+    nan: int
+    posinf: int
+    neginf: int
+
+    @property
+    def finite(self) -> bool:
+        return self.nan == 0 and self.posinf == 0 and self.neginf == 0
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorSummary:
+        dtype, shape = t.dtype, tuple(t.shape)
+        lo = hi = None
+        nan = posinf = neginf = 0
+        with torch.no_grad():
+            x = t.detach()
+            if x.is_complex():
+                x = torch.view_as_real(x)
+            if x.is_sparse:
+                x = x.coalesce().values()
+            if x.numel() and x.dtype is not torch.bool:
+                if x.is_floating_point():
+                    nan = int(torch.isnan(x).sum())
+                    posinf = int((x == math.inf).sum())
+                    neginf = int((x == -math.inf).sum())
+                    lo, hi = float(x.amin()), float(x.amax())
+                else:
+                    lo, hi = float(x.min()), float(x.max())
+        return cls(dtype, shape, lo, hi, nan, posinf, neginf)
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        text = f"{dt}[{', '.join(map(str, self.shape))}]"
+        if self.min is not None:
+            text += f" min={self.min:.6g} max={self.max:.6g}"
+        bad = [f"{n} {k}" for n, k in ((self.nan, "nan"), (self.posinf, "+inf"), (self.neginf, "-inf")) if n]
+        if bad:
+            text += " (" + ", ".join(bad) + ")"
+        return text
+
+
+class NonFiniteError(RuntimeError):
+    r"""A NaN or Inf was created (raised by `detect_nonfinite` and `FiniteGuard`).
+
+    Attributes:
+        op: the ATen operator that produced it, e.g. ``'aten::exp'`` (None for `FiniteGuard`).
+        phase: ``'forward'`` or ``'backward'``.
+        kind: ``'overflow'`` (finite inputs, an ±inf output) or ``'nan'`` (a NaN output from
+            inputs without NaN).
+        module_path: dotted path of the innermost ``nn.Module`` running, e.g. ``'net.0'``, or None.
+        location: ``'file.py:LINE'`` of the first frame outside torch and stablelosses; for a
+            backward operator, the forward line that created its autograd node.
+        filename, lineno, source: the parts of ``location`` and the source line's text.
+        node: in the backward, the autograd node name (``'SqrtBackward0'``), else None.
+        forward_op: in the backward, the forward operator the node belongs to, when known.
+        inputs: a list of `TensorSummary`, one per tensor input (dtype, shape, min, max).
+        outputs: a list of `TensorSummary`, one per floating output.
+    """
+
+    def __init__(self, message: str = "", **info: Any) -> None:
+        super().__init__(message)
+        self.op: Optional[str] = info.get("op")
+        self.phase: Optional[str] = info.get("phase")
+        self.kind: Optional[str] = info.get("kind")
+        self.module_path: Optional[str] = info.get("module_path")
+        self.filename: Optional[str] = info.get("filename")
+        self.lineno: Optional[int] = info.get("lineno")
+        self.source: Optional[str] = info.get("source")
+        self.node: Optional[str] = info.get("node")
+        self.forward_op: Optional[str] = info.get("forward_op")
+        self.inputs: list = list(info.get("inputs", ()))
+        self.outputs: list = list(info.get("outputs", ()))
+
+    @property
+    def location(self) -> Optional[str]:
+        if self.filename is None:
+            return None
+        return f"{self.filename}:{self.lineno}"
+
+    def __reduce__(self):  # keep the attributes across pickling (multiprocessing)
+        info = {k: v for k, v in self.__dict__.items()}
+        return (_rebuild_error, (type(self), str(self), info))
+
+
+def _rebuild_error(cls, message, info):
+    err = cls.__new__(cls)
+    RuntimeError.__init__(err, message)
+    err.__dict__.update(info)
+    return err
+
+
+class NonFiniteWarning(RuntimeWarning):
+    """Issued instead of `NonFiniteError` by ``detect_nonfinite(mode='warn')``."""
+
+
+class SkippedStepsError(NonFiniteError):
+    """`FiniteGuard` skipped ``max_consecutive`` optimizer steps in a row.
+
+    Attributes:
+        consecutive: skipped steps in a row.
+        total: skipped steps since the guard was made (or loaded).
+    """
+
+    def __init__(self, message: str, consecutive: int, total: int) -> None:
+        super().__init__(message)
+        self.consecutive = consecutive
+        self.total = total
+
