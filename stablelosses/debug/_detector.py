@@ -2,34 +2,31 @@
 
 from __future__ import annotations
 
-import linecache
 import sys
 import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from stablelosses.debug._checks import _all_finite, _finite_number, _has_inf, _has_nan, _info, _normalize_op
-from stablelosses.debug._errors import NonFiniteError, NonFiniteWarning, TensorSummary
-from stablelosses.debug._frames import _child_name, _nearest_is_trusted, _root_name, _user_frame
+from stablelosses.debug._checks import _all_finite, _info, _normalize_op
+from stablelosses.debug._errors import NonFiniteWarning
+from stablelosses.debug._frames import _child_name, _root_name, _user_frame
+from stablelosses.debug._report import FWD_KEY, diagnose
 
 # --------------------------------------------------------------------------------------------
 # detect_nonfinite
 
-_FWD_KEY = "stablelosses.debug.forward"
 
 
 @dataclass(frozen=True)
 class _ForwardRecord:
     op: str
-    module_path: Optional[str]
-    filename: Optional[str]
-    lineno: Optional[int]
+    module_path: str | None
+    filename: str | None
+    lineno: int | None
     trusted: bool
 
 
@@ -49,8 +46,8 @@ class _Mode(TorchDispatchMode):
                     break
             if node is not None:
                 md = node.metadata
-                if _FWD_KEY not in md:
-                    md[_FWD_KEY] = rec
+                if FWD_KEY not in md:
+                    md[FWD_KEY] = rec
             elif age < 3:
                 keep.append((outs, rec, age + 1))
         self.pending = keep
@@ -221,7 +218,7 @@ class detect_nonfinite:
         self.reports: list = []
         self._warned: set = set()
         self._suspended = False
-        self._mode: Optional[_Mode] = None
+        self._mode: _Mode | None = None
         self._hooks: list = []
         self._stack: list = []
         self._stack_modules: list = []
@@ -229,7 +226,7 @@ class detect_nonfinite:
         self._thread = None
 
     # -- module paths --------------------------------------------------------------------
-    def _module_path(self) -> Optional[str]:
+    def _module_path(self) -> str | None:
         if self._stack and threading.get_ident() == self._thread:
             return self._stack[-1]
         return None
@@ -304,7 +301,7 @@ class detect_nonfinite:
     def _found(self, func, args, kwargs, out, node, writes, before) -> None:
         self._suspended = True  # summaries below run torch ops
         try:
-            err = self._diagnose(func, args, kwargs, out, node, writes, before)
+            err = diagnose(self, func, args, kwargs, out, node, writes, before, sys._getframe())
         finally:
             self._suspended = False
         if err is None:
@@ -318,100 +315,3 @@ class detect_nonfinite:
             warnings.warn_explicit(
                 str(err), NonFiniteWarning, err.filename or "<unknown>", err.lineno or 0
             )
-
-    def _diagnose(self, func, args, kwargs, out, node, writes, before):
-        name = func._schema.name
-        overload = func._schema.overload_name or "default"
-        if name in self.allow or f"{name}.{overload}" in self.allow:
-            return None
-        flat_args, _ = tree_flatten((args, kwargs))
-        tensors = [a for a in flat_args if isinstance(a, torch.Tensor)]
-        if not tensors and node is None:
-            return None  # a factory: its value comes from its arguments
-        # inputs: those written in place are judged from before the call
-        written = {id(t) for t in tree_flatten([args[i] for i in writes if i < len(args)])[0]}
-        in_finite, in_nan = True, False
-        for t in tensors:
-            if id(t) in written:
-                continue
-            if not _all_finite(t):
-                in_finite = False
-                in_nan = in_nan or _has_nan(t)
-        if before is not None and not all(before):
-            in_finite = False
-            in_nan = True  # unknown which: be conservative, only a clean input is blamed
-        for a in flat_args:
-            if isinstance(a, (float, complex)) and not _finite_number(a):
-                in_finite = False
-                in_nan = in_nan or a != a
-        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        out_nan = any(_has_nan(o) for o in outs)
-        if out_nan and not in_nan and self.nan:
-            kind = "nan"
-        elif in_finite and not out_nan and self.inf:
-            kind = "overflow"
-        elif in_finite and out_nan and not self.nan and self.inf and any(
-            _has_inf(o) for o in outs
-        ):
-            kind = "overflow"
-        else:
-            return None
-        phase = "backward" if node is not None else "forward"
-        frame = sys._getframe(1)
-        rec = None
-        node_name = forward_op = None
-        if node is not None:
-            node_name = node.name()
-            rec = node.metadata.get(_FWD_KEY)
-            if rec is not None:
-                forward_op = rec.op
-                if rec.trusted:
-                    return None
-            if _nearest_is_trusted(frame):
-                return None  # a stablelosses Function's own backward
-            if rec is not None:
-                module_path, filename, lineno = rec.module_path, rec.filename, rec.lineno
-            else:
-                module_path = filename = lineno = None
-                # the backward ran without a forward record: name the frame that ran it
-                uf, _ = _user_frame(frame)
-                if uf is not None:
-                    filename, lineno = uf.f_code.co_filename, uf.f_lineno
-        else:
-            if _nearest_is_trusted(frame):
-                return None
-            module_path = self._module_path()
-            uf, _ = _user_frame(frame)
-            filename, lineno = (uf.f_code.co_filename, uf.f_lineno) if uf is not None else (None, None)
-        source = linecache.getline(filename, lineno).strip() if filename else None
-        inputs = [TensorSummary.of(t) for t in tensors]
-        outputs = [TensorSummary.of(o) for o in outs if o.is_floating_point() or o.is_complex()]
-        info = dict(op=name, phase=phase, kind=kind, module_path=module_path, filename=filename,
-                    lineno=lineno, source=source or None, node=node_name, forward_op=forward_op,
-                    inputs=inputs, outputs=outputs)
-        return NonFiniteError(_format(info), **info)
-
-
-
-def _format(info: dict) -> str:
-    what = "NaN" if info["kind"] == "nan" else "Inf (overflow)"
-    src = "inputs without NaN" if info["kind"] == "nan" else "finite inputs"
-    lines = [f"{info['op']} produced {what} from {src} in the {info['phase']}"]
-    if info["phase"] == "backward":
-        fwd = f" (forward {info['forward_op']})" if info["forward_op"] else ""
-        lines[0] += f" of {info['node']}{fwd}"
-    lines.append(f"  module:   {info['module_path'] or '(none)'}")
-    where = "forward line" if info["phase"] == "backward" else "location"
-    if info["filename"]:
-        lines.append(f"  {where}: {info['filename']}:{info['lineno']}")
-        if info["source"]:
-            lines.append(f"      {info['source']}")
-    else:
-        lines.append(f"  {where}: (unknown)")
-    for i, s in enumerate(info["inputs"]):
-        lines.append(f"  input {i}:  {s}")
-    for i, s in enumerate(info["outputs"]):
-        lines.append(f"  output {i}: {s}")
-    return "\n".join(lines)
-
-

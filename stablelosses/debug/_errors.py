@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -15,8 +15,8 @@ class TensorSummary:
 
     dtype: torch.dtype
     shape: tuple
-    min: Optional[float]
-    max: Optional[float]
+    min: float | None
+    max: float | None
     nan: int
     posinf: int
     neginf: int
@@ -61,10 +61,16 @@ class NonFiniteError(RuntimeError):
     r"""A NaN or Inf was created (raised by `detect_nonfinite` and `FiniteGuard`).
 
     Attributes:
-        op: the ATen operator that produced it, e.g. ``'aten::exp'`` (None for `FiniteGuard`).
+        op: the ATen operator that produced it, e.g. ``'aten::exp'``, or the public stablelosses
+            function, e.g. ``'stablelosses.safe_sqrt'`` (None for `FiniteGuard`).
         phase: ``'forward'`` or ``'backward'``.
         kind: ``'overflow'`` (finite inputs, an ±inf output) or ``'nan'`` (a NaN output from
             inputs without NaN).
+        cause: what happened, one of ``'division by zero'`` (a finite non-zero numerator over
+            0), ``'0/0'``, ``'log of zero'``, ``'overflow'`` (a finite result too large) and
+            ``'invalid'`` (sqrt/log of a negative, inf - inf, 0 * inf); None for `FiniteGuard`.
+        hint: for a catalogued hazard, the stablelosses replacement and docs page
+            (``'hint: use sl.safe_sqrt / sl.RMSELoss — docs: hazards/sqrt-at-zero'``), else None.
         module_path: dotted path of the innermost ``nn.Module`` running, e.g. ``'net.0'``, or None.
         location: ``'file.py:LINE'`` of the first frame outside torch and stablelosses; for a
             backward operator, the forward line that created its autograd node.
@@ -77,20 +83,22 @@ class NonFiniteError(RuntimeError):
 
     def __init__(self, message: str = "", **info: Any) -> None:
         super().__init__(message)
-        self.op: Optional[str] = info.get("op")
-        self.phase: Optional[str] = info.get("phase")
-        self.kind: Optional[str] = info.get("kind")
-        self.module_path: Optional[str] = info.get("module_path")
-        self.filename: Optional[str] = info.get("filename")
-        self.lineno: Optional[int] = info.get("lineno")
-        self.source: Optional[str] = info.get("source")
-        self.node: Optional[str] = info.get("node")
-        self.forward_op: Optional[str] = info.get("forward_op")
+        self.op: str | None = info.get("op")
+        self.phase: str | None = info.get("phase")
+        self.kind: str | None = info.get("kind")
+        self.cause: str | None = info.get("cause")
+        self.hint: str | None = info.get("hint")
+        self.module_path: str | None = info.get("module_path")
+        self.filename: str | None = info.get("filename")
+        self.lineno: int | None = info.get("lineno")
+        self.source: str | None = info.get("source")
+        self.node: str | None = info.get("node")
+        self.forward_op: str | None = info.get("forward_op")
         self.inputs: list = list(info.get("inputs", ()))
         self.outputs: list = list(info.get("outputs", ()))
 
     @property
-    def location(self) -> Optional[str]:
+    def location(self) -> str | None:
         if self.filename is None:
             return None
         return f"{self.filename}:{self.lineno}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -54,7 +54,7 @@ class FiniteGuard:
         (True, 0, tensor([0.8000, 0.8000]))
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, max_consecutive: Optional[int] = None) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, max_consecutive: int | None = None) -> None:
         if max_consecutive is not None:
             if isinstance(max_consecutive, bool) or not isinstance(max_consecutive, int):
                 raise TypeError(
@@ -121,7 +121,7 @@ class FiniteGuard:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return bad is None or int(bad.item()) == 0
 
-    def step(self, *, scaler: Optional[Any] = None) -> bool:
+    def step(self, *, scaler: Any | None = None) -> bool:
         """Step if every gradient is finite; else drop the gradients and count a skip.
 
         Args:
