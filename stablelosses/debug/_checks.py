@@ -88,7 +88,7 @@ def _finite_number(x) -> bool:
 
 def _normalize_op(name: str) -> str:
     name = str(name)
-    if "::" not in name:
+    if "::" not in name and not name.startswith("stablelosses."):
         name = "aten::" + name
     return name
 

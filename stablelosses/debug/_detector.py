@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from stablelosses.debug import _boundary
 from stablelosses.debug._checks import _all_finite, _info, _normalize_op
-from stablelosses.debug._errors import NonFiniteWarning
+from stablelosses.debug._errors import NonFiniteError, NonFiniteWarning
 from stablelosses.debug._frames import _child_name, _root_name, _user_frame
 from stablelosses.debug._report import FWD_KEY, diagnose
 
@@ -269,12 +270,14 @@ class detect_nonfinite:
         ]
         self._mode = _Mode(self)
         self._mode.__enter__()
+        _boundary.install(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         mode, self._mode = self._mode, None
         try:
             if mode is not None:
+                _boundary.uninstall(self)
                 mode.pending.clear()
                 mode.__exit__(exc_type, exc, tb)
         finally:
@@ -304,8 +307,11 @@ class detect_nonfinite:
             err = diagnose(self, func, args, kwargs, out, node, writes, before, sys._getframe())
         finally:
             self._suspended = False
-        if err is None:
-            return
+        if err is not None:
+            self._emit(err)
+
+    def _emit(self, err: NonFiniteError) -> None:
+        """Keep the report; raise it, or warn once per (operator, phase, line)."""
         self.reports.append(err)
         if self.mode == "raise":
             raise err
