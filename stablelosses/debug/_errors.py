@@ -132,3 +132,35 @@ class SkippedStepsError(NonFiniteError):
         self.consecutive = consecutive
         self.total = total
 
+
+
+class DivergenceError(RuntimeError):
+    """`DivergenceMonitor` saw the loss or the gradient norm grow by more than ``growth``.
+
+    Raised while both are still finite, so the model and the optimizer state are still
+    usable (lower the learning rate and resume from the last checkpoint).
+
+    Attributes:
+        step: the `DivergenceMonitor.check` call (0-based) at which it fired.
+        quantity: ``'loss'`` or ``'gradient norm'``, the one that grew.
+        growth: how much it grew: its value now over the smallest value in the window.
+        module_path: the module whose gradient norm grew the most (``'net.0'``), or None.
+        module_type: its class name (``'BatchNorm2d'``), or None.
+        precursors: the known causes found by looking at the model, one sentence each.
+    """
+
+    def __init__(self, message: str = "", **info: Any) -> None:
+        super().__init__(message)
+        self.step: int | None = info.get("step")
+        self.quantity: str | None = info.get("quantity")
+        self.growth: float | None = info.get("growth")
+        self.module_path: str | None = info.get("module_path")
+        self.module_type: str | None = info.get("module_type")
+        self.precursors: list[str] = list(info.get("precursors", ()))
+
+    def __reduce__(self):  # keep the attributes across pickling (multiprocessing)
+        return (_rebuild_error, (type(self), str(self), dict(self.__dict__)))
+
+
+class DivergenceWarning(RuntimeWarning):
+    """Issued instead of `DivergenceError` by ``DivergenceMonitor(mode='warn')``."""
