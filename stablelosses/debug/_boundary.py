@@ -130,7 +130,7 @@ def call(key: int, args: tuple, kwargs: dict) -> Any:
 
 def _diagnose(det: Any, fn: Any, name: str, args: tuple, kwargs: dict, outs: list) -> NonFiniteError | None:
     short = name.rsplit(".", 1)[-1]
-    if name in det.allow or short in det.allow:
+    if name in det.allow or f"aten::{short}" in det.allow:  # 'safe_sqrt' is normalised to 'aten::safe_sqrt'
         return None
     flat = tree_flatten((args, kwargs))[0]
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]

@@ -153,7 +153,7 @@ def hint_for(
         return _hint("sl.logsumexp / sl.softmax / sl.CrossEntropyLoss", "softmax-logsumexp")
     if name == "cosh" and cause == "overflow":
         return _hint("sl.LogCoshLoss", "log-cosh-overflow")
-    if half and cause == "overflow" and name in _POW | {"mul", "mul_", "square"}:
+    if half and cause == "overflow" and name in _POW | {"mul", "mul_", "square", "mse_loss"}:
         return _hint("sl.RMSELoss", "half-precision-overflow")
     if name in _DIV and cause in ("division by zero", "0/0") or node == "DivBackward0":
         return _hint("sl.safe_div", "division-by-zero")
