@@ -139,9 +139,18 @@ class detect_nonfinite:
     ``where``, ``fill_``, ``full``, ``cat``, ``index``, ``gather``, view operators, ``clone``,
     ``max``/``min`` …) never count, so ``scores.masked_fill(~mask, float('-inf'))`` and additive
     ``-inf`` attention masks stay silent, as long as no row is masked entirely (that ``softmax``
-    divides 0 by 0 and is reported). The internals of stablelosses' own functions are trusted
-    (their deliberate ``-inf`` outputs for masked entries, e.g. ``log 0`` selected away by a
-    ``where``, are not reported). ``allow`` adds operator names to ignore.
+    divides 0 by 0 and is reported). ``allow`` adds operator names to ignore.
+
+    **stablelosses' own functions** are checked at their public boundary, as one operator each:
+    a NaN/Inf one returns from inputs without one is reported under its public name
+    (``stablelosses.safe_sqrt``, ``stablelosses.functional.cross_entropy``), while what it
+    computes inside on the way to a finite result (a ``log 0`` selected away by a ``where``) and
+    the ``-inf`` outputs the contract defines (``log_softmax`` on masked entries, ``logsumexp``
+    of an all ``-inf`` slice, ``xlogy(x, 0)``) stay silent. Their backward is trusted.
+
+    **What the message says.** ``err.cause`` is one of ``'division by zero'``, ``'0/0'``,
+    ``'log of zero'``, ``'overflow'`` and ``'invalid'``; for a catalogued hazard ``err.hint``
+    (also the message's last line) names the stablelosses replacement and the docs page.
 
     **Cost.** One reduction per floating output (a sum: a finite sum proves every element
     finite; ``isfinite().all()`` runs only when it is not) and one read of the result; inputs
@@ -224,7 +233,7 @@ class detect_nonfinite:
         self._stack: list = []
         self._stack_modules: list = []
         self._names: dict = {}
-        self._thread = None
+        self._thread: int | None = None
 
     # -- module paths --------------------------------------------------------------------
     def _module_path(self) -> str | None:

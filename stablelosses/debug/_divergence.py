@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ def _param_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     device = grads[0].device
     for idx in by_key.values():
         group = [grads[i] for i in idx]
+        norms: Sequence[torch.Tensor]
         try:
             norms = torch._foreach_norm(group, 2, dtype=torch.float64)  # one fused kernel
         except (AttributeError, TypeError, RuntimeError):  # no fused norm with dtype: per tensor

@@ -100,7 +100,7 @@ def diagnose(det, func, args, kwargs, out, node, writes, before, frame) -> NonFi
 def make_error(**info: Any) -> NonFiniteError:
     """A `NonFiniteError` whose message is `format_report` of ``info``."""
     filename, lineno = info.get("filename"), info.get("lineno")
-    source = linecache.getline(filename, lineno).strip() if filename else ""
+    source = linecache.getline(filename, int(lineno or 0)).strip() if filename else ""
     info["source"] = source or None
     return NonFiniteError(format_report(info), **info)
 

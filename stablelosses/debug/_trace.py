@@ -76,7 +76,7 @@ class _Watch:
             watch._backward(tensor, *args, **kwargs)
             watch.after_backward(tensor)
 
-        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        torch.Tensor.backward = backward  # type: ignore[method-assign, assignment]
         return self
 
     def __exit__(self, *exc: Any) -> None:
