@@ -195,3 +195,23 @@ def test_close_removes_the_batchnorm_hooks():
     assert len(net[0]._forward_hooks) == 1
     monitor.close()
     assert len(net[0]._forward_hooks) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_check_syncs_once_on_cuda():
+    net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)).cuda()
+    monitor = DivergenceMonitor(net)
+    loss = net(torch.randn(16, 8, device="cuda")).square().mean()
+    loss.backward()
+    monitor.check(loss)  # warm up (first calls may allocate)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            monitor.check(loss)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in record if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
