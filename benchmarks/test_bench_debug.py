@@ -98,7 +98,11 @@ def _median_time(fn, repeats=30):
 
 
 def _interleaved_ratio(plain, watched, rounds=5, repeats=10) -> float:
-    """Median over rounds of (median watched time / median plain time), one CPU thread."""
+    """Median over rounds of (median watched time / median plain time), one CPU thread.
+
+    Plain and watched alternate round by round, so load from other processes on a shared CPU
+    hits both sides alike.
+    """
     threads = torch.get_num_threads()
     # one thread: the checks' cost is Python per operator or per step, the hard case for the
     # ratio, and it does not swing with other processes competing for cores
@@ -106,13 +110,13 @@ def _interleaved_ratio(plain, watched, rounds=5, repeats=10) -> float:
     try:
         for _ in range(3):
             plain(), watched()
-        p, w = [], []
+        ratios = []
         for _ in range(rounds):
-            p.append(_median_time(plain, repeats))
-            w.append(_median_time(watched, repeats))
+            p = _median_time(plain, repeats)
+            ratios.append(_median_time(watched, repeats) / p)
     finally:
         torch.set_num_threads(threads)
-    return sorted(w)[rounds // 2] / sorted(p)[rounds // 2]
+    return sorted(ratios)[rounds // 2]
 
 
 def _under(step, ctx):

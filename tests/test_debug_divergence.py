@@ -167,6 +167,17 @@ def test_state_dict_round_trip_and_reset():
     train_seed(net, opt, x, monitor, steps=1)
 
 
+def test_gradient_norm_of_huge_finite_gradients_does_not_overflow():
+    net = nn.Linear(4, 1)
+    monitor = DivergenceMonitor(net)
+    net.weight.grad = torch.full((1, 4), 1e30)  # float32 ‖g‖² overflows; ‖g‖ = 2e30 does not
+    net.bias.grad = None  # a missing gradient counts as 0
+    monitor.check(torch.tensor(3.0))
+    (norm,) = monitor.state_dict()["values"]["gradient norm"]
+    expected = torch.linalg.vector_norm(torch.full((4,), 1e30, dtype=torch.float64)).item()
+    assert norm == pytest.approx(expected, rel=1e-6)
+
+
 def test_bad_arguments():
     net = nn.Linear(2, 2)
     with pytest.raises(TypeError, match="model must be an nn.Module, got list"):

@@ -25,23 +25,37 @@ __all__ = ["DivergenceMonitor"]
 _QUANTITIES = ("loss", "gradient norm")
 
 
-def _param_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Per-tensor 2-norms in float64 (so ‖g‖ of float32 gradients near 1e19 does not overflow)."""
+def _fused_norms(group: list[torch.Tensor], dtype: torch.dtype | None) -> Sequence[torch.Tensor]:
+    try:
+        return torch._foreach_norm(group, 2, dtype=dtype)  # one fused kernel
+    except (AttributeError, TypeError, RuntimeError):  # no fused norm (with dtype): per tensor
+        return [torch.linalg.vector_norm(g, dtype=dtype) for g in group]
+
+
+def _norms_and_loss(
+    grads: list[torch.Tensor | None], loss: torch.Tensor, wide: bool = False
+) -> list[float]:
+    """Per-tensor gradient 2-norms (0 for a missing gradient), then the loss, read in one sync.
+
+    The norms are fused per (device, dtype); ``wide`` accumulates them in float64 (about 3x the
+    cost on CPU), which `DivergenceMonitor.check` asks for only when a norm overflowed.
+    """
     by_key: dict[tuple[Any, Any], list[int]] = {}
     for i, g in enumerate(grads):
-        by_key.setdefault((g.device, g.dtype), []).append(i)
-    out: list[Any] = [None] * len(grads)
-    device = grads[0].device
+        if g is not None:
+            by_key.setdefault((g.device, g.dtype), []).append(i)
+    stacks, order = [], []
     for idx in by_key.values():
-        group = [grads[i] for i in idx]
-        norms: Sequence[torch.Tensor]
-        try:
-            norms = torch._foreach_norm(group, 2, dtype=torch.float64)  # one fused kernel
-        except (AttributeError, TypeError, RuntimeError):  # no fused norm with dtype: per tensor
-            norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in group]
-        for i, n in zip(idx, norms):
-            out[i] = n.to(device)
-    return torch.stack(out)
+        group = [g for g in (grads[i] for i in idx) if g is not None]
+        st = torch.stack(list(_fused_norms(group, torch.float64 if wide else None)))
+        stacks.append(st.to(loss.device, torch.float64))
+        order.extend(idx)
+    read = torch.cat([*stacks, loss.detach().reshape(1).to(torch.float64)])
+    *values, value_loss = read.tolist()  # the one host sync
+    per = [0.0] * len(grads)
+    for i, v in zip(order, values):
+        per[i] = v
+    return [*per, value_loss]
 
 
 class DivergenceMonitor:
@@ -60,10 +74,11 @@ class DivergenceMonitor:
     last batch, and, with an ``optimizer``, the largest update-to-weight ratio
     $\mathrm{lr}\cdot\|g\|/\|w\|$.
 
-    **Cost.** One fused norm over the gradients (per-tensor norms, in float64), one read of
-    two numbers from the device per `check`, and one forward hook per BatchNorm that records
-    the input's shape. Growth is relative: a loss that sits at ``1e-9`` and moves to ``1e-5``
-    grows 10⁴×, so for losses that end near zero raise ``growth`` or call `reset`.
+    **Cost.** One fused norm over the gradients (per-tensor norms; again in float64 only when
+    one overflowed) and one read of those norms and the loss from the device per `check`, and
+    one forward hook per BatchNorm that records the input's shape.
+
+    **Limits.** Growth is relative: a loss that sits at ``1e-9`` and moves to ``1e-5`` grows 10⁴×, so for losses that end near zero raise ``growth`` or call `reset`.
 
     Args:
         model: the ``nn.Module`` being trained.
@@ -145,7 +160,7 @@ class DivergenceMonitor:
         """Forget the history (after lowering the learning rate, or a planned jump in the loss)."""
         self.steps = 0
         self._values: dict[str, deque[float]] = {q: deque(maxlen=self.window) for q in _QUANTITIES}
-        self._per_param: deque[torch.Tensor] = deque(maxlen=self.window + 1)
+        self._per_param: deque[list[float]] = deque(maxlen=self.window + 1)
         self._pending: dict[str, tuple[float, int] | None] = dict.fromkeys(_QUANTITIES)
 
     def close(self) -> None:
@@ -170,11 +185,11 @@ class DivergenceMonitor:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ValueError(f"DivergenceMonitor.check: loss must be a one-element tensor, got {shape}")
-        grads = [p.grad if p.grad is not None else torch.zeros((), device=p.device) for p in self._params]
-        per = _param_norms(grads) if grads else torch.zeros(0, dtype=torch.float64, device=loss.device)
-        total = per.square().sum().sqrt().to(loss.device)
-        both = torch.stack([loss.detach().reshape(()).to(torch.float64), total])
-        value_loss, value_norm = both.tolist()  # the one host sync
+        grads = [p.grad for p in self._params]
+        *per, value_loss = _norms_and_loss(grads, loss)
+        if math.isfinite(value_loss) and not all(map(math.isfinite, per)):
+            *per, value_loss = _norms_and_loss(grads, loss, wide=True)  # float32 ‖g‖ overflowed?
+        value_norm = math.sqrt(math.fsum(v * v for v in per))
         step, self.steps = self.steps, self.steps + 1
         values = {"loss": abs(value_loss), "gradient norm": value_norm}
         if not all(math.isfinite(v) for v in values.values()):
@@ -225,12 +240,12 @@ class DivergenceMonitor:
         self.steps = steps
 
     def state_dict(self) -> dict[str, Any]:
-        """Settings, step count and the window's history (plain Python values and CPU tensors)."""
+        """Settings, step count and the window's history (plain Python values)."""
         return {
             "window": self.window, "growth": self.growth, "mode": self.mode, "steps": self.steps,
             "values": {q: list(v) for q, v in self._values.items()},
             "pending": dict(self._pending),
-            "per_param": [t.detach().cpu() for t in self._per_param],
+            "per_param": [list(v) for v in self._per_param],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -242,8 +257,7 @@ class DivergenceMonitor:
             self._values[q].extend(float(v) for v in state["values"][q])
             p = state["pending"][q]
             self._pending[q] = (float(p[0]), int(p[1])) if p is not None else None
-        device = self._params[0].device if self._params else "cpu"
-        self._per_param.extend(t.to(device) for t in state["per_param"])
+        self._per_param.extend([float(x) for x in v] for v in state["per_param"])
 
     def __repr__(self) -> str:
         return (f"DivergenceMonitor({type(self.model).__name__}, window={self.window}, "

@@ -23,22 +23,21 @@ def _positive_min(values: Sequence[float]) -> float | None:
 
 
 def fastest_module(
-    history: Sequence[torch.Tensor], owners: Sequence[str], model: nn.Module
+    history: Sequence[Sequence[float]], owners: Sequence[str], model: nn.Module
 ) -> tuple[str, str, float, float, float] | None:
     """(path, class name, first norm, last norm, growth) of the module whose gradient grew most.
 
     Args:
-        history: per check, the gradient norm of every parameter (a 1-D tensor, params in order).
+        history: per check, the gradient norm of every parameter (params in order).
         owners: per parameter, the path of the module that holds it (``''`` for the model).
         model: the model, to name the class of each module.
     """
     if not history or not owners:
         return None
-    per_step = torch.stack([h.detach().to("cpu", torch.float64) for h in history])  # [steps, P]
     best = None
     for path in dict.fromkeys(owners):
         cols = [i for i, o in enumerate(owners) if o == path]
-        series = per_step[:, cols].square().sum(1).sqrt().tolist()
+        series = [math.sqrt(math.fsum(h[i] * h[i] for i in cols)) for h in history]
         ref, last = _positive_min(series[:-1]), series[-1]
         if ref is None or not math.isfinite(last):
             continue
