@@ -78,7 +78,9 @@ class DivergenceMonitor:
     one overflowed) and one read of those norms and the loss from the device per `check`, and
     one forward hook per BatchNorm that records the input's shape.
 
-    **Limits.** Growth is relative: a loss that sits at ``1e-9`` and moves to ``1e-5`` grows 10⁴×, so for losses that end near zero raise ``growth`` or call `reset`.
+    **Limits.** Growth is relative: a loss that sits at ``1e-9`` and moves to ``1e-5`` grows
+    10⁴×, so for losses that end near zero raise ``growth`` or call `reset`. A run that jumps
+    from healthy to ``inf`` in fewer than two steps cannot be confirmed while finite.
 
     Args:
         model: the ``nn.Module`` being trained.
