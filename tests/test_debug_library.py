@@ -180,3 +180,14 @@ def test_values_match_outside_the_context():
     for a, b in zip(inside, outside):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     torch.testing.assert_close(outside[1], F.cross_entropy(x, t))
+
+
+def test_which_package_files_count_as_user_code():
+    # the naive formulas, the demo, the bench harness and the CLI are user code wherever they
+    # move inside the package; the numerical core is library code, checked at its boundary
+    from stablelosses.debug._frames import _PKG_DIR, _is_user_file
+
+    for rel in ("_demo.py", "_naive.py", "naive.py", "bench/cases.py", "cli.py", "__main__.py"):
+        assert _is_user_file(os.path.join(_PKG_DIR, rel)), rel
+    for rel in ("functional/_ops.py", "_autograd/sqrt.py", "losses.py", "_utils.py", "_compat.py"):
+        assert not _is_user_file(os.path.join(_PKG_DIR, rel)), rel

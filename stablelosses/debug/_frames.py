@@ -10,8 +10,17 @@ import torch
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DEBUG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# Files of this package that count as user code (the demo's naive formulas, the CLI's runpy).
-_PKG_USER_FILES = {os.path.join(_PKG_DIR, f) for f in ("_demo.py", "cli.py", "__main__.py")}
+# Files of this package that count as user code: the demo, the naive formulas people write
+# (wherever they live: any module whose name holds "naive"), the benchmark harness and the CLI
+# (its runpy). Everything else in the package is library code, checked at its public boundary.
+_PKG_USER_FILES = {os.path.join(_PKG_DIR, f) for f in ("_demo.py", "cli.py", "__main__.py", "_bench.py")}
+
+
+def _is_user_file(absfn: str) -> bool:
+    rel = absfn[len(_PKG_DIR):]
+    return absfn in _PKG_USER_FILES or "naive" in os.path.basename(rel) or rel.startswith(
+        ("bench" + os.sep, "_bench" + os.sep, "demo" + os.sep, "_demo" + os.sep)
+    )
 
 _SKIP, _USER, _TRUSTED = 0, 1, 2
 _code_kind: dict = {}
@@ -24,7 +33,7 @@ def _kind_of(code) -> int:
         absfn = os.path.abspath(fn) if not fn.startswith("<") else fn
         if absfn.startswith((_DEBUG_DIR, _TORCH_DIR)) or fn.startswith("<frozen"):
             kind = _SKIP
-        elif absfn.startswith(_PKG_DIR) and absfn not in _PKG_USER_FILES:
+        elif absfn.startswith(_PKG_DIR) and not _is_user_file(absfn):
             kind = _TRUSTED
         elif "/torch/" in fn and ("/_dynamo/" in fn or "/_inductor/" in fn):
             kind = _SKIP
