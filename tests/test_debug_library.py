@@ -191,3 +191,19 @@ def test_which_package_files_count_as_user_code():
         assert _is_user_file(os.path.join(_PKG_DIR, rel)), rel
     for rel in ("functional/_ops.py", "_autograd/sqrt.py", "losses.py", "_utils.py", "_compat.py"):
         assert not _is_user_file(os.path.join(_PKG_DIR, rel)), rel
+
+
+def test_every_public_function_is_checked():
+    # a function that cannot have its code swapped (a closure, a partial, a C function) would be
+    # silently unchecked: every public function must be a plain function the detector covers
+    import inspect
+
+    from stablelosses.debug._boundary import public_functions
+
+    covered = {name.rsplit(".", 1)[-1] for name, _ in public_functions()}
+    for mod in (sl, SF):
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if callable(obj) and not inspect.isclass(obj):
+                assert name in covered, name
+    assert {"safe_sqrt", "cross_entropy", "rmse_loss", "log_softmax"} <= covered
