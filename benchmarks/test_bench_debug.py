@@ -1,10 +1,15 @@
-"""Overhead of ``detect_nonfinite`` on a small MLP training step, beside ``detect_anomaly``.
+"""Overhead of the debugging tools on a small MLP training step.
 
-One group, ``debug``; ids ``plain`` (eager, no checks), ``detect_nonfinite`` and
-``detect_anomaly`` (``torch.autograd.detect_anomaly``). The step: forward of a 3-layer MLP
-(batch 256, width 256), cross-entropy, backward, SGD step; the context is entered inside the
-timed call, as in a training loop. ``test_overhead_ratio`` checks the cost stays under about 2×
-the plain step (run it with the others: ``pytest benchmarks/test_bench_debug.py``).
+One group, ``debug``; ids ``plain`` (eager, no checks), ``detect_nonfinite``,
+``detect_anomaly`` (``torch.autograd.detect_anomaly``) and ``monitor`` (the plain step plus
+``DivergenceMonitor.check`` between backward and ``optimizer.step()``). The step: forward of a
+3-layer MLP (batch 256, width 256), cross-entropy (``loss`` parameter: ``torch`` for
+``F.cross_entropy``, ``stablelosses`` for ``SF.cross_entropy``, which ``detect_nonfinite`` also
+checks at its boundary), backward, SGD step; the context is entered inside the timed call, as in
+a training loop. ``test_overhead_ratio`` checks ``detect_nonfinite`` stays under about 2× the
+plain step and ``test_monitor_overhead`` that ``check`` costs under about 5% of it; both time
+interleaved (plain and watched alternate) so that load from other processes hits both alike.
+Run with ``pytest benchmarks/test_bench_debug.py -s`` to see the ratios.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stablelosses.debug import detect_nonfinite
+import stablelosses.functional as SF
+from stablelosses.debug import DivergenceMonitor, detect_nonfinite
 
 BATCH, WIDTH, CLASSES = 256, 256, 10
 
@@ -36,7 +42,7 @@ CONTEXTS = {
 }
 
 
-def make_step():
+def make_step(loss_fn=F.cross_entropy, monitor=False):
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(WIDTH, WIDTH), nn.ReLU(),
@@ -45,21 +51,30 @@ def make_step():
     )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, t = torch.randn(BATCH, WIDTH), torch.randint(0, CLASSES, (BATCH,))
+    check = DivergenceMonitor(model, optimizer=opt).check if monitor else None
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), t)
+        loss = loss_fn(model(x), t)
         loss.backward()
+        if check is not None:
+            check(loss)
         opt.step()
         return loss
 
     return step
 
 
+LOSSES = {"torch": F.cross_entropy, "stablelosses": SF.cross_entropy}
+
+
 @pytest.mark.benchmark(group="debug")
-@pytest.mark.parametrize("variant", list(CONTEXTS), ids=list(CONTEXTS))
-def test_training_step(benchmark, variant):
-    step, ctx = make_step(), CONTEXTS[variant]
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("variant", [*CONTEXTS, "monitor"])
+def test_training_step(benchmark, variant, loss):
+    monitor = variant == "monitor"
+    step = make_step(LOSSES[loss], monitor=monitor)
+    ctx = contextlib.nullcontext if monitor else CONTEXTS[variant]
 
     def run():
         with warnings.catch_warnings():
@@ -82,32 +97,51 @@ def _median_time(fn, repeats=30):
     return sorted(times)[len(times) // 2]
 
 
-def test_overhead_ratio():
-    """Interleaved medians: detect_nonfinite within ~2× of plain (2.5× allowed for noise)."""
-    step = make_step()
+def _interleaved_ratio(plain, watched, rounds=5, repeats=10) -> float:
+    """Median over rounds of (median watched time / median plain time), one CPU thread.
 
-    def under(ctx):
-        def run():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with ctx():
-                    step()
-        return run
-
-    plain, watched = under(contextlib.nullcontext), under(detect_nonfinite)
+    Plain and watched alternate round by round, so load from other processes on a shared CPU
+    hits both sides alike.
+    """
     threads = torch.get_num_threads()
-    # one thread: the check's cost is Python per operator, so this is the hard case for the
+    # one thread: the checks' cost is Python per operator or per step, the hard case for the
     # ratio, and it does not swing with other processes competing for cores
     torch.set_num_threads(1)
     try:
         for _ in range(3):
             plain(), watched()
-        p, w = [], []
-        for _ in range(5):
-            p.append(_median_time(plain, 10))
-            w.append(_median_time(watched, 10))
+        ratios = []
+        for _ in range(rounds):
+            p = _median_time(plain, repeats)
+            ratios.append(_median_time(watched, repeats) / p)
     finally:
         torch.set_num_threads(threads)
-    ratio = sorted(w)[2] / sorted(p)[2]
-    print(f"\ndetect_nonfinite / plain = {ratio:.2f}")
+    return sorted(ratios)[rounds // 2]
+
+
+def _under(step, ctx):
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with ctx():
+                step()
+
+    return run
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_overhead_ratio(loss):
+    """Interleaved medians: detect_nonfinite within ~2× of plain (2.5× allowed for noise)."""
+    step = make_step(LOSSES[loss])
+    ratio = _interleaved_ratio(_under(step, contextlib.nullcontext), _under(step, detect_nonfinite))
+    print(f"\ndetect_nonfinite / plain ({loss} cross_entropy) = {ratio:.2f}")
     assert ratio < 2.5, ratio
+
+
+def test_monitor_overhead():
+    """Interleaved medians: DivergenceMonitor.check under ~5% of the step (10% allowed for noise)."""
+    plain = _under(make_step(), contextlib.nullcontext)
+    watched = _under(make_step(monitor=True), contextlib.nullcontext)
+    ratio = _interleaved_ratio(plain, watched, rounds=9, repeats=20)
+    print(f"\n(step + DivergenceMonitor.check) / step = {ratio:.3f}")
+    assert ratio < 1.10, ratio

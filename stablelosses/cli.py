@@ -1,9 +1,9 @@
 r"""The ``stablelosses`` command (also ``python -m stablelosses``).
 
 - no arguments, or ``demo``: the hazard table, naive formula beside stablelosses.
-- ``trace SCRIPT.py [ARGS...]``: run a script under
+- ``trace [--watch] SCRIPT.py [ARGS...]``: run a script under
   [`detect_nonfinite`][stablelosses.debug.detect_nonfinite]; report the first NaN/Inf created
-  (exit 1) or that there was none (exit 0).
+  (exit 1) or that there was none (exit 0); a crash exits with the script's code (or 2).
 - ``bench [--device cuda] [--compile] [--quick] [--json PATH]``: the speed comparison.
 
 Bad arguments print one line to stderr and exit 2.
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import runpy
 import sys
 from typing import Optional, Sequence
 
@@ -60,8 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run a script under detect_nonfinite and report the first NaN/Inf",
         description="Run SCRIPT (as `python SCRIPT ARGS...` would, with __name__ == '__main__') "
         "under stablelosses.debug.detect_nonfinite. Exit 1 with a report of the first operator "
-        "that created a NaN/Inf, or 0 when none was created.",
+        "that created a NaN/Inf (or, with --watch, of a diverging run), 0 when none was created, "
+        "the script's own exit code when it calls sys.exit, and 2 when it crashed.",
     )
+    t.add_argument("--watch", action="store_true",
+                   help="also run a DivergenceMonitor after every loss.backward(): stop a diverging "
+                   "run before its loss is inf")
     t.add_argument("--warn", action="store_true",
                    help="do not stop at the first one: report every distinct one at the end")
     t.add_argument("--no-forward", dest="forward", action="store_false", help="skip the forward")
@@ -135,61 +137,7 @@ def _bench(parser: argparse.ArgumentParser, argv: list) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from stablelosses.debug import NonFiniteError, detect_nonfinite
+    from stablelosses.debug._trace import run_trace
 
-    script = args.script
-    if not os.path.isfile(script):
-        print(f"{_PROG} trace: error: no such file: {script}", file=sys.stderr)
-        return 2
-    script_args = list(args.args)
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
-    detector = detect_nonfinite(
-        forward=args.forward, backward=args.backward, nan=args.nan, inf=args.inf,
-        mode="warn" if args.warn else "raise", allow=args.allow,
-    )
-    old_argv = sys.argv
-    sys.argv = [script, *script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    status = 0
-    try:
-        import warnings
-
-        with warnings.catch_warnings():
-            if args.warn:
-                from stablelosses.debug import NonFiniteWarning
-
-                warnings.simplefilter("ignore", NonFiniteWarning)
-            with detector:
-                runpy.run_path(script, run_name="__main__")
-    except NonFiniteError:
-        pass  # reported below from detector.reports
-    except SystemExit as e:
-        code = e.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-    finally:
-        sys.argv = old_argv
-        try:
-            sys.path.remove(os.path.dirname(os.path.abspath(script)))
-        except ValueError:
-            pass
-    reports = detector.reports
-    if not reports:
-        print(f"{_PROG} trace: no NaN/Inf created in {script}")
-        return status
-    if args.warn:
-        seen, unique = set(), []
-        for r in reports:
-            key = (r.op, r.phase, r.filename, r.lineno)
-            if key not in seen:
-                seen.add(key)
-                unique.append(r)
-        print(f"{_PROG} trace: {len(unique)} distinct NaN/Inf creations in {script}:")
-        for r in unique:
-            print(str(r), end="\n\n")
-    else:
-        print(f"{_PROG} trace: first NaN/Inf created in {script}:")
-        print(str(reports[0]))
-    return 1
+    return run_trace(args.script, list(args.args), warn=args.warn, watch=args.watch, forward=args.forward,
+                     backward=args.backward, nan=args.nan, inf=args.inf, allow=args.allow)

@@ -114,6 +114,56 @@ def test_trace_missing_script(capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_trace_crash_exits_2_with_the_scripts_traceback():
+    script = os.path.join(SCRIPTS, "crash.py")
+    proc = run("trace", script)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    crash = next(i for i, ln in enumerate(open(script), 1) if "# CRASH" in ln)
+    assert f'File "{script}", line {crash}, in load' in proc.stderr
+    assert proc.stderr.strip().endswith("KeyError: 'missing'")
+    assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr and "_trace.py" not in proc.stderr
+
+
+def test_trace_passes_the_scripts_exit_code(capsys):
+    script = os.path.join(SCRIPTS, "crash.py")
+    assert cli.main(["trace", script, "exit", "3"]) == 3
+    assert cli.main(["trace", script, "exit", "0"]) == 0
+    capsys.readouterr()
+
+
+def test_trace_reports_a_nan_made_inside_stablelosses(capsys):
+    script = os.path.join(SCRIPTS, "library_nan.py")
+    assert cli.main(["trace", script]) == 1
+    out = capsys.readouterr().out
+    line = next(i for i, ln in enumerate(open(script), 1) if "# LIBRARY" in ln)
+    assert "stablelosses.functional.cross_entropy produced NaN" in out and "0/0" in out
+    assert f"library_nan.py:{line}" in out
+
+
+def test_trace_watch_stops_a_diverging_run_before_inf():
+    script = os.path.join(SCRIPTS, "diverge.py")
+    proc = run("trace", "--watch", script)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the run diverged" in proc.stdout and "at step 3" in proc.stdout
+    assert "net.0 (BatchNorm2d)" in proc.stdout and "16 values per channel" in proc.stdout
+    assert "lr 0.3" in proc.stdout  # the optimizer was found from its first step
+    assert "step 3: loss" not in proc.stdout  # stopped inside step 3's backward
+    assert "inf" not in proc.stdout.split("the run diverged")[0]
+    # without --watch the same script is only caught once a value is infinite
+    plain = run("trace", script)
+    assert plain.returncode == 1 and "first NaN/Inf created" in plain.stdout
+    assert "step 3: loss" in plain.stdout
+
+
+def test_trace_watch_healthy_script_exits_0(capsys):
+    import torch
+
+    backward = torch.Tensor.backward
+    assert cli.main(["trace", "--watch", os.path.join(SCRIPTS, "healthy.py"), "--steps", "3"]) == 0
+    assert "no NaN/Inf created" in capsys.readouterr().out
+    assert torch.Tensor.backward is backward  # put back
+
+
 # ---- bench --------------------------------------------------------------------------------
 
 

@@ -261,22 +261,15 @@ def test_fully_masked_row_is_reported():
     assert err.kind == "nan" and err.op == "aten::_softmax"
 
 
-def _stable_or_skip(fn):
-    try:
-        return fn()
-    except NotImplementedError:
-        pytest.skip("stablelosses op not implemented yet")
-
-
 def test_stablelosses_masked_outputs_are_silent():
     x = torch.randn(2, 3, requires_grad=True)
     mask = torch.tensor([[True, False, True], [False, False, False]])
     with detect_nonfinite() as d:
-        out = _stable_or_skip(lambda: SF.softmax(x, -1, mask=mask)).sum()
-        out = out + _stable_or_skip(lambda: SF.log_softmax(x, -1, mask=mask)).masked_fill(~mask, 0).sum()
-        out = out + _stable_or_skip(lambda: SF.logsumexp(x.masked_fill(~mask, -INF), -1))[0]
+        out = SF.softmax(x, -1, mask=mask).sum()
+        out = out + SF.log_softmax(x, -1, mask=mask).masked_fill(~mask, 0).sum()
+        out = out + SF.logsumexp(x.masked_fill(~mask, -INF), -1)[0]
         masked = x.masked_fill(~mask, -INF)[:1]
-        out = out + _stable_or_skip(lambda: SF.cross_entropy(masked, torch.tensor([0]), label_smoothing=0.1))
+        out = out + SF.cross_entropy(masked, torch.tensor([0]), label_smoothing=0.1)
         out.backward()
     assert d.reports == []
     assert torch.isfinite(x.grad).all()
@@ -533,19 +526,26 @@ def test_guard_distributed_ranks_agree():
     assert "rank 1: stepped=[False, True]" in proc.stdout
 
 
+# The naive formulas detect_nonfinite cannot catch, and why:
+# - label smoothing with a -inf logit: F.cross_entropy's kernel gets a -inf input, so the inf
+#   loss and NaN gradient it returns are not *created* from finite values (principle: a
+#   non-finite input is upstream's, not the operator's).
+UNDETECTED_NAIVE = ["cross_entropy, label smoothing, -inf logit"]
+
+
 def test_demo_hazards_stable_side_is_silent_naive_side_is_caught():
     from stablelosses import _demo
 
-    caught = 0
+    undetected = []
     for h in _demo.HAZARDS:
         with detect_nonfinite(mode="warn") as d, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = _demo.evaluate(h, "stable")
-        if res.error == "(not implemented)":
-            continue
+        assert res.error is None, (h.name, res.error)
         assert d.reports == [], (h.name, str(d.reports[0]))
         with detect_nonfinite(mode="warn") as d, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _demo.evaluate(h, "naive")
-        caught += bool(d.reports)
-    assert caught >= len(_demo.HAZARDS) - 3
+        if not d.reports:
+            undetected.append(h.name)
+    assert undetected == UNDETECTED_NAIVE

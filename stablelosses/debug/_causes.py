@@ -1,0 +1,160 @@
+"""Name the singularity behind a report, and the stablelosses replacement for catalogued hazards.
+
+A report says *what happened* with one of five phrases people can search for:
+
+| phrase | when |
+|---|---|
+| ``division by zero`` | a finite non-zero numerator over 0 (also ``0 ** negative``, ``rsqrt(0)``) |
+| ``0/0`` | zero over zero, and a softmax over a slice that is entirely ``-inf`` |
+| ``log of zero`` | ``log(0)``, ``log1p(-1)``, ``xlogy(x != 0, 0)`` |
+| ``overflow`` | a finite result too large (``exp(100.)``), or NaN from finite operands whose
+  intermediate overflowed (a matmul of ``±1e30``) |
+| ``invalid`` | outside the domain (``sqrt``/``log`` of a negative), ``inf - inf``, ``0 * inf`` |
+
+Everything here runs only on the reporting path (after a non-finite value was found), so it
+may look at values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["name_cause", "hint_for"]
+
+_DIV = {"div", "div_", "true_divide", "true_divide_", "floor_divide", "remainder", "fmod"}
+_RECIP = {"reciprocal", "reciprocal_", "rsqrt", "rsqrt_"}
+_LOG = {"log", "log_", "log2", "log10", "log1p", "log1p_", "xlogy", "xlogy_", "special_xlogy"}
+_POW = {"pow", "pow_", "float_power"}
+_DOMAIN = {"sqrt", "sqrt_", "acos", "asin", "acosh", "atanh", "lgamma", "digamma", "polygamma",
+           "erfinv", "special_erfinv"} | _LOG | _POW
+_SOFTMAX = {"_softmax", "_log_softmax", "softmax", "log_softmax", "logsumexp", "_safe_softmax"}
+
+
+def _short(op: str) -> str:
+    return op.split("::", 1)[-1].split(".", 1)[0]
+
+
+def _t(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return torch.tensor(float(x))
+    return None
+
+
+def _any(mask: torch.Tensor) -> bool:
+    return bool(mask.any())
+
+
+def _division(num: torch.Tensor, den: torch.Tensor, out_nan: bool) -> str | None:
+    num, den = torch.broadcast_tensors(num.to(torch.float64), den.to(torch.float64))
+    if out_nan and _any((num == 0) & (den == 0)):
+        return "0/0"
+    if _any((den == 0) & (num != 0) & torch.isfinite(num)):
+        return "division by zero"
+    return None
+
+
+def name_cause(op: str, args: Sequence[Any], outs: Sequence[torch.Tensor], in_finite: bool) -> str:
+    """One of the five phrases for an ATen operator ``op`` whose outputs ``outs`` are not finite.
+
+    Args:
+        op: the operator name, ``'aten::div'`` (overload optional).
+        args: its positional arguments (tensors or Python numbers).
+        outs: its tensor outputs.
+        in_finite: whether every input was finite.
+    """
+    name = _short(op)
+    out_nan = any(bool(torch.isnan(o).any()) for o in outs if o.is_floating_point())
+    a0 = _t(args[0]) if args else None
+    a1 = _t(args[1]) if len(args) > 1 else None
+    if name in _DIV and a0 is not None and a1 is not None:
+        found = _division(a0, a1, out_nan)
+        if found:
+            return found
+    if name in _RECIP and a0 is not None:
+        found = _division(torch.ones(()), a0, out_nan)
+        if found:
+            return found
+    if name in _POW and a0 is not None and a1 is not None:
+        base, expo = torch.broadcast_tensors(a0.to(torch.float64), a1.to(torch.float64))
+        if _any((base == 0) & (expo < 0)):
+            return "division by zero"
+    if name in _LOG and a0 is not None:
+        if name == "log1p":
+            zero = a0 == -1
+        elif name.endswith("xlogy") and a1 is not None:
+            x, y = torch.broadcast_tensors(a0, a1)
+            zero = (y == 0) & (x != 0)
+        else:
+            zero = a0 == 0
+        if _any(zero):
+            return "log of zero"
+    if name in _SOFTMAX and out_nan and a0 is not None and a0.is_floating_point():
+        dim = args[1] if len(args) > 1 and isinstance(args[1], int) else -1
+        if a0.dim() and _any((a0 == float("-inf")).all(dim)):
+            return "0/0"
+        return "invalid"
+    if in_finite:
+        if out_nan and name in _DOMAIN:
+            return "invalid"
+        return "overflow"
+    return "invalid"
+
+
+_DETAIL = {
+    "division by zero": "a finite non-zero numerator over 0",
+    "0/0": "zero over zero",
+    "log of zero": "log(0) = -inf",
+    "overflow": "a finite result too large for the dtype",
+    "invalid": "outside the domain, inf - inf or 0 * inf",
+}
+
+
+def detail_of(cause: str) -> str:
+    """A few words that say what the phrase means."""
+    return _DETAIL.get(cause, "")
+
+
+def _hint(use: str, page: str) -> str:
+    return f"hint: use {use} — docs: hazards/{page}"
+
+
+def hint_for(
+    op: str,
+    cause: str,
+    args: Sequence[Any],
+    node: str | None = None,
+    forward_op: str | None = None,
+) -> str | None:
+    """The stablelosses replacement and docs page when the report is a catalogued hazard."""
+    name = _short(op)
+    fwd = _short(forward_op) if forward_op else ""
+    a0 = args[0] if args else None
+    half = isinstance(a0, torch.Tensor) and a0.dtype in (torch.float16, torch.bfloat16)
+    if node == "SqrtBackward0" or fwd == "sqrt" or (name == "sqrt" and cause == "invalid"):
+        return _hint("sl.safe_sqrt / sl.RMSELoss", "sqrt-at-zero")
+    if node == "PowBackward0" or (name in _POW and cause == "division by zero"):
+        expo = args[1] if len(args) > 1 else None
+        if isinstance(expo, (int, float)) and expo in (-0.5, 0.5):
+            return _hint("sl.safe_sqrt / sl.RMSELoss", "sqrt-at-zero")
+        return _hint("sl.FocalLoss / sl.SigmoidFocalLoss for (1 - p) ** gamma", "focal-gamma-below-one")
+    if node == "LogBackward0" or fwd == "log" or (name in ("log", "log_") and cause == "log of zero"):
+        src = a0.grad_fn.name() if isinstance(a0, torch.Tensor) and a0.grad_fn is not None else ""
+        if node == "LogBackward0" or fwd == "log" or "Softmax" in src:
+            return _hint("sl.log_softmax / sl.FocalLoss", "focal-log-zero")
+        return None
+    if name in _SOFTMAX and cause in ("0/0", "invalid"):
+        return _hint("sl.softmax / sl.log_softmax with mask=", "softmax-logsumexp")
+    if name in ("exp", "exp_") and cause == "overflow":
+        return _hint("sl.logsumexp / sl.softmax / sl.CrossEntropyLoss", "softmax-logsumexp")
+    if name == "cosh" and cause == "overflow":
+        return _hint("sl.LogCoshLoss", "log-cosh-overflow")
+    if half and cause == "overflow" and name in _POW | {"mul", "mul_", "square", "mse_loss"}:
+        return _hint("sl.RMSELoss", "half-precision-overflow")
+    if name in _DIV and cause in ("division by zero", "0/0") or node == "DivBackward0":
+        return _hint("sl.safe_div", "division-by-zero")
+    return None

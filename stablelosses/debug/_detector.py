@@ -1,0 +1,332 @@
+"""detect_nonfinite: stop at the first operator that turns finite values into NaN or Inf."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from stablelosses.debug import _boundary
+from stablelosses.debug._checks import _all_finite, _info, _normalize_op
+from stablelosses.debug._errors import NonFiniteError, NonFiniteWarning
+from stablelosses.debug._frames import _child_name, _root_name, _user_frame
+from stablelosses.debug._report import FWD_KEY, diagnose
+
+# --------------------------------------------------------------------------------------------
+# detect_nonfinite
+
+
+
+@dataclass(frozen=True)
+class _ForwardRecord:
+    op: str
+    module_path: str | None
+    filename: str | None
+    lineno: int | None
+    trusted: bool
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, owner: detect_nonfinite) -> None:
+        super().__init__()
+        self.owner = owner
+        self.pending: list = []  # [(outputs, record, age)] awaiting their grad_fn
+
+    def _flush(self) -> None:
+        keep = []
+        for outs, rec, age in self.pending:
+            node = None
+            for o in outs:
+                node = o.grad_fn
+                if node is not None:
+                    break
+            if node is not None:
+                md = node.metadata
+                if FWD_KEY not in md:
+                    md[FWD_KEY] = rec
+            elif age < 3:
+                keep.append((outs, rec, age + 1))
+        self.pending = keep
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        owner = self.owner
+        if self.pending:
+            self._flush()
+        skip, writes, _ = _info(func)
+        before = None
+        if writes and not skip:
+            # an in-place operator overwrites its input: look at it before
+            before = [_all_finite(args[i]) if i < len(args) else True for i in writes]
+        out = func(*args, **kwargs)
+        if skip or owner._suspended:
+            return out
+        node = torch._C._current_autograd_node()
+        in_backward = node is not None
+        if in_backward:
+            if not owner.backward:
+                return out
+        else:
+            if owner.backward and torch.is_grad_enabled():
+                self._record(func, args, out)
+            if not owner.forward:
+                return out
+        checked = out
+        if type(out) is torch.Tensor:
+            ok = _all_finite(out)
+        elif isinstance(out, (tuple, list)):
+            ok = all(_all_finite(o) for o in out)
+        elif out is None and writes:  # in place and returns nothing (_foreach_add_ ...)
+            checked = [args[i] for i in writes if i < len(args)]
+            ok = _all_finite(checked)
+        else:
+            ok = True
+        if not ok:
+            owner._found(func, args, kwargs, checked, node, writes, before)
+        return out
+
+    def _record(self, func, args, out) -> None:
+        needs = False
+        for a in args:
+            if type(a) is torch.Tensor and a.requires_grad:
+                needs = True
+                break
+            if isinstance(a, (list, tuple)) and any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in a
+            ):
+                needs = True
+                break
+        if not needs:
+            return
+        outs = [out] if isinstance(out, torch.Tensor) else [
+            o for o in (out if isinstance(out, (tuple, list)) else ()) if isinstance(o, torch.Tensor)
+        ]
+        if not outs:
+            return
+        frame, trusted = _user_frame(sys._getframe(2))
+        if frame is not None:
+            filename, lineno = frame.f_code.co_filename, frame.f_lineno
+        else:
+            filename = lineno = None
+        owner = self.owner
+        rec = _ForwardRecord(func._schema.name, owner._module_path(), filename, lineno, trusted)
+        self.pending.append((outs, rec, 0))
+
+
+class detect_nonfinite:
+    r"""Stop at the first operator that turns finite values into NaN or Inf.
+
+    Inside the context every ATen operator is watched, in the forward and (when it runs inside
+    the context) in the backward. The first one whose output holds an Inf while no input held
+    NaN/Inf (an **overflow**: ``exp(92.)`` in float32, ``x**2`` in float16, ``1/0``), or whose
+    output holds a NaN while no input held a NaN (``0/0``, ``inf - inf``, ``0 * inf``, a
+    fully masked ``softmax``), raises `NonFiniteError`. Values that merely flow on are not
+    reported: once a NaN exists, later operators are not blamed for it.
+
+    The error names the operator (``aten::exp``), the phase (``forward`` or ``backward`` — in
+    the backward with the autograd node, ``SqrtBackward0``, and its forward operator), the
+    module path (``net.0``, ``model.layer1.0.conv``), the source line (the first frame outside
+    torch and stablelosses; in the backward, the forward line that created the node), the
+    dtype, shape, min and max of every input, and the kind (``'overflow'`` or ``'nan'``).
+
+    **What is not reported.** Operators that only copy, select or fill values (``masked_fill``,
+    ``where``, ``fill_``, ``full``, ``cat``, ``index``, ``gather``, view operators, ``clone``,
+    ``max``/``min`` …) never count, so ``scores.masked_fill(~mask, float('-inf'))`` and additive
+    ``-inf`` attention masks stay silent, as long as no row is masked entirely (that ``softmax``
+    divides 0 by 0 and is reported). ``allow`` adds operator names to ignore.
+
+    **stablelosses' own functions** are checked at their public boundary, as one operator each:
+    a NaN/Inf one returns from inputs without one is reported under its public name
+    (``stablelosses.safe_sqrt``, ``stablelosses.functional.cross_entropy``), while what it
+    computes inside on the way to a finite result (a ``log 0`` selected away by a ``where``) and
+    the ``-inf`` outputs the contract defines (``log_softmax`` on masked entries, ``logsumexp``
+    of an all ``-inf`` slice, ``xlogy(x, 0)``) stay silent. Their backward is trusted.
+
+    **What the message says.** ``err.cause`` is one of ``'division by zero'``, ``'0/0'``,
+    ``'log of zero'``, ``'overflow'`` and ``'invalid'``; for a catalogued hazard ``err.hint``
+    (also the message's last line) names the stablelosses replacement and the docs page.
+
+    **Cost.** One reduction per floating output (a sum: a finite sum proves every element
+    finite; ``isfinite().all()`` runs only when it is not) and one read of the result; inputs
+    are examined only when an output is not finite; in-place operators also check the tensor
+    they overwrite, before. The Python dispatch costs some microseconds per operator, so steps
+    of many small operators slow down most: a training step of a 3-layer MLP (batch 256,
+    width 256, one CPU thread) takes about 1.6–1.9× the plain step, against 2.0–2.2× for
+    ``torch.autograd.detect_anomaly`` (``benchmarks/test_bench_debug.py``), which moreover
+    misses NaN in the forward and Inf gradients.
+
+    **Limits.** Only operators that run inside the context on this thread are seen (and the
+    backward, whose operators run inside the context when ``.backward()`` is called in it).
+    ``torch.compile``: TorchDispatch modes are not traced into compiled graphs, so code compiled
+    and called inside the context may run eagerly (Dynamo skips frames while such a mode is
+    active) or as one opaque compiled call whose inner operators are not checked; check a
+    non-finite result of compiled code by running the same code eagerly under this context.
+    Custom C++/CUDA kernels are seen as one operator; operators that write only to outputs
+    given through ``out=`` are checked like any other. Distributed collectives are checked as
+    operators.
+
+    Args:
+        forward: check operators of the forward (everything outside ``backward()``).
+        backward: check operators of the backward; also records, per autograd node, the forward
+            line and module that created it.
+        nan: report NaN created from inputs without NaN.
+        inf: report ±Inf created from finite inputs.
+        mode: ``'raise'`` raises `NonFiniteError` at the first one; ``'warn'`` issues a
+            `NonFiniteWarning` per distinct (operator, line) and carries on.
+        allow: operator names never reported, with or without the ``aten::`` prefix and
+            overload (``'exp'``, ``'aten::pow'``, ``'aten::div.Tensor'``).
+
+    Attributes:
+        reports: every `NonFiniteError` found, in order (also in ``'raise'`` mode, so a
+            report survives code that catches the exception).
+
+    Raises:
+        NonFiniteError: in ``'raise'`` mode, at the first non-finite value created.
+        ValueError: for a ``mode`` other than ``'raise'`` or ``'warn'``.
+
+    Example:
+        >>> import torch
+        >>> from stablelosses.debug import detect_nonfinite, NonFiniteError
+        >>> x = torch.tensor([[1.0, 100.0]], requires_grad=True)
+        >>> try:
+        ...     with detect_nonfinite():
+        ...         torch.exp(x * 10).sum().backward()
+        ... except NonFiniteError as err:
+        ...     print(err.op, err.phase, err.kind, err.inputs[0].max)
+        aten::exp forward overflow 1000.0
+        >>> with detect_nonfinite():  # a masked -inf is not an error
+        ...     s = torch.zeros(2, 2).masked_fill(torch.eye(2, dtype=torch.bool), float("-inf"))
+        ...     p = torch.softmax(s, -1)
+    """
+
+    def __init__(
+        self,
+        *,
+        forward: bool = True,
+        backward: bool = True,
+        nan: bool = True,
+        inf: bool = True,
+        mode: str = "raise",
+        allow: Iterable[str] = (),
+    ) -> None:
+        if mode not in ("raise", "warn"):
+            raise ValueError(f"detect_nonfinite: mode must be 'raise' or 'warn', got {mode!r}")
+        if isinstance(allow, str):
+            allow = (allow,)
+        self.forward = bool(forward)
+        self.backward = bool(backward)
+        self.nan = bool(nan)
+        self.inf = bool(inf)
+        self.mode = mode
+        self.allow = frozenset(_normalize_op(a) for a in allow)
+        self.reports: list = []
+        self._warned: set = set()
+        self._suspended = False
+        self._mode: _Mode | None = None
+        self._hooks: list = []
+        self._stack: list = []
+        self._stack_modules: list = []
+        self._names: dict = {}
+        self._thread: int | None = None
+
+    # -- module paths --------------------------------------------------------------------
+    def _module_path(self) -> str | None:
+        if self._stack and threading.get_ident() == self._thread:
+            return self._stack[-1]
+        return None
+
+    def _pre_hook(self, module, args):
+        if threading.get_ident() != self._thread:
+            return
+        name = self._names.get(module)
+        if name is None:
+            if self._stack:
+                parent = self._stack[-1]
+                child = _child_name(self._stack_modules[-1], module)
+                name = f"{parent}.{child}"
+            else:
+                name = _root_name(module)
+                for sub, m in module.named_modules():
+                    self._names.setdefault(m, f"{name}.{sub}" if sub else name)
+                self._names[module] = name
+        self._stack.append(name)
+        self._stack_modules.append(module)
+
+    def _post_hook(self, module, args, output):
+        if threading.get_ident() != self._thread:
+            return
+        if self._stack_modules and self._stack_modules[-1] is module:
+            self._stack.pop()
+            self._stack_modules.pop()
+
+    # -- context ---------------------------------------------------------------------------
+    def __enter__(self) -> detect_nonfinite:
+        if self._mode is not None:
+            raise RuntimeError("detect_nonfinite: this context is already active")
+        from torch.nn.modules import module as _m
+
+        self._thread = threading.get_ident()
+        self._stack, self._stack_modules, self._names = [], [], {}
+        self._hooks = [
+            _m.register_module_forward_pre_hook(self._pre_hook),
+            _m.register_module_forward_hook(self._post_hook, always_call=True),
+        ]
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        _boundary.install(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        mode, self._mode = self._mode, None
+        try:
+            if mode is not None:
+                _boundary.uninstall(self)
+                mode.pending.clear()
+                mode.__exit__(exc_type, exc, tb)
+        finally:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            self._stack, self._stack_modules, self._names = [], [], {}
+
+    def __call__(self, fn):
+        """Use as a decorator: the function runs inside a fresh context with these options."""
+        import functools
+
+        opts = dict(forward=self.forward, backward=self.backward, nan=self.nan, inf=self.inf,
+                    mode=self.mode, allow=self.allow)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with detect_nonfinite(**opts):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    # -- reporting -------------------------------------------------------------------------
+    def _found(self, func, args, kwargs, out, node, writes, before) -> None:
+        self._suspended = True  # summaries below run torch ops
+        try:
+            err = diagnose(self, func, args, kwargs, out, node, writes, before, sys._getframe())
+        finally:
+            self._suspended = False
+        if err is not None:
+            self._emit(err)
+
+    def _emit(self, err: NonFiniteError) -> None:
+        """Keep the report; raise it, or warn once per (operator, phase, line)."""
+        self.reports.append(err)
+        if self.mode == "raise":
+            raise err
+        key = (err.op, err.phase, err.filename, err.lineno)
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn_explicit(
+                str(err), NonFiniteWarning, err.filename or "<unknown>", err.lineno or 0
+            )

@@ -1,0 +1,228 @@
+"""DivergenceMonitor: fires before inf on the BatchNorm seed, never on healthy runs or one bad batch."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stablelosses.debug import DivergenceError, DivergenceMonitor, DivergenceWarning
+
+
+def seed_net(seed: int = 0, lr: float = 0.3):
+    """The seed: BatchNorm2d(1) over 16 values, Conv2d(1, 1, [1, 16]), target 1, squared error, SGD."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.BatchNorm2d(1), nn.Conv2d(1, 1, [1, 16]))
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    return net, opt, torch.rand(1, 1, 1, 16)
+
+
+def train_seed(net, opt, x, monitor=None, steps=12):
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = (net(x) - 1).square().sum()
+        loss.backward()
+        losses.append(loss.item())
+        if monitor is not None:
+            monitor.check(loss)
+        opt.step()
+    return losses
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("lr", [0.3, 0.5])
+def test_seed_net_fires_before_the_first_non_finite_loss(seed, lr):
+    unwatched = train_seed(*seed_net(seed, lr))
+    first_bad = next(i for i, v in enumerate(unwatched) if not math.isfinite(v))  # it does blow up
+    net, opt, x = seed_net(seed, lr)
+    monitor = DivergenceMonitor(net, optimizer=opt)
+    losses: list[float] = []
+    with pytest.raises(DivergenceError) as info:
+        for _ in range(12):
+            opt.zero_grad()
+            loss = (net(x) - 1).square().sum()
+            loss.backward()
+            losses.append(loss.item())
+            monitor.check(loss)
+            opt.step()
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.step == len(losses) - 1 < first_bad
+    assert all(math.isfinite(v) for v in losses)
+    assert losses == unwatched[: len(losses)]  # watching did not change the run
+    assert err.growth > 1e3 and err.quantity in ("loss", "gradient norm")
+    text = str(err)
+    assert f"at step {err.step}" in text
+    assert "net.0 (BatchNorm2d)" in text and "16 values per channel" in text
+    assert (err.module_path, err.module_type) in (("net.0", "BatchNorm2d"), ("net.1", "Conv2d"))
+    assert f"fastest-growing gradient: {err.module_path} ({err.module_type})" in text
+    assert any("update-to-weight ratio" in p and f"lr {lr:g}" in p for p in err.precursors)
+
+
+def make_mlp(seed: int):
+    torch.manual_seed(seed)
+    data_x = torch.randn(512, 8)
+    data_y = torch.sin(data_x @ torch.randn(8, 1)) + 0.1 * torch.randn(512, 1)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+    return model, data_x, data_y
+
+
+def train_mlp(seed: int, bad_step: int | None = None, bad_scale: float = 100.0, opt_cls=torch.optim.SGD):
+    model, data_x, data_y = make_mlp(seed)
+    opt = opt_cls(model.parameters(), lr=1e-2)
+    monitor = DivergenceMonitor(model, optimizer=opt)
+    losses = []
+    for step in range(300):
+        idx = torch.randint(0, 512, (32,))
+        x, y = data_x[idx], data_y[idx]
+        if step == bad_step:
+            y = y * bad_scale  # one corrupted batch
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        monitor.check(loss)
+        opt.step()
+    return losses, monitor
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.Adam], ids=["sgd", "adam"])
+def test_healthy_mlp_300_steps_never_fires(opt_cls):
+    losses, monitor = train_mlp(0, opt_cls=opt_cls)
+    assert monitor.steps == 300
+    assert losses[-1] < losses[0]  # it learned
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_bad_batch_that_recovers_does_not_fire(seed):
+    losses, monitor = train_mlp(seed, bad_step=100)
+    assert losses[100] / min(losses[95:100]) > 1e3  # the jump alone exceeds `growth`
+    assert losses[101] / min(losses[95:100]) < 1e3  # and the next step is back down
+    assert monitor.steps == 300
+
+
+def test_warn_mode_warns_once_and_continues():
+    net, opt, x = seed_net()
+    monitor = DivergenceMonitor(net, mode="warn")
+    with pytest.warns(DivergenceWarning, match="at step 3") as record:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            train_seed(net, opt, x, monitor, steps=5)
+    assert len([w for w in record if issubclass(w.category, DivergenceWarning)]) == 1
+    assert monitor.steps == 5
+
+
+def test_without_an_optimizer_there_is_no_ratio():
+    net, opt, x = seed_net()
+    monitor = DivergenceMonitor(net)
+    with pytest.raises(DivergenceError) as info:
+        train_seed(net, opt, x, monitor)
+    assert not any("ratio" in p for p in info.value.precursors)
+    assert any("BatchNorm2d" in p for p in info.value.precursors)
+
+
+@pytest.mark.parametrize("bn_mode", ["eval", "large batch"])
+def test_batchnorm_in_eval_or_on_32_values_is_no_precursor(bn_mode):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 1))
+    batch = 64 if bn_mode == "large batch" else 8
+    if bn_mode == "eval":
+        net[0].eval()
+    x, y = torch.randn(batch, 4) * 10, torch.randn(batch, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=1.0 if bn_mode == "eval" else 2.0)  # both diverge
+    monitor = DivergenceMonitor(net)
+    with pytest.raises(DivergenceError) as info:
+        for _ in range(30):
+            opt.zero_grad()
+            loss = F.mse_loss(net(x), y)
+            loss.backward()
+            monitor.check(loss)
+            opt.step()
+    assert not any("BatchNorm" in p for p in info.value.precursors)
+
+
+def test_state_dict_round_trip_and_reset():
+    net, opt, x = seed_net()
+    monitor = DivergenceMonitor(net, optimizer=opt)
+    train_seed(net, opt, x, monitor, steps=3)  # 0.83 -> 74 -> 1.1e7: one step short of firing
+    state = pickle.loads(pickle.dumps(monitor.state_dict()))
+    assert state["steps"] == 3 and len(state["values"]["loss"]) == 3
+    fresh = DivergenceMonitor(net, optimizer=opt, window=2, growth=10.0, mode="warn")
+    fresh.load_state_dict(state)
+    assert (fresh.window, fresh.growth, fresh.mode, fresh.steps) == (5, 1e3, "raise", 3)
+    with pytest.raises(DivergenceError, match="at step 3"):
+        train_seed(net, opt, x, fresh, steps=1)
+    # reset forgets the window: the same step no longer has a baseline to grow from
+    net, opt, x = seed_net()
+    monitor = DivergenceMonitor(net)
+    train_seed(net, opt, x, monitor, steps=3)
+    monitor.reset()
+    assert monitor.steps == 0
+    train_seed(net, opt, x, monitor, steps=1)
+
+
+def test_gradient_norm_of_huge_finite_gradients_does_not_overflow():
+    net = nn.Linear(4, 1)
+    monitor = DivergenceMonitor(net)
+    net.weight.grad = torch.full((1, 4), 1e30)  # float32 ‖g‖² overflows; ‖g‖ = 2e30 does not
+    net.bias.grad = None  # a missing gradient counts as 0
+    monitor.check(torch.tensor(3.0))
+    (norm,) = monitor.state_dict()["values"]["gradient norm"]
+    expected = torch.linalg.vector_norm(torch.full((4,), 1e30, dtype=torch.float64)).item()
+    assert norm == pytest.approx(expected, rel=1e-6)
+
+
+def test_bad_arguments():
+    net = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="model must be an nn.Module, got list"):
+        DivergenceMonitor([net])
+    with pytest.raises(ValueError, match="window must be an int >= 1, got 0"):
+        DivergenceMonitor(net, window=0)
+    with pytest.raises(ValueError, match="growth must be a number > 1, got 1.0"):
+        DivergenceMonitor(net, growth=1.0)
+    with pytest.raises(ValueError, match="mode must be 'raise' or 'warn', got 'log'"):
+        DivergenceMonitor(net, mode="log")
+    with pytest.raises(ValueError, match=r"loss must be a one-element tensor, got \[2\]"):
+        DivergenceMonitor(net).check(torch.ones(2))
+
+
+def test_error_pickles_with_its_attributes():
+    net, opt, x = seed_net()
+    with pytest.raises(DivergenceError) as info:
+        train_seed(net, opt, x, DivergenceMonitor(net))
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert (copy.step, copy.module_type, str(copy)) == (info.value.step, "BatchNorm2d", str(info.value))
+
+
+def test_close_removes_the_batchnorm_hooks():
+    net, _, x = seed_net()
+    monitor = DivergenceMonitor(net)
+    assert len(net[0]._forward_hooks) == 1
+    monitor.close()
+    assert len(net[0]._forward_hooks) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_check_syncs_once_on_cuda():
+    net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)).cuda()
+    monitor = DivergenceMonitor(net)
+    loss = net(torch.randn(16, 8, device="cuda")).square().mean()
+    loss.backward()
+    monitor.check(loss)  # warm up (first calls may allocate)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            monitor.check(loss)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in record if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]

@@ -1,0 +1,209 @@
+"""detect_nonfinite sees inside stablelosses: its public functions are checked at their boundary."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stablelosses as sl
+import stablelosses.functional as SF
+from stablelosses.debug import NonFiniteError, NonFiniteWarning, detect_nonfinite
+from stablelosses.functional import cross_entropy as early_cross_entropy  # bound before any context
+
+HERE = os.path.abspath(__file__)
+INF = math.inf
+
+
+def lineno_of(marker: str) -> int:
+    with open(HERE) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "lineno_of" not in line:
+                return i
+    raise LookupError(marker)
+
+
+def raised(fn, **opts) -> NonFiniteError:
+    with pytest.raises(NonFiniteError) as info:
+        with detect_nonfinite(**opts):
+            fn()
+    return info.value
+
+
+# ---- reported -----------------------------------------------------------------------------
+
+
+def test_safe_sqrt_of_a_negative_is_reported_under_its_public_name():
+    x = torch.tensor([-1.0])
+    err = raised(lambda: sl.safe_sqrt(x))  # MARK-sqrt
+    assert torch.isnan(torch.sqrt(x)).all()  # torch agrees: NaN, created from a finite input
+    assert err.op == "stablelosses.safe_sqrt"
+    assert (err.phase, err.kind, err.cause) == ("forward", "nan", "invalid")
+    assert err.filename == HERE and err.lineno == lineno_of("MARK-sqrt")
+    assert "sl.safe_sqrt(x)" in err.source
+    assert err.inputs[0].min == err.inputs[0].max == -1.0
+    text = str(err)
+    assert "stablelosses.safe_sqrt produced NaN" in text and "invalid (sqrt of a negative)" in text
+
+
+def test_safe_div_overflow_is_reported():
+    den = torch.tensor(1e-45)
+    assert torch.isinf(torch.div(1.0, den))  # the reference: 1 / 1e-45 overflows float32
+    err = raised(lambda: sl.safe_div(1.0, den))
+    assert err.op == "stablelosses.safe_div"
+    assert (err.kind, err.cause) == ("overflow", "overflow")
+    assert err.inputs[0].max == pytest.approx(1.4e-45, rel=0.01)
+    assert err.outputs[0].posinf == 1
+    assert ": overflow (" in str(err)
+
+
+@pytest.mark.parametrize("weight", [None, "zero"])
+def test_cross_entropy_with_nothing_counted_is_0_over_0(weight):
+    logits = torch.randn(3, 4, requires_grad=True)
+    if weight is None:
+        target, w = torch.full((3,), -100), None  # every target ignored
+    else:
+        target, w = torch.tensor([0, 1, 0]), torch.tensor([0.0, 0.0, 1.0, 1.0])  # zero weights
+    assert torch.isnan(F.cross_entropy(logits, target, weight=w))  # torch: NaN as well
+    err = raised(lambda: SF.cross_entropy(logits, target, weight=w))
+    assert err.op == "stablelosses.functional.cross_entropy"
+    assert (err.kind, err.cause) == ("nan", "0/0")
+    assert "0/0 (reduction='mean'" in str(err)
+
+
+def test_a_name_imported_before_the_context_is_checked_too():
+    err = raised(lambda: early_cross_entropy(torch.randn(2, 3), torch.full((2,), -100)))
+    assert err.op == "stablelosses.functional.cross_entropy"
+
+
+def test_module_class_reports_the_function_and_the_module_path():
+    criterion = sl.CrossEntropyLoss()
+    err = raised(lambda: criterion(torch.randn(2, 3), torch.full((2,), -100)))
+    assert err.op == "stablelosses.functional.cross_entropy"
+    assert err.module_path == "criterion"
+
+
+def test_warn_mode_and_allow_by_public_name():
+    x = torch.tensor([-1.0])
+    with pytest.warns(NonFiniteWarning, match="stablelosses.safe_sqrt"):
+        with detect_nonfinite(mode="warn") as d:
+            y = sl.safe_sqrt(x)
+    assert torch.isnan(y).all() and len(d.reports) == 1
+    for allow in ("stablelosses.safe_sqrt", "safe_sqrt"):
+        with detect_nonfinite(allow=[allow]) as d:
+            sl.safe_sqrt(x)
+        assert d.reports == []
+
+
+# ---- silent -------------------------------------------------------------------------------
+
+
+def test_contract_minus_inf_outputs_are_silent():
+    x = torch.randn(2, 3, requires_grad=True)
+    mask = torch.tensor([[True, False, True], [False, False, False]])
+    with detect_nonfinite() as d:
+        logp = sl.log_softmax(x, -1, mask=mask)  # -inf on masked entries
+        lse = sl.logsumexp(torch.full((2, 3), -INF), -1)  # all -inf slice
+        xl = sl.xlogy(torch.ones(2), torch.zeros(2))  # log p = -inf for p = 0
+        p = sl.softmax(x, -1, mask=mask)  # an all-masked row: zeros
+        (logp.masked_fill(~mask, 0).sum() + p.sum()).backward()
+    assert d.reports == []
+    assert torch.isneginf(logp[~mask]).all() and torch.isneginf(lse).all() and torch.isneginf(xl).all()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_internal_intermediates_on_the_way_to_a_finite_result_are_silent():
+    x = torch.zeros(3, requires_grad=True)
+    logits = torch.tensor([[10.0, -200.0], [0.0, -INF]], requires_grad=True)
+    with detect_nonfinite() as d:
+        loss = (
+            sl.safe_sqrt(x).sum()  # sqrt'(0) internally
+            + sl.safe_div(torch.ones(3), x).sum()  # a / 0 selected away
+            + SF.rmse_loss(x, torch.zeros(3))  # sqrt of a zero mean
+            + SF.focal_loss(logits, torch.tensor([0, 0]), gamma=0.5)  # p_t -> 1, a -inf logit
+            + SF.cross_entropy(logits, torch.tensor([0, 0]), label_smoothing=0.1)
+            + SF.log_cosh_loss(torch.tensor([1000.0]), torch.zeros(1))  # cosh overflows
+        )
+        loss.backward()
+    assert d.reports == []
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+
+
+def test_nan_input_is_not_blamed_on_the_library():
+    with detect_nonfinite() as d:
+        y = sl.safe_sqrt(torch.tensor([float("nan"), 1.0]))
+    assert d.reports == [] and torch.isnan(y[0])
+
+
+# ---- the swap is temporary and per thread -------------------------------------------------
+
+
+def test_original_code_is_back_after_the_context():
+    codes = {n: getattr(SF, n).__code__ for n in SF.__all__}
+    with detect_nonfinite():
+        assert SF.safe_sqrt.__code__ is not codes["safe_sqrt"]
+        with detect_nonfinite():  # nested: still checked inside, still swapped after
+            with pytest.raises(NonFiniteError):
+                sl.safe_sqrt(torch.tensor([-1.0]))
+        with pytest.raises(NonFiniteError):
+            sl.safe_sqrt(torch.tensor([-1.0]))
+    assert {n: getattr(SF, n).__code__ for n in SF.__all__} == codes
+    assert torch.isnan(sl.safe_sqrt(torch.tensor([-1.0])))  # unwatched: plain NaN
+
+
+def test_other_threads_are_not_checked():
+    out = []
+
+    def other():
+        out.append(sl.safe_sqrt(torch.tensor([-1.0])))
+
+    with detect_nonfinite() as d:
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert d.reports == [] and torch.isnan(out[0])
+
+
+def test_values_match_outside_the_context():
+    x = torch.rand(4, 5) * 3
+    t = torch.randint(0, 5, (4,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with detect_nonfinite():
+            inside = (sl.safe_sqrt(x), SF.cross_entropy(x, t), sl.logsumexp(x, 1))
+    outside = (sl.safe_sqrt(x), SF.cross_entropy(x, t), sl.logsumexp(x, 1))
+    for a, b in zip(inside, outside):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(outside[1], F.cross_entropy(x, t))
+
+
+def test_which_package_files_count_as_user_code():
+    # the naive formulas, the demo, the bench harness and the CLI are user code wherever they
+    # move inside the package; the numerical core is library code, checked at its boundary
+    from stablelosses.debug._frames import _PKG_DIR, _is_user_file
+
+    for rel in ("_demo.py", "_naive.py", "naive.py", "bench/cases.py", "cli.py", "__main__.py"):
+        assert _is_user_file(os.path.join(_PKG_DIR, rel)), rel
+    for rel in ("functional/_ops.py", "_autograd/sqrt.py", "losses.py", "_utils.py", "_compat.py"):
+        assert not _is_user_file(os.path.join(_PKG_DIR, rel)), rel
+
+
+def test_every_public_function_is_checked():
+    # a function that cannot have its code swapped (a closure, a partial, a C function) would be
+    # silently unchecked: every public function must be a plain function the detector covers
+    import inspect
+
+    from stablelosses.debug._boundary import public_functions
+
+    covered = {name.rsplit(".", 1)[-1] for name, _ in public_functions()}
+    for mod in (sl, SF):
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if callable(obj) and not inspect.isclass(obj):
+                assert name in covered, name
+    assert {"safe_sqrt", "cross_entropy", "rmse_loss", "log_softmax"} <= covered

@@ -1,0 +1,108 @@
+"""Reports name the singularity with searchable phrases and hint the stablelosses fix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stablelosses.debug import NonFiniteError, detect_nonfinite
+
+INF = math.inf
+
+
+def raised(fn) -> NonFiniteError:
+    with pytest.raises(NonFiniteError) as info:
+        with detect_nonfinite():
+            fn()
+    return info.value
+
+
+def _rmse_at_zero():
+    x = torch.zeros(3, requires_grad=True)
+    torch.sqrt(F.mse_loss(x, torch.zeros(3))).backward()
+
+
+def _pow_half_at_zero():
+    x = torch.zeros(3, requires_grad=True)
+    (x**0.5).sum().backward()
+
+
+def _focal_gamma_half():
+    p = torch.ones(1, requires_grad=True)
+    ((1 - p) ** 0.3).sum().backward()
+
+
+def _log_of_softmax():
+    logits = torch.tensor([[10.0, -200.0]], requires_grad=True)
+    torch.log(F.softmax(logits, 1)).sum().backward()
+
+
+def _where_div():
+    b = torch.tensor([2.0, 0.0], requires_grad=True)
+    torch.where(b != 0, torch.ones(2) / b, torch.zeros(2)).sum().backward()
+
+
+CASES = [
+    # (id, fn, op, phase, cause, hint page or None)
+    ("1/0", lambda: torch.ones(2) / torch.zeros(2), "aten::div", "forward", "division by zero",
+     "division-by-zero"),
+    ("0/0", lambda: torch.zeros(2) / torch.zeros(2), "aten::div", "forward", "0/0", "division-by-zero"),
+    ("1/1e-45", lambda: torch.ones(1) / torch.tensor(1e-45), "aten::div", "forward", "overflow", None),
+    ("reciprocal(0)", lambda: torch.zeros(1).reciprocal(), "aten::reciprocal", "forward",
+     "division by zero", None),
+    ("exp(100)", lambda: torch.exp(torch.tensor(100.0)), "aten::exp", "forward", "overflow",
+     "softmax-logsumexp"),
+    ("log(0)", lambda: torch.log(torch.zeros(1)), "aten::log", "forward", "log of zero", None),
+    ("log1p(-1)", lambda: torch.log1p(-torch.ones(1)), "aten::log1p", "forward", "log of zero", None),
+    ("sqrt(-1)", lambda: torch.sqrt(-torch.ones(1)), "aten::sqrt", "forward", "invalid", "sqrt-at-zero"),
+    ("log(-1)", lambda: torch.log(-torch.ones(1)), "aten::log", "forward", "invalid", None),
+    ("inf-inf", lambda: torch.full((1,), INF) - torch.full((1,), INF), "aten::sub", "forward", "invalid",
+     None),
+    ("0*inf", lambda: torch.zeros(1) * torch.full((1,), INF), "aten::mul", "forward", "invalid", None),
+    ("matmul", lambda: torch.full((2, 2), 1e30) @ torch.full((2, 2), 1e30), "aten::mm", "forward",
+     "overflow", None),
+    ("masked softmax", lambda: torch.softmax(torch.full((2, 2), -INF), -1), "aten::_softmax", "forward",
+     "0/0", "softmax-logsumexp"),
+    ("rmse at 0", _rmse_at_zero, "aten::div", "backward", "division by zero", "sqrt-at-zero"),
+    ("x**0.5 at 0", _pow_half_at_zero, "aten::pow", "backward", "division by zero", "sqrt-at-zero"),
+    ("(1-p)**0.3", _focal_gamma_half, "aten::pow", "backward", "division by zero",
+     "focal-gamma-below-one"),
+    ("log(softmax)", _log_of_softmax, "aten::log", "forward", "log of zero", "focal-log-zero"),
+    ("log(cosh)", lambda: torch.log(torch.cosh(torch.tensor([100.0]))), "aten::cosh", "forward",
+     "overflow", "log-cosh-overflow"),
+    ("float16 square", lambda: torch.tensor([300.0], dtype=torch.float16) ** 2, "aten::pow", "forward",
+     "overflow", "half-precision-overflow"),
+    ("where(b != 0, a / b)", _where_div, "aten::div", "forward", "division by zero", "division-by-zero"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_cause_and_hint(case):
+    _, fn, op, phase, cause, page = case
+    err = raised(fn)
+    assert (err.op, err.phase, err.cause) == (op, phase, cause)
+    text = str(err)
+    assert f": {cause} (" in text.splitlines()[0]
+    if page is None:
+        assert err.hint is None and "hint:" not in text
+    else:
+        assert err.hint.startswith("hint: use sl.") and err.hint.endswith(f" — docs: hazards/{page}")
+        assert text.splitlines()[-1].strip() == err.hint
+
+
+def test_every_hinted_page_exists():
+    import os
+
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "hazards")
+    for *_, page in CASES:
+        if page is not None:
+            assert os.path.isfile(os.path.join(docs, f"{page}.md")), page
+
+
+def test_kind_is_unchanged_for_compatibility():
+    # kind stays 'overflow' (an Inf) or 'nan'; cause carries the finer name
+    assert raised(lambda: torch.ones(1) / torch.zeros(1)).kind == "overflow"
+    assert raised(lambda: torch.zeros(1) / torch.zeros(1)).kind == "nan"
