@@ -13,6 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# Documented in "Extending PyTorch" but only importable from a private module path.
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (re-exported)
+
 _functorch = getattr(torch._C, "_functorch", None)
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 _current_node = getattr(torch._C, "_current_autograd_node", None)
@@ -35,7 +38,8 @@ def is_transform_wrapped(t: Tensor) -> bool:
     """
     if _functorch is None:
         return True
-    checks = [getattr(_functorch, n, None) for n in ("is_functorch_wrapped_tensor", "is_legacy_batchedtensor")]
+    names = ("is_functorch_wrapped_tensor", "is_legacy_batchedtensor")
+    checks = [getattr(_functorch, n, None) for n in names]
     if any(c is None for c in checks):
         return True
     return any(bool(c(t)) for c in checks)
@@ -49,3 +53,17 @@ def current_autograd_node() -> Any:
     if _current_node is None:
         return None
     return _current_node()
+
+
+def foreach_norm(tensors: list[Tensor], ord: float, dtype: torch.dtype | None = None) -> list[Tensor]:
+    """Per-tensor vector norms in one fused kernel (``torch._foreach_norm``).
+
+    Fallback: one ``torch.linalg.vector_norm`` per tensor (same values, more kernels).
+    """
+    fused = getattr(torch, "_foreach_norm", None)
+    if fused is not None:
+        try:
+            return list(fused(tensors, ord, dtype=dtype))
+        except (TypeError, RuntimeError):  # an older signature without dtype
+            pass
+    return [torch.linalg.vector_norm(t, ord, dtype=dtype) for t in tensors]

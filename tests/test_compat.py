@@ -47,3 +47,13 @@ def test_current_autograd_node_names_the_running_backward():
     assert _compat.current_autograd_node() is None
     # a tensor hook on y runs as a pre-hook of the node that consumes its gradient: exp's
     assert names and names[0].startswith("ExpBackward")
+
+
+def test_foreach_norm_equals_per_tensor_norms():
+    ts = [torch.tensor([3.0, 4.0]), torch.tensor([[1.0, -2.0], [2.0, 0.0]])]
+    for ord_ in (2.0, float("inf")):
+        got = _compat.foreach_norm(ts, ord_)
+        want = [torch.linalg.vector_norm(t, ord_) for t in ts]
+        assert torch.equal(torch.stack(got), torch.stack(want))
+    wide = _compat.foreach_norm(ts, 2.0, torch.float64)
+    assert all(t.dtype == torch.float64 for t in wide)

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from stablelosses._compat import TorchDispatchMode, current_autograd_node
 from stablelosses.debug import _boundary
 from stablelosses.debug._checks import _all_finite, _info, _normalize_op
 from stablelosses.debug._errors import NonFiniteError, NonFiniteWarning
@@ -67,7 +67,7 @@ class _Mode(TorchDispatchMode):
         out = func(*args, **kwargs)
         if skip or owner._suspended:
             return out
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         in_backward = node is not None
         if in_backward:
             if not owner.backward:

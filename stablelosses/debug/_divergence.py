@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from stablelosses._compat import foreach_norm
 from stablelosses.debug._errors import DivergenceError, DivergenceWarning
 from stablelosses.debug._frames import _root_name
 from stablelosses.debug._precursors import (
@@ -23,13 +23,6 @@ from stablelosses.debug._precursors import (
 __all__ = ["DivergenceMonitor"]
 
 _QUANTITIES = ("loss", "gradient norm")
-
-
-def _fused_norms(group: list[torch.Tensor], dtype: torch.dtype | None) -> Sequence[torch.Tensor]:
-    try:
-        return torch._foreach_norm(group, 2, dtype=dtype)  # one fused kernel
-    except (AttributeError, TypeError, RuntimeError):  # no fused norm (with dtype): per tensor
-        return [torch.linalg.vector_norm(g, dtype=dtype) for g in group]
 
 
 def _norms_and_loss(
@@ -47,7 +40,7 @@ def _norms_and_loss(
     stacks, order = [], []
     for idx in by_key.values():
         group = [g for g in (grads[i] for i in idx) if g is not None]
-        st = torch.stack(list(_fused_norms(group, torch.float64 if wide else None)))
+        st = torch.stack(list(foreach_norm(group, 2, torch.float64 if wide else None)))
         stacks.append(st.to(loss.device, torch.float64))
         order.extend(idx)
     read = torch.cat([*stacks, loss.detach().reshape(1).to(torch.float64)])

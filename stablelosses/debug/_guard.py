@@ -17,8 +17,8 @@ class FiniteGuard:
     r"""Step the optimizer only when every gradient is finite.
 
     ``guard.step()`` checks all gradients of the optimizer's parameters with one fused
-    reduction (the largest magnitude per tensor through ``torch._foreach_norm(grads, inf)``,
-    stacked, then one host read) and then either steps the optimizer or, when any gradient
+    reduction (the largest magnitude over all gradients, ``torch.nn.utils.get_total_norm(grads,
+    inf)``, then one host read) and then either steps the optimizer or, when any gradient
     holds NaN/Inf, sets every gradient to ``None``, counts the skip and returns ``False``. After
     ``max_consecutive`` skips in a row it raises `SkippedStepsError` (a `NonFiniteError`).
 
@@ -101,17 +101,10 @@ class FiniteGuard:
         grads = self._grads()
         bad = None
         if grads:
-            by_device: dict = {}
-            for g in grads:
-                by_device.setdefault((g.device, g.dtype), []).append(g)
-            flags = []
-            for gs in by_device.values():
-                # the largest magnitude per tensor: NaN if any NaN, inf if any inf; it cannot
-                # overflow as a 2-norm would
-                norms = torch._foreach_norm(gs, math.inf)
-                flags.append(torch.isfinite(torch.stack(norms)).all().to(grads[0].device))
-            ok = flags[0] if len(flags) == 1 else torch.stack(flags).all()
-            bad = (~ok).to(torch.int32).reshape(1)
+            # The largest magnitude over all gradients (fused per device and dtype): NaN if any
+            # is NaN, inf if any is inf; it cannot overflow as a 2-norm would.
+            top = torch.nn.utils.get_total_norm(grads, math.inf, foreach=True)
+            bad = (~torch.isfinite(top)).to(torch.int32).reshape(1)
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             if bad is None:
