@@ -28,12 +28,12 @@ def _norm_direction(x: Tensor, y: Tensor, n: Tensor, p: float, dim: int, eps: fl
     if p == 2.0:
         return u
     if p == 1.0:
-        return torch.sign(u)
+        return torch.sign(x)  # not sign(u): x/‖x‖ can underflow to 0 for a subnormal entry
     if math.isinf(p):
         hit = (u.abs() == 1) & (n != 0)
         count = hit.sum(dim, keepdim=True).clamp_min(1)
         return torch.sign(u) * hit / count
-    return torch.sign(u) * u.abs().pow(p - 1.0)
+    return torch.sign(x) * u.abs().pow(p - 1.0)
 
 
 def _denominator(n: Tensor, eps: float) -> tuple[Tensor, Tensor]:
