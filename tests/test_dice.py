@@ -202,3 +202,16 @@ def test_compile_fullgraph():
     ref.backward()
     torch.testing.assert_close(p1.grad, p2.grad)
     assert (p1.grad[0] == 0).all()
+
+
+def test_export_with_dynamic_batch():
+    from torch.export import Dim, export
+
+    b = Dim("B", min=1, max=1024)
+    mod = sl.DiceLoss()
+    ep = export(mod, (torch.rand(3, 1, 4, 4), torch.rand(3, 1, 4, 4)), dynamic_shapes=({0: b}, {0: b}))
+    p = torch.rand(9, 1, 4, 4)
+    t = (torch.rand(9, 1, 4, 4) > 0.5).float()
+    p[2] = 0.0
+    t[2] = 0.0
+    torch.testing.assert_close(ep.module()(p, t), mod(p, t))

@@ -192,3 +192,14 @@ def test_compile_fullgraph():
     ref.backward()
     torch.testing.assert_close(q1.grad, q2.grad)
     assert (q1.grad[1] == 0).all()
+
+
+def test_export_with_dynamic_batch():
+    from torch.export import Dim, export
+
+    n = Dim("N", min=2, max=1024)
+    mod = sl.InfoNCELoss(symmetric=True)
+    ep = export(mod, (torch.randn(4, 8), torch.randn(4, 8)), dynamic_shapes=({0: n}, {0: n}))
+    q, k = torch.randn(7, 8), torch.randn(7, 8)
+    q[3] = 0.0
+    torch.testing.assert_close(ep.module()(q, k), mod(q, k))
