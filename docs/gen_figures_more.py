@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 import torch
@@ -163,11 +162,11 @@ def _with_zero(xs: np.ndarray) -> np.ndarray:
     return np.union1d(xs, [0.0])
 
 
-def main(out_dir: Optional[Path] = None) -> List[str]:
+def main(out_dir: Path | None = None) -> list[str]:
     """Write every figure of this module; return the problems found on the stablelosses side."""
     g = _base()
     out_dir = g.FIG_DIR if out_dir is None else Path(out_dir)
-    problems: List[str] = []
+    problems: list[str] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

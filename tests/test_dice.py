@@ -119,7 +119,8 @@ def test_reductions_dims_broadcast_and_bool_targets():
     assert per_class.shape == (2,)
     torch.testing.assert_close(per_class, naive_dice(p.transpose(0, 1), t.float().transpose(0, 1)))
     torch.testing.assert_close(SF.dice_loss(p, t[:1]), naive_dice(p, t[:1].float().expand_as(p)).mean())
-    torch.testing.assert_close(SF.dice_loss(p.flatten(), t.flatten(), dims=0), naive_dice(p.flatten()[None], t.flatten()[None].float())[0])
+    flat = naive_dice(p.flatten()[None], t.flatten()[None].float())[0]
+    torch.testing.assert_close(SF.dice_loss(p.flatten(), t.flatten(), dims=0), flat)
 
 
 def test_nan_propagates():

@@ -154,7 +154,8 @@ def test_module_and_errors():
     mod = sl.InfoNCELoss(temperature=0.2, symmetric=True, reduction="sum")
     torch.testing.assert_close(mod(q, k), SF.info_nce_loss(q, k, 0.2, symmetric=True, reduction="sum"))
     assert "temperature=0.2" in repr(mod) and "symmetric=True" in repr(mod)
-    with pytest.raises(ValueError, match=r"info_nce_loss: query and key must both have shape \(N, D\), got \(3, 4\) and \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"info_nce_loss: query and key must both have shape \(N, D\), "
+                                         r"got \(3, 4\) and \(2, 4\)"):
         SF.info_nce_loss(q, k[:2])
     with pytest.raises(ValueError, match=r"info_nce_loss: query and key must both have shape \(N, D\)"):
         SF.info_nce_loss(q[0], k[0])
@@ -167,7 +168,8 @@ def test_module_and_errors():
         SF.info_nce_loss(q, k, "0.1")
     with pytest.raises(ValueError, match="info_nce_loss: temperature must be a number or a 0-dim tensor"):
         SF.info_nce_loss(q, k, torch.ones(2))
-    with pytest.raises(ValueError, match="info_nce_loss: reduction must be 'none', 'mean' or 'sum', got 'batchmean'"):
+    with pytest.raises(ValueError, match="info_nce_loss: reduction must be 'none', 'mean' or 'sum', "
+                                         "got 'batchmean'"):
         SF.info_nce_loss(q, k, reduction="batchmean")
     with pytest.raises(TypeError, match="info_nce_loss: symmetric must be a bool"):
         SF.info_nce_loss(q, k, symmetric=1)

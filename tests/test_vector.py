@@ -136,14 +136,16 @@ def test_jacfwd_matches_torch_and_jvp_defined_at_zero():
 
 def test_second_derivative_finite_at_zero_vector():
     x = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
-    (g,) = torch.autograd.grad((SF.normalize(x) * torch.arange(6.0).reshape(2, 3)).sum(), x, create_graph=True)
+    w = torch.arange(6.0).reshape(2, 3)
+    (g,) = torch.autograd.grad((SF.normalize(x) * w).sum(), x, create_graph=True)
     (h,) = torch.autograd.grad(g.sum(), x)
     assert (g == 0).all() and torch.isfinite(h).all()
 
 
 def test_vmap():
     x = torch.randn(5, 4, dtype=torch.float64)
-    torch.testing.assert_close(torch.func.vmap(lambda r: SF.normalize(r, dim=0))(x), F.normalize(x, dim=1, eps=0))
+    batched = torch.func.vmap(lambda r: SF.normalize(r, dim=0))(x)
+    torch.testing.assert_close(batched, F.normalize(x, dim=1, eps=0))
     x[2] = 0
     g = torch.func.vmap(torch.func.grad(lambda r: SF.normalize(r, dim=0)[0]))(x)
     assert (g[2] == 0).all() and torch.isfinite(g).all()
@@ -182,7 +184,8 @@ def test_cosine_exact_at_extreme_magnitudes(scale):
     b = torch.tensor([[4.0, 3.0, 5.0]]) * scale
     expected = 24.0 / (5.0 * math.sqrt(50.0))
     assert SF.cosine_similarity(a, b).item() == pytest.approx(expected, rel=1e-6)
-    assert SF.cosine_similarity(a, b * 1e-10 if scale > 1 else b * 1e10).item() == pytest.approx(expected, rel=1e-6)
+    rescaled = b * 1e-10 if scale > 1 else b * 1e10
+    assert SF.cosine_similarity(a, rescaled).item() == pytest.approx(expected, rel=1e-6)
 
 
 @settings(max_examples=60)
@@ -233,7 +236,8 @@ def test_cosine_gradcheck_jvp_vmap():
     assert gradgradcheck(fn, (a, b), check_batched_grad=True)
     tangents = (torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64))
     ours = torch.func.jvp(fn, (a.detach(), b.detach()), tangents)
-    theirs = torch.func.jvp(lambda x, y: F.cosine_similarity(x, y, -1, 0.0), (a.detach(), b.detach()), tangents)
+    primals = (a.detach(), b.detach())
+    theirs = torch.func.jvp(lambda x, y: F.cosine_similarity(x, y, -1, 0.0), primals, tangents)
     torch.testing.assert_close(ours, theirs)
     batched = torch.func.vmap(lambda r: fn(r, b.detach()))(a.detach())
     torch.testing.assert_close(batched, F.cosine_similarity(a.detach(), b.detach(), -1))
