@@ -101,6 +101,10 @@ def test_nan_and_inf_propagate_per_vector():
     out, g = _grad(SF.normalize, x)
     assert torch.isnan(out[:2]).all() and torch.isnan(g[:2]).all()
     torch.testing.assert_close(out[2], torch.tensor([0.6, 0.8]))
+    for eps in (1e-12, 10.0):  # the eps clamp does not hide the NaN either (F.normalize: all NaN)
+        out, g = _grad(SF.normalize, x, 2.0, 1, eps)
+        assert torch.isnan(out[0]).all() and torch.isnan(g[0]).all()
+        assert torch.isnan(F.normalize(x, eps=eps)[0]).all()
 
 
 def test_dims_scalar_empty_and_dtypes(dtype):

@@ -24,7 +24,7 @@ def _norm_direction(x: Tensor, y: Tensor, n: Tensor, p: float, dim: int, eps: fl
     overflows). For ``p = inf`` the derivative is split evenly over the entries that reach the
     maximum (as ``torch.amax``'s backward does).
     """
-    u = y if eps == 0.0 else torch.where(n >= eps, y, x / torch.where(n == 0, 1.0, n))
+    u = y if eps == 0.0 else torch.where(n < eps, x / torch.where(n == 0, 1.0, n), y)
     if p == 2.0:
         return u
     if p == 1.0:
@@ -67,7 +67,8 @@ class _Normalize(torch.autograd.Function):
         y = u / torch.where(t == 0, 1.0, t)  # u is 0 where t is 0
         if eps == 0.0:
             return y, n
-        return torch.where(n >= eps, y, x / eps), n
+        # select on the clamped set, so a NaN norm keeps the all-NaN y (NaN in, NaN out)
+        return torch.where(n < eps, x / eps, y), n
 
     @staticmethod
     def setup_context(ctx, inputs, output):
