@@ -8,7 +8,7 @@ are documented once, on those functions.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 from torch import Tensor, nn
 
@@ -275,7 +275,8 @@ class InfoNCELoss(nn.Module):
     def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
         super().__init__()
         check_reduction("InfoNCELoss", reduction)
-        if not check_nonnegative("InfoNCELoss", "temperature", temperature) > 0 or temperature == float("inf"):
+        tau = check_nonnegative("InfoNCELoss", "temperature", temperature)
+        if not 0 < tau < float("inf"):
             raise ValueError(f"InfoNCELoss: temperature must be a finite float > 0, got {temperature}")
         if not isinstance(symmetric, bool):
             raise TypeError(f"InfoNCELoss: symmetric must be a bool, got {type(symmetric).__name__}")
@@ -284,7 +285,8 @@ class InfoNCELoss(nn.Module):
         self.symmetric = symmetric
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
-        return SF.info_nce_loss(query, key, self.temperature, reduction=self.reduction, symmetric=self.symmetric)
+        return SF.info_nce_loss(query, key, self.temperature, reduction=self.reduction,
+                                symmetric=self.symmetric)
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, reduction={self.reduction!r}, symmetric={self.symmetric}"
@@ -307,7 +309,7 @@ class DiceLoss(nn.Module):
         tensor(0., grad_fn=<...>)
     """
 
-    def __init__(self, dims: Optional[Union[int, Sequence[int]]] = None, smooth: float = 0.0,
+    def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
                  reduction: str = "mean") -> None:
         super().__init__()
         check_reduction("DiceLoss", reduction)
