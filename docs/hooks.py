@@ -26,6 +26,7 @@ _last: dict = {"stamp": None, "problems": []}
 
 def _stamp() -> tuple:
     sources = sorted((_ROOT / "stablelosses").rglob("*.py")) + [_DOCS / "gen_figures.py"]
+    sources.append(_DOCS / "gen_figures_more.py")
     return tuple((str(p), p.stat().st_mtime_ns) for p in sources)
 
 
@@ -41,6 +42,12 @@ def on_pre_build(config, **kwargs) -> None:
         sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
         _last["problems"] = module.main(out_dir)
+        # The figures of the later hazard pages (they reuse gen_figures' Row/Figure/render).
+        spec = importlib.util.spec_from_file_location("_sl_gen_figures_more", _DOCS / "gen_figures_more.py")
+        more = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = more
+        spec.loader.exec_module(more)
+        _last["problems"] += more.main(out_dir)
         _last["stamp"] = stamp
     for problem in _last["problems"]:
         log.warning("figure: %s", problem)

@@ -19,6 +19,13 @@ from stablelosses.functional import (
     softmax,
     xlogy,
 )
+from stablelosses.functional import (
+    cosine_similarity,
+    entropy,
+    logaddexp,
+    masked_mean,
+    normalize,
+)
 from stablelosses.losses import (
     CrossEntropyLoss,
     FocalLoss,
@@ -27,6 +34,7 @@ from stablelosses.losses import (
     RMSELoss,
     SigmoidFocalLoss,
 )
+from stablelosses.losses import DiceLoss, InfoNCELoss
 
 __version__ = "0.1.0"
 
@@ -44,5 +52,12 @@ __all__ = [
     "SigmoidFocalLoss",
     "KLDivLoss",
     "LogCoshLoss",
+    "normalize",
+    "cosine_similarity",
+    "logaddexp",
+    "masked_mean",
+    "entropy",
+    "InfoNCELoss",
+    "DiceLoss",
     "__version__",
 ]

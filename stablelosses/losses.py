@@ -252,3 +252,74 @@ class LogCoshLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
+
+
+class InfoNCELoss(nn.Module):
+    r"""In-batch InfoNCE / NT-Xent (SimCLR) or, with ``symmetric=True``, the CLIP loss.
+
+    See [`info_nce_loss`][stablelosses.functional.info_nce_loss]: cosine-similarity logits over
+    ``temperature``, positives on the diagonal; a zero embedding gets gradient 0.
+
+    Args:
+        temperature: $\tau > 0$. Default: ``0.07``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        symmetric: average both directions (CLIP). Default: ``False``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> q = torch.zeros(3, 4, requires_grad=True)
+        >>> sl.InfoNCELoss(symmetric=True)(q, torch.zeros(3, 4))
+        tensor(1.0986, grad_fn=<...>)
+    """
+
+    def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
+        super().__init__()
+        check_reduction("InfoNCELoss", reduction)
+        tau = check_nonnegative("InfoNCELoss", "temperature", temperature)
+        if not 0 < tau < float("inf"):
+            raise ValueError(f"InfoNCELoss: temperature must be a finite float > 0, got {temperature}")
+        if not isinstance(symmetric, bool):
+            raise TypeError(f"InfoNCELoss: symmetric must be a bool, got {type(symmetric).__name__}")
+        self.temperature = temperature
+        self.reduction = reduction
+        self.symmetric = symmetric
+
+    def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        return SF.info_nce_loss(query, key, self.temperature, reduction=self.reduction,
+                                symmetric=self.symmetric)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, reduction={self.reduction!r}, symmetric={self.symmetric}"
+
+
+class DiceLoss(nn.Module):
+    r"""Soft Dice loss on probabilities; both empty gives 0 with gradient 0.
+
+    See [`dice_loss`][stablelosses.functional.dice_loss].
+
+    Args:
+        dims: dimension(s) summed per sample. Default: ``None`` (all but dim 0).
+        smooth: added to numerator and denominator (smp / MONAI). Default: ``0.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> p = torch.zeros(2, 1, 4, 4, requires_grad=True)
+        >>> sl.DiceLoss()(p, torch.zeros(2, 1, 4, 4))
+        tensor(0., grad_fn=<...>)
+    """
+
+    def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        check_reduction("DiceLoss", reduction)
+        check_nonnegative("DiceLoss", "smooth", smooth)
+        self.dims = dims
+        self.smooth = smooth
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.dice_loss(input, target, dims=self.dims, smooth=self.smooth, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"dims={self.dims}, smooth={self.smooth}, reduction={self.reduction!r}"

@@ -17,6 +17,11 @@ from stablelosses.functional._ops import (
     xlogy,
 )
 from stablelosses.functional._regression import log_cosh_loss, rmse_loss
+from stablelosses.functional._logaddexp import logaddexp
+from stablelosses.functional._masked import entropy, masked_mean
+from stablelosses.functional._vector import cosine_similarity, normalize
+from stablelosses.functional._segmentation import dice_loss
+from stablelosses.functional._contrastive import info_nce_loss
 
 cache_forward_signatures()
 
@@ -33,4 +38,11 @@ __all__ = [
     "sigmoid_focal_loss",
     "kl_div",
     "log_cosh_loss",
+    "normalize",
+    "cosine_similarity",
+    "logaddexp",
+    "masked_mean",
+    "entropy",
+    "info_nce_loss",
+    "dice_loss",
 ]

@@ -1,0 +1,115 @@
+r"""info_nce_loss: the in-batch contrastive loss of SimCLR/CLIP, finite for zero embeddings."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import stablelosses.functional as _functional
+from stablelosses._autograd.vector import _normalize
+from stablelosses._utils import check_floating, check_reduction, loss_out_dtype, upcast
+
+_FN = "info_nce_loss"
+
+
+def _check_temperature(temperature: object) -> float | Tensor:
+    if isinstance(temperature, Tensor):
+        if temperature.ndim != 0:
+            raise ValueError(f"{_FN}: temperature must be a number or a 0-dim tensor, got shape "
+                             f"{tuple(temperature.shape)}")
+        return temperature
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"{_FN}: temperature must be a float > 0, got {type(temperature).__name__}")
+    if not 0 < temperature < float("inf"):
+        raise ValueError(f"{_FN}: temperature must be a finite float > 0, got {temperature}")
+    return float(temperature)
+
+
+def info_nce_loss(
+    query: Tensor,
+    key: Tensor,
+    temperature: float | Tensor = 0.07,
+    *,
+    reduction: str = "mean",
+    symmetric: bool = False,
+) -> Tensor:
+    r"""In-batch InfoNCE (NT-Xent) loss on cosine similarities; zero embeddings stay finite.
+
+    Row $i$ of ``query`` and row $i$ of ``key`` are a positive pair; the other rows of ``key``
+    are the negatives. With $\hat q = q/\lVert q\rVert$, $\hat k = k/\lVert k\rVert$ and
+    $L = \hat q \hat k^{\top} / \tau$,
+
+    $$ \ell_i = -\log \frac{\exp L_{ii}}{\sum_j \exp L_{ij}}
+       = \operatorname{cross\_entropy}(L, [0, 1, \dots, N-1])_i , $$
+
+    and with ``symmetric=True`` (CLIP) $\tfrac12\big(\ell_i(L) + \ell_i(L^{\top})\big)$.
+    The unit vectors come from [`normalize`][stablelosses.functional.normalize] (scaled norms,
+    zero vector → 0) and the loss from [`cross_entropy`][stablelosses.functional.cross_entropy].
+
+    A zero embedding (collapse, a padded row) has no direction: its row of logits is 0, its
+    loss is $\log N$, and it gets gradient **0**. All-zero embeddings give $\log N$ with zero
+    gradients. The hand-written ``F.normalize(q) @ F.normalize(k).T`` gives such a row a
+    gradient of order $10^{12}$; ``q @ k.T / (q.norm() * k.norm())`` gives NaN.
+
+    **Gradient.** Autograd of the formula through the defined gradients of ``normalize`` and
+    ``cross_entropy``; 0 for a zero embedding.
+
+    Args:
+        query: embeddings $(N, D)$.
+        key: embeddings $(N, D)$; ``key[i]`` is the positive of ``query[i]``.
+        temperature: $\tau > 0$, a float or a 0-dim tensor (learnable, not value-checked).
+            Default: ``0.07``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the $N$ rows. Default: ``'mean'``.
+        symmetric: average the query→key and key→query losses (CLIP). Default: ``False``.
+
+    Returns:
+        ``'none'``: shape $(N,)$; else a scalar. In the inputs' dtype (float16/bfloat16
+        computed in float32).
+
+    Raises:
+        TypeError: an input is not floating point, or ``temperature``/``symmetric`` has the
+            wrong type.
+        ValueError: shapes other than two equal $(N, D)$, ``temperature <= 0``, or a bad
+            ``reduction``.
+
+    Shape:
+        ``query``, ``key``: $(N, D)$; output: $(N,)$ or $()$.
+
+    Example:
+        >>> import torch
+        >>> from stablelosses.functional import info_nce_loss
+        >>> q = torch.zeros(4, 8, requires_grad=True)
+        >>> k = torch.randn(4, 8)
+        >>> loss = info_nce_loss(q, k); loss
+        tensor(1.3863, grad_fn=<...>)
+        >>> loss.backward(); bool((q.grad == 0).all())
+        True
+
+    References:
+        van den Oord et al., "Representation Learning with Contrastive Predictive Coding", 2018;
+        Chen et al., "A Simple Framework for Contrastive Learning" (SimCLR), 2020; Radford et
+        al., "Learning Transferable Visual Models From Natural Language Supervision" (CLIP), 2021.
+
+    Replaces the hand-written ``F.cross_entropy(F.normalize(q) @ F.normalize(k).T / τ,
+    torch.arange(N))`` (and its CLIP average over both directions).
+    """
+    q = check_floating(_FN, "query", query)
+    k = check_floating(_FN, "key", key)
+    if q.ndim != 2 or k.shape != q.shape:
+        raise ValueError(
+            f"{_FN}: query and key must both have shape (N, D), got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    tau = _check_temperature(temperature)
+    check_reduction(_FN, reduction)
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"{_FN}: symmetric must be a bool, got {type(symmetric).__name__}")
+    out_dtype = torch.promote_types(loss_out_dtype(q), loss_out_dtype(k))
+    work = torch.promote_types(upcast(q).dtype, upcast(k).dtype)
+    uq, _ = _normalize(q.to(work), 2.0, 1, 0.0)
+    uk, _ = _normalize(k.to(device=q.device, dtype=work), 2.0, 1, 0.0)
+    logits = (uq @ uk.T) / tau
+    labels = torch.arange(q.shape[0], device=q.device)
+    loss = _functional.cross_entropy(logits, labels, reduction=reduction)
+    if symmetric:
+        loss = (loss + _functional.cross_entropy(logits.T, labels, reduction=reduction)) / 2
+    return loss.to(out_dtype)

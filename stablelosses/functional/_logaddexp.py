@@ -1,0 +1,55 @@
+r"""logaddexp with defined gradients where both arguments are the same infinity."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from stablelosses._autograd.logaddexp import _logaddexp
+from stablelosses.functional._ops import _binary_operands
+
+
+def logaddexp(input: Tensor | float, other: Tensor | float) -> Tensor:
+    r"""``log(exp(input) + exp(other))``, with gradients 0 when both are ``-inf``.
+
+    $$ \operatorname{logaddexp}(a, b) = \max(a, b) + \log\!\big(1 + e^{-|a - b|}\big) $$
+
+    The value is ``torch.logaddexp``'s (broadcasting and type promotion as torch; a number
+    is accepted for either operand): both ``-inf`` gives ``-inf``, a ``+inf`` gives ``+inf``,
+    NaN gives NaN.
+
+    **Gradient.** $\partial/\partial a = \sigma(a - b)$, $\partial/\partial b = \sigma(b - a)$.
+    Where both are ``-inf`` (two masked log-probabilities) the output does not move and both
+    gradients are **0**; ``torch.logaddexp`` computes $\sigma(-\infty + \infty)$ = NaN. Where
+    both are ``+inf`` each gets $\tfrac12$ (the symmetric limit); where only one is ``+inf``
+    it gets 1 and the other 0.
+
+    Args:
+        input: tensor or number.
+        other: tensor or number, broadcastable with ``input``.
+
+    Returns:
+        Tensor of the broadcast shape in the promoted floating dtype (float16/bfloat16
+        computed in float32).
+
+    Raises:
+        TypeError: neither operand is a tensor, or one is complex.
+        RuntimeError: the shapes do not broadcast.
+
+    Shape:
+        ``input`` and ``other`` broadcastable; output: the broadcast shape.
+
+    Example:
+        >>> import torch
+        >>> from stablelosses.functional import logaddexp
+        >>> a = torch.tensor([float("-inf"), 0.0], requires_grad=True)
+        >>> b = torch.tensor([float("-inf"), 0.0])
+        >>> torch.logaddexp(a, b).sum().backward(); a.grad
+        tensor([   nan, 0.5000])
+        >>> a.grad = None
+        >>> logaddexp(a, b).sum().backward(); a.grad
+        tensor([0.0000, 0.5000])
+
+    Replaces ``torch.logaddexp``.
+    """
+    a, b, out_dtype = _binary_operands("logaddexp", input, other, ("input", "other"))
+    return _logaddexp(a, b).to(out_dtype)

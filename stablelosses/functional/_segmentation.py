@@ -1,0 +1,137 @@
+r"""dice_loss: the soft Dice loss, 0 with gradient 0 when prediction and target are both empty."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from stablelosses._utils import (
+    check_floating,
+    check_nonnegative,
+    check_reduction,
+    check_tensor,
+    loss_out_dtype,
+    reduce,
+    upcast,
+    wrap_dim,
+)
+
+_FN = "dice_loss"
+
+
+def _dice_dims(dims: object, ndim: int) -> tuple[int, ...]:
+    if dims is None:
+        if ndim < 2:
+            raise ValueError(
+                f"{_FN}: input must have a batch dimension and at least one more, (N, *), got "
+                f"{ndim} dimension(s); pass dims= to choose the dimensions to sum over"
+            )
+        return tuple(range(1, ndim))
+    seq = tuple(dims) if isinstance(dims, (list, tuple)) else (dims,)
+    if not seq:
+        raise ValueError(f"{_FN}: dims must name at least one dimension, got ()")
+    out = tuple(wrap_dim(_FN, d, ndim, "dims") for d in seq)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{_FN}: dims has repeated dimensions, got {seq}")
+    return out
+
+
+def dice_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    dims: int | Sequence[int] | None = None,
+    smooth: float = 0.0,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Soft Dice loss on probabilities; prediction and target both empty gives 0 with gradient 0.
+
+    Per sample, summing over ``dims`` (default: every dimension but the first, the batch):
+
+    $$
+    \ell = 1 - \frac{2\sum p\,t + s}{\sum p + \sum t + s}
+         = \frac{\sum \big(p(1 - t) + t(1 - p)\big)}{\sum p + \sum t + s},
+    $$
+
+    evaluated in the second form, so a near-perfect prediction keeps its small loss to full
+    relative precision (``1 − ratio`` would round it to 0). ``'mean'``/``'sum'`` then reduce over
+    the samples, ``'none'`` returns them.
+
+    With ``smooth = 0`` (the default, the exact Dice loss) a sample whose prediction and target
+    are both empty ($\sum p + \sum t = 0$) gives **0**: both are the empty set, a perfect match
+    (``1 − 0/0`` is NaN in the hand-written formula). With ``smooth > 0`` it is the smoothed
+    formula of segmentation_models_pytorch / MONAI everywhere (both empty: $s/s$, loss 0).
+
+    **Gradient.** $\partial\ell/\partial p_i = \big((1 - 2t_i) - \ell\big)/D$ with
+    $D = \sum p + \sum t + s$ (and the same with $p$ and $t$ swapped for ``target``), autograd
+    of the formula above; on a both-empty sample with ``smooth = 0`` both gradients are defined
+    as **0** (a double ``where``, so double backward is finite too). NaN propagates.
+
+    Args:
+        input: predicted probabilities (e.g. ``sigmoid`` / ``softmax`` outputs), $(N, *)$.
+        target: target probabilities or a 0/1 mask (bool or integer is cast), broadcastable
+            to ``input``.
+        dims: dimension(s) summed per sample. Default: all but dim 0.
+        smooth: added to numerator and denominator. Default: ``0.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Returns:
+        ``'none'``: ``input``'s shape without ``dims``; else a scalar. In the promoted dtype of
+        ``input`` and ``target`` (float16/bfloat16 computed in float32).
+
+    Raises:
+        TypeError: ``input`` is not floating point or ``target`` is not a tensor.
+        ValueError: bad ``reduction``, ``smooth < 0``, ``dims`` empty or repeated, input without a
+            batch dimension, or ``target`` does not broadcast to ``input``.
+        IndexError: a dimension in ``dims`` is out of range.
+
+    Shape:
+        ``input``: $(N, *)$; ``target``: broadcastable to it; output: $(N,)$ for ``'none'``
+        with the default ``dims``, else $()$.
+
+    Example:
+        >>> import torch
+        >>> from stablelosses.functional import dice_loss
+        >>> p = torch.zeros(1, 4, requires_grad=True)
+        >>> t = torch.zeros(1, 4)
+        >>> 1 - 2 * (p * t).sum() / (p.sum() + t.sum())
+        tensor(nan, grad_fn=<RsubBackward1>)
+        >>> dice_loss(p, t).backward(); p.grad
+        tensor([[0., 0., 0., 0.]])
+
+    References:
+        Milletari et al., "V-Net", 2016; Sudre et al., "Generalised Dice overlap as a deep
+        learning loss function", 2017.
+
+    Replaces ``segmentation_models_pytorch.losses.DiceLoss`` / ``monai.losses.DiceLoss``
+    (probability inputs, per-sample) and the hand-written ``1 − 2Σpt/(Σp + Σt)``.
+    """
+    x = check_floating(_FN, "input", input)
+    t = check_tensor(_FN, "target", target)
+    check_reduction(_FN, reduction)
+    s = check_nonnegative(_FN, "smooth", smooth)
+    reduce_dims = _dice_dims(dims, x.ndim)
+    try:
+        ok = torch.broadcast_shapes(t.shape, x.shape) == x.shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{_FN}: target of shape {tuple(t.shape)} does not broadcast to input of shape {tuple(x.shape)}"
+        )
+    out_dtype = loss_out_dtype(x)
+    if t.is_floating_point():
+        out_dtype = torch.promote_types(out_dtype, t.dtype)
+    p = upcast(x)
+    work = torch.promote_types(p.dtype, upcast(t).dtype) if t.is_floating_point() else p.dtype
+    p = p.to(work)
+    tt = t.to(device=x.device, dtype=work).expand(x.shape)
+    # Σ(p(1−t) + t(1−p)) = Σp + Σt − 2Σpt, term by term, without the cancellation.
+    diff = (p * (1 - tt) + tt * (1 - p)).sum(reduce_dims)
+    denom = (p.sum(reduce_dims) + tt.sum(reduce_dims)) + s
+    empty = denom == 0
+    # Double where: a safe divisor, then the defined 0 on both-empty samples.
+    loss = torch.where(empty, 0.0, diff / torch.where(empty, 1.0, denom))
+    return reduce(loss, reduction).to(out_dtype)
