@@ -9,7 +9,7 @@ with the environment below set.
 * The allocator: CPU timings of large fresh buffers swing with page faults whenever glibc hands
   freed memory back to the kernel. Start the process with ``MALLOC_MMAP_THRESHOLD_``,
   ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_TOP_PAD_`` set high (the values are
-  ``stablelosses._bench.MALLOC_ENV``); glibc reads them at start-up, so they cannot be set from
+  ``stablelosses.bench.memory.MALLOC_ENV``); glibc reads them at start-up, so they cannot be set from
   here. The header of the run says whether they are set; ``stablelosses bench`` sets them
   itself by re-executing.
   With them set, 1 GiB of heap is touched once at session start so that first calls of a
@@ -29,7 +29,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from stablelosses._bench import MALLOC_ENV, prefault_heap
+from stablelosses.bench.memory import MALLOC_ENV, prefault_heap
 
 THREADS = int(os.environ.get("STABLELOSSES_BENCH_THREADS", "2"))
 torch.set_num_threads(THREADS)

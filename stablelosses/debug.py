@@ -159,8 +159,8 @@ class SkippedStepsError(NonFiniteError):
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Files of this package that count as user code (the demo's naive formulas, the CLI's runpy).
-_PKG_USER_FILES = {os.path.join(_PKG_DIR, f) for f in ("_demo.py", "cli.py", "__main__.py")}
+# Files of this package that count as user code (the naive formulas, the demo, the CLI's runpy).
+_PKG_USER_FILES = {os.path.join(_PKG_DIR, f) for f in ("_demo.py", "naive.py", "cli.py", "__main__.py")}
 _DEBUG_FILE = os.path.abspath(__file__)
 
 _SKIP, _USER, _TRUSTED = 0, 1, 2
