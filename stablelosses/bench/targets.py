@@ -5,7 +5,9 @@ One row per target and input, from one run (``stablelosses bench --targets``, or
 checked on forward+backward unless the target names the forward; ``ratio`` is ours ÷ the
 reference (medians), ``overhead`` ours − the reference. The bytes column is ours ÷ the same
 reference in bytes moved by the eager calls (`stablelosses.bench.traffic`): the
-device-independent stand-in for CUDA speed (target: at most 1.3× torch's). A quick run
+device-independent stand-in for CUDA speed (target: at most 1.3× torch's); for compiled
+targets the kernels column shows the kernels the compiled forward+backward launches, ours and
+the reference's (`stablelosses.bench.kernels`). A quick run
 (``--quick``) has smaller inputs: each target is then checked on its stand-in input, named in
 the row. Peak targets allow 0.5% + 4 KiB, as `stablelosses.bench.checks` does.
 """
@@ -93,10 +95,12 @@ def _fmt_time(s: float) -> str:
 
 def _row(goal: Goal, case: str, vs: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
     row = {"goal": goal, "fn": goal.fn, "case": case, "target": goal.text, "measured": "-",
-           "bytes": "-", "value": None, "status": "not measured"}
+           "bytes": "-", "kernels": "", "value": None, "status": "not measured"}
     if vs is None:
         return row
     num, den = vs.get(goal.num) or {}, vs.get(goal.den) or {}
+    if num.get("kernels") is not None or den.get("kernels") is not None:
+        row["kernels"] = f"{num.get('kernels', '?')}/{den.get('kernels', '?')}"
     b = ratio(moved(vs.get(goal.num.replace("-compiled", ""))), moved(vs.get(goal.den.replace("-compiled", ""))))
     row["bytes"] = "-" if b is None else f"{b:.2f}×"
     if goal.kind == "bytes":
@@ -126,14 +130,20 @@ def _row(goal: Goal, case: str, vs: dict[str, dict[str, Any]] | None) -> dict[st
 
 
 def goal_rows(index: dict[Key, dict[str, dict[str, Any]]], dtype: str = "float32") -> list[dict[str, Any]]:
-    """One row per (target, input) found in the run: measured, bytes ratio, met/missed."""
+    """One row per (target, input) of the functions in the run: measured, bytes ratio, met/missed.
+
+    A target whose input (or variant) is not in the run gets a row that says "not measured".
+    """
     by_case: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     devices = sorted({k[3] for k in index})
     for (fn, case, dt, _dev, mode), vs in index.items():
         if dt == dtype:
             by_case[(fn, case, mode)] = vs
+    present = {k[0] for k in index}
     rows = []
     for goal in GOALS:
+        if goal.fn not in present:  # a run with --only: the other functions are not in it
+            continue
         found = [c for c in goal.cases + goal.quick if (goal.fn, c, goal.mode) in by_case]
         for case in dict.fromkeys(found or goal.cases):
             rows.append(_row(goal, case, by_case.get((goal.fn, case, goal.mode))))
@@ -144,11 +154,11 @@ def goal_rows(index: dict[Key, dict[str, dict[str, Any]]], dtype: str = "float32
 
 def format_goals(rows: Sequence[dict[str, Any]], markdown: bool = False) -> str:
     """The target table; the last line counts met / missed / not measured."""
-    head = ["function", "input", "mode", "target", "measured", "bytes ÷ ref", "status"]
-    body = [[r["fn"], r["case"], r["goal"].mode, r["target"], r["measured"], r["bytes"],
+    head = ["function", "input", "mode", "target", "measured", "bytes ÷ ref", "kernels ours/ref", "status"]
+    body = [[r["fn"], r["case"], r["goal"].mode, r["target"], r["measured"], r["bytes"], r["kernels"],
              ("**missed**" if markdown else "MISSED") if r["status"] == "missed" else r["status"]]
             for r in rows]
-    table = render(head, body, [True, True, True, True, False, False, True], markdown)
+    table = render(head, body, [True, True, True, True, False, False, False, True], markdown)
     n = {s: sum(r["status"] == s for r in rows) for s in ("met", "missed")}
     other = len(rows) - n["met"] - n["missed"]
     return table + f"\n\n{n['met']} met, {n['missed']} missed, {other} not measured (of {len(rows)})."
