@@ -39,6 +39,7 @@ import sys
 from stablelosses.bench.checks import evaluate, line, load, markdown
 from stablelosses.bench.targets import format_goals, goal_rows
 
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")

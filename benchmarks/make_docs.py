@@ -35,10 +35,10 @@ def _targets_section(path: str, modes: list[str]) -> str:
     # One row per (target, input): a time target holds only if it holds in every mode.
     rows: dict[Any, list[Outcome]] = {}
     for o in outcomes:
-        fn, case, dtype, device, mode = o.key
+        fn, case, dtype, device, _mode = o.key
         rows.setdefault((o.target, fn, case, dtype, device), []).append(o)
     lines = ["| status | function | input | target | measured |", "|---|---|---|---|---|"]
-    for (t, fn, case, dtype, device), os_ in rows.items():
+    for (t, fn, case, _dtype, _device), os_ in rows.items():
         if any(o.status == "MISS" for o in os_):
             status = "**MISS**"
         elif all(o.status == "ok" for o in os_):
@@ -114,7 +114,8 @@ def _raw_section(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make_docs.py")
     p.add_argument("bench")
-    p.add_argument("--pytest", help="pytest-benchmark JSON of the same session (its target check is summarized)")
+    p.add_argument("--pytest",
+                   help="pytest-benchmark JSON of the same session (its target check is summarized)")
     p.add_argument("--notes", help="Markdown file inserted as the observations section")
     p.add_argument("--command", default="stablelosses bench --compile --json bench.json",
                    help="the command that produced BENCH.json (shown on the page)")

@@ -230,7 +230,10 @@ def render(hazards: Sequence[Hazard] = HAZARDS) -> str:
     for h, n, s in rows(hazards):
         body.append((h.name, n.value_text, n.grad_text, _mark(n), s.value_text, s.grad_text, _mark(s)))
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+
     out = [line(header), "  ".join("-" * w for w in widths).rstrip()]
     out += [line(r) for r in body]
     bad_naive = sum(r[3] == "NaN/inf" for r in body)

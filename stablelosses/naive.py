@@ -15,8 +15,9 @@ the points listed in its docstring.
 | `classic_focal` | the classic focal snippet: softmax → log → gather | `focal_loss` |
 | `logpt_focal` | the log-space focal snippet: log_softmax → gather → exp | `focal_loss` |
 | `torchvision_sigmoid_focal` | `torchvision.ops.sigmoid_focal_loss`, written out | `sigmoid_focal_loss` |
-| `exp_softmax`, `exp_log_softmax`, `exp_logsumexp` | `exp(x) / exp(x).sum()` and its logs | `softmax`, `log_softmax`, `logsumexp` |
-| `masked_softmax`, `masked_log_softmax` | `masked_fill(~mask, -inf)` then the built-in | `softmax(mask=)`, `log_softmax(mask=)` |
+| `exp_softmax`, `exp_log_softmax` | `exp(x) / exp(x).sum()`, its log | `softmax`, `log_softmax` |
+| `exp_logsumexp` | `log(exp(x).sum())` | `logsumexp` |
+| `masked_softmax`, `masked_log_softmax` | `masked_fill(~mask, -inf)`, then torch | `mask=` |
 | `formula_kl_div` | `(t * (log t - x)).sum() / N` | `kl_div(reduction='batchmean')` |
 | `where_div`, `double_where_div` | `where(b != 0, a / b, 0)` and the double-`where` idiom | `safe_div` |
 | `x_log_y` | `x * log(y)` | `xlogy` |

@@ -203,7 +203,8 @@ def _fake_run(stable_s: float, torch_s: float, stable_bytes: int, torch_bytes: i
         return {"fn": "softmax", "case": "8192x1000", "dtype": "float32", "device": "cpu",
                 "mode": "fwdbwd", "variant": v, "median_s": s, "error": None, "grad_bytes": 4,
                 "bytes_read": b, "bytes_written": 0, "peak_bytes": peak}
-    return index([rec("torch", torch_s, torch_bytes, 10**6), rec("stable", stable_s, stable_bytes, 2 * 10**6)])
+    return index([rec("torch", torch_s, torch_bytes, 10**6),
+                  rec("stable", stable_s, stable_bytes, 2 * 10**6)])
 
 
 def test_goal_met_and_missed_from_the_numbers():

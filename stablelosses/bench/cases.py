@@ -267,7 +267,8 @@ def specs() -> dict[str, Spec]:
                     Case("4096x80", (4096, 80), "detection", _Q), Case("8x80", (8, 80), "tiny", _ALL)]
     out = [
         Spec("cross_entropy", _class_inputs, {"torch": ce_torch, "stable": ce_stable},
-             _cls_cases(llm_default=True), naive_ref=None, check_ref="torch", describe={"torch": "F.cross_entropy"}),
+             _cls_cases(llm_default=True), naive_ref=None, check_ref="torch",
+             describe={"torch": "F.cross_entropy"}),
         Spec("focal_loss", _class_inputs,
              {"torch": ce_torch, "naive": focal_naive, "kornia": focal_kornia, "stable": focal_stable},
              _cls_cases(), check_ref="naive",

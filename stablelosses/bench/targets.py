@@ -101,7 +101,8 @@ def _row(goal: Goal, case: str, vs: dict[str, dict[str, Any]] | None) -> dict[st
     num, den = vs.get(goal.num) or {}, vs.get(goal.den) or {}
     if num.get("kernels") is not None or den.get("kernels") is not None:
         row["kernels"] = f"{num.get('kernels', '?')}/{den.get('kernels', '?')}"
-    b = ratio(moved(vs.get(goal.num.replace("-compiled", ""))), moved(vs.get(goal.den.replace("-compiled", ""))))
+    eager_num, eager_den = goal.num.replace("-compiled", ""), goal.den.replace("-compiled", "")
+    b = ratio(moved(vs.get(eager_num)), moved(vs.get(eager_den)))
     row["bytes"] = "-" if b is None else f"{b:.2f}×"
     if goal.kind == "bytes":
         v = b
