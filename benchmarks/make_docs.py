@@ -9,8 +9,8 @@ Usage::
 The page holds: the machine and the command, the ratio table (time, bytes moved, kernels of
 compiled calls, peak memory), the issue-12 target table (each target with its measured ratio,
 bytes-moved ratio and met / missed), the per-input checks (holds / MISS / not measured, from
-``check_targets.py``), the raw medians of every variant, an optional hand-written notes section
-(``--notes``), and how to rerun. Every number comes from the one JSON given.
+``check_targets.py``), the raw medians and bytes moved of every variant, an optional
+hand-written notes section (``--notes``), and how to rerun. Every number comes from the one JSON given.
 """
 
 from __future__ import annotations
@@ -76,6 +76,30 @@ def _pytest_section(path: str, command: str) -> str:
             continue
         fn, case, dtype, device, mode = o.key
         lines.append(f"| **MISS** | `{fn}` | {case} | {mode} | {o.target.text} | {o.detail} |")
+    return "\n".join(lines)
+
+
+def _bytes_section(result: dict[str, Any]) -> str:
+    """MB moved (read + written by the aten ops of one call) per variant, eager variants only."""
+    by: dict[Any, dict[str, Any]] = {}
+    variants: list[str] = []
+    for r in result["results"]:
+        if r.get("bytes_read") is None:
+            continue
+        by.setdefault((r["fn"], r["case"], r["dtype"], r["mode"]), {})[r["variant"]] = r
+        if r["variant"] not in variants:
+            variants.append(r["variant"])
+    if not by:
+        return "(not measured in this run)"
+    lines = ["| function | input | mode | " + " | ".join(variants) + " |",
+             "|---|---|---|" + "---:|" * len(variants)]
+    for (fn, case, dt, mode), vs in by.items():
+        cells = []
+        for v in variants:
+            r = vs.get(v)
+            cells.append("" if r is None else
+                         f"{(r['bytes_read'] + r['bytes_written']) / 1e6:.4g} ({r.get('aten_ops', '?')} ops)")
+        lines.append(f"| {fn} | {case} {dt} | {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -196,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         "Milliseconds per call; in parentheses the peak memory of one forward+backward.",
         "",
         _raw_section(result),
+        "",
+        "## Bytes moved",
+        "",
+        "MB read plus written by the aten operators of one eager call (in parentheses the number "
+        "of operators), per variant: the device-independent count behind the `bytes÷torch` "
+        "column.",
+        "",
+        _bytes_section(result),
         "",
         "## How to rerun",
         "",
