@@ -39,6 +39,9 @@ SAMPLE_S = 0.02
 DTYPES = ("float32", "bfloat16") if FULL else ("float32",)
 HAS_CUDA = torch.cuda.is_available()
 SPECS = C.specs()
+#: One record per benchmark of the session, in `stablelosses bench`'s JSON format: conftest.py
+#: prints the issue-12 target table from them at the end of the session.
+RECORDS: list[dict[str, Any]] = []
 
 
 def _cases(mode: str) -> list[Any]:
@@ -104,6 +107,9 @@ def _run(benchmark, cid: str, variant: str, mode: str):
         benchmark.extra_info.update(bytes_read=moved.read, bytes_written=moved.written, aten_ops=moved.ops)
     if mode == "fwdbwd":
         benchmark.extra_info["peak_bytes"] = peak_memory(call, dev)
+    if benchmark.stats is not None:  # None under --benchmark-disable
+        RECORDS.append(dict(benchmark.extra_info, median_s=benchmark.stats.stats.median, error=None,
+                            kind=next(c.kind for c in spec.cases if c.label == label)))
     if variant.startswith("stable"):
         outs = result if isinstance(result, tuple) else (result,)
         for o in outs:
