@@ -20,6 +20,11 @@ forward+backward, with a slack of 0.5% + 4 KiB (a scalar or a per-row vector mor
 reference does not count as a miss). Targets are stated for float32 with 2 threads; a run with another thread
 count gets a warning.
 
+After the per-input checks it prints the issue-12 target table: every target of the issue with
+its measured ratio, its bytes-moved ratio and met / missed (``--no-goals`` to leave it out;
+``--goals-markdown PATH`` writes it as Markdown). The checks and the targets live in
+``stablelosses/bench/checks.py`` and ``stablelosses/bench/targets.py``.
+
 This is a check, not a unit test: run it after a benchmark, e.g.::
 
     stablelosses bench --compile --json bench.json && python benchmarks/check_targets.py bench.json
@@ -30,285 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-TINY_OVERHEAD_S = 150e-6
-# Memory targets allow 0.5% + 4 KiB: scalars and per-row vectors are not what they are about.
-PEAK_SLACK_REL = 0.005
-PEAK_SLACK_BYTES = 4096
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs of a target
-# ---------------------------------------------------------------------------------------------
-
-def _classes(r: Dict[str, Any]) -> int:
-    shape = r.get("shape") or []
-    return int(shape[1]) if len(shape) > 1 else 0
-
-
-def big_c(r):
-    return r["kind"] != "tiny" and _classes(r) >= 1000
-
-
-def small_c(r):
-    return r["kind"] != "tiny" and 0 < _classes(r) < 100
-
-
-def few_class(r):
-    return r["kind"] == "few-class"
-
-
-def not_tiny(r):
-    return r["kind"] != "tiny"
-
-
-def tiny(r):
-    return r["kind"] == "tiny"
-
-
-def numel(n: int) -> Callable[[Dict[str, Any]], bool]:
-    def pred(r):
-        shape = r.get("shape") or []
-        total = 1
-        for s in shape:
-            total *= int(s)
-        return r["kind"] != "tiny" and total == n
-    return pred
-
-
-@dataclass(frozen=True)
-class Target:
-    fn: str
-    where: Callable[[Dict[str, Any]], bool]
-    where_text: str
-    kind: str  # 'time' | 'peak' | 'peak_grad' | 'overhead'
-    num: str
-    den: Optional[str]
-    bound: float
-    text: str
-
-
-def _targets() -> List[Target]:
-    T = Target
-    t: List[Target] = [
-        # focal_loss, many classes
-        T("focal_loss", big_c, "C>=1000", "time", "stable", "torch", 1.10, "eager <= 1.10x F.cross_entropy"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable", "naive", 0.65, "eager <= 0.65x naive snippet"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable", "kornia", 0.60, "eager <= 0.6x kornia"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable-compiled", "torch", 0.80,
-          "compiled <= 0.80x eager F.cross_entropy"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable-compiled", "torch-compiled", 0.60,
-          "compiled <= 0.60x compiled F.cross_entropy"),
-        T("focal_loss", big_c, "C>=1000", "peak_grad", "stable", None, 1.10, "peak <= 1.1x gradient size"),
-        # focal_loss, few classes
-        T("focal_loss", small_c, "C<100", "time", "stable", "torch", 1.30, "eager <= 1.30x F.cross_entropy"),
-        T("focal_loss", small_c, "C<100", "time", "stable-compiled", "torch", 1.00,
-          "compiled <= 1.0x eager F.cross_entropy"),
-        T("focal_loss", few_class, "65536x10", "peak", "stable", "torch", 0.60,
-          "peak <= 0.6x F.cross_entropy's"),
-        # cross_entropy
-        T("cross_entropy", big_c, "C>=1000", "time", "stable", "torch", 1.10, "eager <= 1.10x F.cross_entropy"),
-        T("cross_entropy", small_c, "C<100", "time", "stable", "torch", 1.30, "eager <= 1.30x F.cross_entropy"),
-        T("cross_entropy", not_tiny, "all", "time", "stable-compiled", "torch", 1.00,
-          "compiled <= 1.0x eager F.cross_entropy"),
-        T("cross_entropy", not_tiny, "all", "peak_grad", "stable", None, 1.10, "peak <= 1.1x gradient size"),
-        # sigmoid_focal_loss
-        T("sigmoid_focal_loss", not_tiny, "all", "time", "stable", "torch", 0.85,
-          "eager <= 0.85x torchvision formula"),
-        T("sigmoid_focal_loss", not_tiny, "all", "time", "stable-compiled", "torch-compiled", 0.55,
-          "compiled <= 0.55x compiled formula"),
-        T("sigmoid_focal_loss", not_tiny, "all", "peak", "stable", "torch", 0.35,
-          "peak <= 0.35x the formula's"),
-        # rmse_loss
-        T("rmse_loss", numel(10_000_000), "1e7", "time", "stable", "torch", 1.20, "eager <= 1.20x sqrt(mse_loss)"),
-        T("rmse_loss", numel(1_000_000), "1e6", "time", "stable", "torch", 1.25, "eager <= 1.25x sqrt(mse_loss)"),
-        T("rmse_loss", not_tiny, "all", "time", "stable-compiled", "torch-compiled", 1.05,
-          "compiled <= 1.05x compiled sqrt(mse_loss)"),
-        T("rmse_loss", not_tiny, "all", "peak", "stable", "torch", 1.00, "peak <= sqrt(mse_loss)'s"),
-        # log_cosh_loss
-        T("log_cosh_loss", not_tiny, "all", "time", "stable", "naive", 1.00, "eager <= 1.0x log(cosh(x-y)).mean()"),
-        T("log_cosh_loss", not_tiny, "all", "time", "stable-compiled", "naive-compiled", 1.00,
-          "compiled <= 1.0x compiled naive"),
-        T("log_cosh_loss", not_tiny, "all", "peak", "stable", "naive", 1.00, "peak <= naive's"),
-        # safe_div
-        T("safe_div", not_tiny, "all", "time", "stable", "naive-double-where", 1.00,
-          "eager <= 1.0x double-where idiom"),
-        T("safe_div", not_tiny, "all", "time", "stable-compiled", "torch-compiled", 1.10,
-          "compiled <= 1.1x compiled torch.div"),
-        T("safe_div", not_tiny, "all", "peak", "stable", "naive-double-where", 1.00,
-          "peak <= double-where idiom's"),
-    ]
-    for fn in ("softmax", "log_softmax", "logsumexp", "kl_div"):
-        t += [
-            T(fn, not_tiny, "all", "time", "stable", "torch", 1.10, "eager <= 1.10x torch"),
-            T(fn, not_tiny, "all", "time", "stable-compiled", "torch-compiled", 1.05,
-              "compiled <= 1.05x compiled torch"),
-            T(fn, not_tiny, "all", "peak", "stable", "torch", 1.00, "peak <= torch's"),
-        ]
-    refs = {"log_cosh_loss": "naive"}
-    for fn in ("cross_entropy", "focal_loss", "sigmoid_focal_loss", "rmse_loss", "log_cosh_loss",
-               "softmax", "log_softmax", "logsumexp", "kl_div", "safe_div", "safe_sqrt", "xlogy"):
-        t.append(T(fn, tiny, "tiny", "overhead", "stable", refs.get(fn, "torch"), TINY_OVERHEAD_S,
-                   "tiny input: <= built-in + 150 us"))
-    return t
-
-
-TARGETS = _targets()
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------------
-
-Key = Tuple[str, str, str, str, str]  # fn, case, dtype, device, mode
-
-
-def load(path: str) -> Tuple[Dict[Key, Dict[str, Dict[str, Any]]], Dict[str, Any]]:
-    """Records of one result file, indexed by (fn, case, dtype, device, mode) then variant."""
-    with open(path) as f:
-        data = json.load(f)
-    records: List[Dict[str, Any]] = []
-    machine: Dict[str, Any] = {}
-    if isinstance(data, dict) and str(data.get("schema", "")).startswith("stablelosses-bench"):
-        records = data["results"]
-        machine = data.get("machine", {})
-    elif isinstance(data, dict) and "benchmarks" in data:
-        mi = data.get("machine_info", {})
-        machine = {"cpu_model": (mi.get("cpu") or {}).get("brand_raw"), "torch_threads": None}
-        for b in data["benchmarks"]:
-            e = b.get("extra_info") or {}
-            if "fn" not in e or "variant" not in e:
-                continue
-            r = dict(e)
-            r["median_s"] = b["stats"]["median"]
-            r.setdefault("kind", "tiny" if _is_tiny_label(e.get("case", "")) else "")
-            r["error"] = None
-            records.append(r)
-        _fill_kinds(records)
-        versions = {b.get("extra_info", {}).get("torch_version") for b in data["benchmarks"]} - {None}
-        if versions:
-            machine["torch_version"] = ", ".join(sorted(versions))
-        threads = {b.get("extra_info", {}).get("threads") for b in data["benchmarks"]}
-        threads.discard(None)
-        if len(threads) == 1:
-            machine["torch_threads"] = threads.pop()
-    else:
-        raise ValueError(f"{path}: neither a 'stablelosses bench --json' file nor a "
-                         f"pytest-benchmark JSON file")
-    index: Dict[Key, Dict[str, Dict[str, Any]]] = {}
-    for r in records:
-        k = (r["fn"], r["case"], r["dtype"], r["device"], r["mode"])
-        index.setdefault(k, {})[r["variant"]] = r
-    return index, machine
-
-
-def _is_tiny_label(label: str) -> bool:
-    return label in ("8x10", "8x80", "16")
-
-
-def _fill_kinds(records: List[Dict[str, Any]]) -> None:
-    """pytest-benchmark records carry no ``kind``: take it from the registry when importable."""
-    try:
-        from stablelosses._bench import specs
-    except Exception:  # pragma: no cover - the check runs without the package too
-        return
-    kinds = {(s.name, c.label): c.kind for s in specs().values() for c in s.cases}
-    for r in records:
-        r["kind"] = kinds.get((r["fn"], r["case"]), r.get("kind") or "")
-
-
-# ---------------------------------------------------------------------------------------------
-# Checking
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Outcome:
-    status: str  # 'ok' | 'MISS' | 'skip'
-    target: Target
-    key: Key
-    value: Optional[float]
-    detail: str
-
-
-def _fmt_s(s: float) -> str:
-    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
-
-
-def _fmt_b(b: float) -> str:
-    return f"{b / 2**20:.1f} MiB"
-
-
-def evaluate(index: Dict[Key, Dict[str, Dict[str, Any]]], modes: Sequence[str],
-             dtypes: Sequence[str]) -> List[Outcome]:
-    out: List[Outcome] = []
-    for t in TARGETS:
-        for key, vs in sorted(index.items()):
-            fn, case, dtype, device, mode = key
-            if fn != t.fn or dtype not in dtypes:
-                continue
-            any_rec = next(iter(vs.values()))
-            if not t.where(any_rec):
-                continue
-            if t.kind in ("time", "overhead") and mode not in modes:
-                continue
-            if t.kind in ("peak", "peak_grad") and mode != "fwdbwd":
-                continue
-            num, den = vs.get(t.num), vs.get(t.den) if t.den else None
-            field = "median_s" if t.kind in ("time", "overhead") else "peak_bytes"
-
-            def val(r):
-                return None if r is None or r.get("error") else r.get(field)
-
-            nv, dv = val(num), val(den)
-            if t.den is not None and dv is None:
-                why = (den or {}).get("error") or f"'{t.den}' not in this run"
-                out.append(Outcome("skip", t, key, None, why))
-                continue
-            if nv is None:
-                why = (num or {}).get("error") or f"'{t.num}' not in this run"
-                status = "MISS" if not t.num.endswith("-compiled") or num is not None else "skip"
-                out.append(Outcome(status, t, key, None, f"no measurement of {t.num}: {why}"))
-                continue
-            if t.kind == "time":
-                v = nv / dv
-                detail = f"{t.num} {_fmt_s(nv)} / {t.den} {_fmt_s(dv)} = {v:.2f} (bound {t.bound:.2f})"
-            elif t.kind == "overhead":
-                v = nv - dv
-                detail = (f"{t.num} {_fmt_s(nv)} - {t.den} {_fmt_s(dv)} = {_fmt_s(v)} "
-                          f"(bound {_fmt_s(t.bound)})")
-            elif t.kind == "peak":
-                v = nv / dv if dv > 0 else float("inf")
-                detail = f"peak {t.num} {_fmt_b(nv)} / {t.den} {_fmt_b(dv)} = {v:.3f} (bound {t.bound:.2f})"
-            else:
-                g = num.get("grad_bytes") or 0
-                v = nv / g if g else float("inf")
-                detail = f"peak {t.num} {_fmt_b(nv)} / gradient {_fmt_b(g)} = {v:.3f} (bound {t.bound:.2f})"
-            if t.kind in ("peak", "peak_grad"):
-                ref = dv if t.kind == "peak" else (num.get("grad_bytes") or 0)
-                ok = nv <= t.bound * ref * (1 + PEAK_SLACK_REL) + PEAK_SLACK_BYTES
-            else:
-                ok = v <= t.bound
-            out.append(Outcome("ok" if ok else "MISS", t, key, v, detail))
-    return out
-
-
-def _line(o: Outcome) -> str:
-    fn, case, dtype, device, mode = o.key
-    mode_s = mode if o.target.kind in ("time", "overhead") else "fwdbwd"
-    return (f"{o.status:<4}  {fn:<18} {case:<14} {dtype:<8} {device:<4} {mode_s:<6}  "
-            f"{o.target.text}: {o.detail}")
-
-
-def markdown(outcomes: Sequence[Outcome]) -> str:
-    lines = ["| status | function | input | mode | target | measured |", "|---|---|---|---|---|---|"]
-    for o in outcomes:
-        fn, case, dtype, device, mode = o.key
-        status = {"ok": "holds", "MISS": "**MISS**", "skip": "not measured"}[o.status]
-        lines.append(f"| {status} | `{fn}` | {case} {dtype} {device} | {mode} | {o.target.text} | "
-                     f"{o.detail} |")
-    return "\n".join(lines)
+from stablelosses.bench.checks import evaluate, line, load, markdown
+from stablelosses.bench.targets import format_goals, goal_rows
 
 
 class _Parser(argparse.ArgumentParser):
@@ -316,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="check_targets.py", description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", metavar="RESULT.json")
     p.add_argument("--modes", default="fwd,fwdbwd",
@@ -325,6 +54,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--strict", action="store_true", help="skipped targets fail too")
     p.add_argument("--markdown", metavar="PATH", help="also write the outcomes as a Markdown table")
     p.add_argument("--quiet", action="store_true", help="print only misses and the summary")
+    p.add_argument("--no-goals", action="store_true", help="leave out the issue-12 target table")
+    p.add_argument("--goals-markdown", metavar="PATH", help="write the issue-12 target table as Markdown")
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ("fwd", "fwdbwd")]
@@ -333,7 +64,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     dtypes = [d for d in args.dtype.split(",") if d]
 
     failed = False
-    md: List[str] = []
+    md: list[str] = []
+    goals_md: list[str] = []
     for path in args.files:
         try:
             index, machine = load(path)
@@ -349,15 +81,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{machine.get('torch_threads')}")
         for o in outcomes:
             if not args.quiet or o.status == "MISS":
-                print(_line(o))
+                print(line(o))
         print(f"-- {len(outcomes)} checks: {n['ok']} hold, {n['MISS']} missed, {n['skip']} not measured")
         if not outcomes:
             print("warning: no target applies to this file (no float32 results?)")
         failed |= n["MISS"] > 0 or (args.strict and (n["skip"] > 0 or not outcomes))
         md.append(f"### {path}\n\n" + markdown(outcomes))
+        if not args.no_goals:
+            rows = goal_rows(index)
+            print(f"\nissue-12 targets ({path}):\n")
+            print(format_goals(rows))
+            goals_md.append(f"### {path}\n\n" + format_goals(rows, markdown=True))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n\n".join(md) + "\n")
+    if args.goals_markdown:
+        with open(args.goals_markdown, "w") as f:
+            f.write("\n\n".join(goals_md) + "\n")
     return 1 if failed else 0
 
 

@@ -9,13 +9,16 @@ with the environment below set.
 * The allocator: CPU timings of large fresh buffers swing with page faults whenever glibc hands
   freed memory back to the kernel. Start the process with ``MALLOC_MMAP_THRESHOLD_``,
   ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_TOP_PAD_`` set high (the values are
-  ``stablelosses._bench.MALLOC_ENV``); glibc reads them at start-up, so they cannot be set from
+  ``stablelosses.bench.memory.MALLOC_ENV``); glibc reads them at start-up, so they cannot be set from
   here. The header of the run says whether they are set; ``stablelosses bench`` sets them
   itself by re-executing.
   With them set, 1 GiB of heap is touched once at session start so that first calls of a
   shape do not fault while the heap grows.
 * ``STABLELOSSES_BENCH_FULL=1`` runs the full grid (all shapes, float32 and bfloat16, compiled
   variants in both modes); the default is a modest subset.
+* At the end of the session the issue-12 target table (each target with its measured ratio,
+  bytes-moved ratio and met / missed) is printed from the benchmarks that ran
+  (``benchmarks/check_targets.py`` prints the same table from ``--benchmark-json``).
 * Display: pytest-benchmark's tables are split per function *and* input (group ``focal_loss``,
   case ``focal_loss-8192x1000-float32-cpu``, test ``test_fwd``/``test_fwdbwd``), so the variants
   that compete sit in one table. ``--benchmark-group-by`` still overrides this.
@@ -24,12 +27,13 @@ with the environment below set.
 from __future__ import annotations
 
 import os
+import sys
 from collections import defaultdict
 
 import pytest
 import torch
 
-from stablelosses._bench import MALLOC_ENV, prefault_heap
+from stablelosses.bench.memory import MALLOC_ENV, prefault_heap
 
 THREADS = int(os.environ.get("STABLELOSSES_BENCH_THREADS", "2"))
 torch.set_num_threads(THREADS)
@@ -62,6 +66,19 @@ def pytest_report_header(config):
             "--benchmark-only  (or benchmarks/run_cpu.sh)"
         )
     return lines
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    mod = sys.modules.get("test_bench_losses") or sys.modules.get("benchmarks.test_bench_losses")
+    records = getattr(mod, "RECORDS", None)
+    if not records:
+        return
+    from stablelosses.bench.report import index
+    from stablelosses.bench.targets import format_goals, goal_rows
+
+    terminalreporter.write_sep("-", "issue-12 targets (float32, fwd+bwd unless the mode says fwd)")
+    terminalreporter.write_line(format_goals(goal_rows(index(records))))
 
 
 @pytest.hookimpl(hookwrapper=True)

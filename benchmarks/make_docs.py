@@ -6,9 +6,11 @@ Usage::
     python benchmarks/make_docs.py BENCH.json [--pytest PYTEST_BENCH.json] [--notes NOTES.md]
                                    [--out docs/benchmarks.md]
 
-The page holds: the machine and the command, the ratio table, the target table (every target:
-holds / MISS / not measured, with the numbers, from ``check_targets.py``), the raw medians of
-every variant, an optional hand-written notes section (``--notes``), and how to rerun.
+The page holds: the machine and the command, the ratio table (time, bytes moved, kernels of
+compiled calls, peak memory), the issue-12 target table (each target with its measured ratio,
+bytes-moved ratio and met / missed), the per-input checks (holds / MISS / not measured, from
+``check_targets.py``), the raw medians and bytes moved of every variant, an optional
+hand-written notes section (``--notes``), and how to rerun. Every number comes from the one JSON given.
 """
 
 from __future__ import annotations
@@ -17,27 +19,26 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any
+
+from stablelosses.bench.checks import Outcome, evaluate, load
+from stablelosses.bench.report import format_table, index
+from stablelosses.bench.targets import format_goals, goal_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import check_targets  # noqa: E402
-
-from stablelosses._bench import format_table  # noqa: E402
 
 
-def _targets_section(path: str, modes: List[str]) -> str:
-    index, _ = check_targets.load(path)
-    outcomes = check_targets.evaluate(index, modes, ["float32"])
+def _targets_section(path: str, modes: list[str]) -> str:
+    index, _ = load(path)
+    outcomes = evaluate(index, modes, ["float32"])
     n = {s: sum(o.status == s for o in outcomes) for s in ("ok", "MISS", "skip")}
     # One row per (target, input): a time target holds only if it holds in every mode.
-    rows: Dict[Any, List[check_targets.Outcome]] = {}
+    rows: dict[Any, list[Outcome]] = {}
     for o in outcomes:
-        fn, case, dtype, device, mode = o.key
+        fn, case, dtype, device, _mode = o.key
         rows.setdefault((o.target, fn, case, dtype, device), []).append(o)
     lines = ["| status | function | input | target | measured |", "|---|---|---|---|---|"]
-    for (t, fn, case, dtype, device), os_ in rows.items():
+    for (t, fn, case, _dtype, _device), os_ in rows.items():
         if any(o.status == "MISS" for o in os_):
             status = "**MISS**"
         elif all(o.status == "ok" for o in os_):
@@ -58,8 +59,8 @@ def _pytest_section(path: str, command: str) -> str:
     with open(path) as f:
         data = json.load(f)
     n = sum(1 for b in data.get("benchmarks", []) if (b.get("extra_info") or {}).get("fn"))
-    index, _ = check_targets.load(path)
-    outcomes = check_targets.evaluate(index, ["fwd", "fwdbwd"], ["float32"])
+    index, _ = load(path)
+    outcomes = evaluate(index, ["fwd", "fwdbwd"], ["float32"])
     k = {s: sum(o.status == s for o in outcomes) for s in ("ok", "MISS", "skip")}
     lines = [
         f"`{command}`: {n} benchmarks (pytest-benchmark {data.get('version', '?')}, "
@@ -78,9 +79,33 @@ def _pytest_section(path: str, command: str) -> str:
     return "\n".join(lines)
 
 
-def _raw_section(result: Dict[str, Any]) -> str:
-    by: Dict[Any, Dict[str, Any]] = {}
-    variants: List[str] = []
+def _bytes_section(result: dict[str, Any]) -> str:
+    """MB moved (read + written by the aten ops of one call) per variant, eager variants only."""
+    by: dict[Any, dict[str, Any]] = {}
+    variants: list[str] = []
+    for r in result["results"]:
+        if r.get("bytes_read") is None:
+            continue
+        by.setdefault((r["fn"], r["case"], r["dtype"], r["mode"]), {})[r["variant"]] = r
+        if r["variant"] not in variants:
+            variants.append(r["variant"])
+    if not by:
+        return "(not measured in this run)"
+    lines = ["| function | input | mode | " + " | ".join(variants) + " |",
+             "|---|---|---|" + "---:|" * len(variants)]
+    for (fn, case, dt, mode), vs in by.items():
+        cells = []
+        for v in variants:
+            r = vs.get(v)
+            cells.append("" if r is None else
+                         f"{(r['bytes_read'] + r['bytes_written']) / 1e6:.4g} ({r.get('aten_ops', '?')} ops)")
+        lines.append(f"| {fn} | {case} {dt} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _raw_section(result: dict[str, Any]) -> str:
+    by: dict[Any, dict[str, Any]] = {}
+    variants: list[str] = []
     for r in result["results"]:
         k = (r["fn"], r["case"], r["dtype"], r["mode"])
         by.setdefault(k, {})[r["variant"]] = r
@@ -110,10 +135,11 @@ def _raw_section(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make_docs.py")
     p.add_argument("bench")
-    p.add_argument("--pytest", help="pytest-benchmark JSON of the same session (its target check is summarized)")
+    p.add_argument("--pytest",
+                   help="pytest-benchmark JSON of the same session (its target check is summarized)")
     p.add_argument("--notes", help="Markdown file inserted as the observations section")
     p.add_argument("--command", default="stablelosses bench --compile --json bench.json",
                    help="the command that produced BENCH.json (shown on the page)")
@@ -154,14 +180,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         "torchvision formula for `sigmoid_focal_loss`); `÷naive` the naive snippet (the "
         "double-`where` idiom for `safe_div`); `÷1-pass` one read-and-write pass over the input "
         "(`torch.neg`), i.e. \"× the physical minimum\"; `comp` our `torch.compile`d function, "
-        "against the compiled built-in and the eager built-in; `peak` the peak bytes allocated "
-        "during one forward+backward, against the built-in's and against the gradient's size.",
+        "against the compiled built-in and the eager built-in; `kernels ours/torch` the kernels "
+        "the compiled forward (+backward) launches, ours and the built-in's (generated plus extern "
+        "kernels, from inductor's output code); `MB moved` the bytes read plus written by the aten "
+        "operators of one eager call and `bytes÷torch` ours against the built-in's (the "
+        "device-independent stand-in for GPU speed: a loss on a GPU is bandwidth-bound); `peak` "
+        "the peak bytes allocated during one forward+backward, against the built-in's and against "
+        "the gradient's size.",
         "",
         format_table(result, markdown=True),
         "",
-        "## Targets",
+        "## Issue-12 targets",
         "",
-        "From `python benchmarks/check_targets.py` on the same JSON. A time target holds only if "
+        "Every target of the speed issue, from the same run (`stablelosses bench --targets` prints "
+        "this table; so does `python benchmarks/check_targets.py`). Time targets are on "
+        "forward+backward unless the mode says `fwd`; `bytes ÷ ref` is ours against the same "
+        "reference in bytes moved by the eager calls.",
+        "",
+        format_goals(goal_rows(index(result["results"])), markdown=True),
+        "",
+        "## Per-input checks",
+        "",
+        "From `python benchmarks/check_targets.py` on the same JSON. A time check holds only if "
         "it holds for the forward and for forward+backward.",
         "",
         _targets_section(args.bench, ["fwd", "fwdbwd"]),
@@ -181,11 +221,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         "",
         _raw_section(result),
         "",
+        "## Bytes moved",
+        "",
+        "MB read plus written by the aten operators of one eager call (in parentheses the number "
+        "of operators), per variant: the device-independent count behind the `bytes÷torch` "
+        "column.",
+        "",
+        _bytes_section(result),
+        "",
         "## How to rerun",
         "",
         "```bash",
         "stablelosses bench                               # eager, default shapes, float32",
-        "stablelosses bench --compile --json bench.json   # + torch.compile'd variants",
+        "stablelosses bench --compile --targets --json bench.json   # + compiled variants, targets",
         "stablelosses bench --quick                       # < 1 min smoke run",
         "stablelosses bench --full                        # all shapes, float32 + bfloat16",
         "python benchmarks/check_targets.py bench.json    # exit 1 listing each missed target",

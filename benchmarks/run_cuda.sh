@@ -36,7 +36,7 @@ PYEOF
 step cuda_tests 140 "$PY" -m pytest -q tests -k cuda
 step cuda_sync 45 "$PY" -m pytest -q benchmarks/test_cuda_sync.py
 # SIGINT at the limit: the bench stops after the current case and still writes its JSON.
-step bench_cuda 280 "$PY" -m stablelosses._bench --device cuda --compile --compile-modes fwdbwd \
+step bench_cuda 280 "$PY" -m stablelosses.bench --device cuda --compile --compile-modes fwdbwd --targets \
     --no-progress --json "$OUT/bench_cuda.json" --markdown "$OUT/bench_cuda.md"
 STABLELOSSES_BENCH_COMPILE=0 STABLELOSSES_BENCH_ROUNDS=5 \
     step pytest_bench_cuda 60 "$PY" -m pytest -q benchmarks/test_bench_losses.py --benchmark-only \

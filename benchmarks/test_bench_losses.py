@@ -4,11 +4,13 @@ One group per function (``benchmark.group``); parametrized over ``case`` =
 function-shape-dtype-device and ``variant`` (ids ``torch``, ``naive``, ``stable``, ``kornia``,
 ``one-pass``, ``<variant>-compiled``); ``test_fwd`` times the forward, ``test_fwdbwd`` forward
 plus ``torch.autograd.grad``. The registry (inputs, baselines, shapes) is the one of
-``stablelosses bench`` (``stablelosses/_bench.py``), so both report the same things.
+``stablelosses bench`` (``stablelosses/bench/cases.py``), so both report the same things.
 
-Compiled variants are built and warmed up before the timed calls. The peak memory of one
-forward+backward is recorded in ``extra_info['peak_bytes']`` (with ``grad_bytes``, the size of
-the gradient), for ``benchmarks/check_targets.py``.
+Compiled variants are built and warmed up before the timed calls. ``extra_info`` holds, for
+``benchmarks/check_targets.py`` (which prints the issue-12 target table from it): the bytes moved
+by one call (``bytes_read``, ``bytes_written``, ``aten_ops``; eager variants), the kernel count
+of a compiled variant (``kernels``, ``kernels_generated``, ``kernels_extern``) and the peak
+memory of one forward+backward (``peak_bytes``, with ``grad_bytes``, the size of the gradient).
 
 Environment: ``STABLELOSSES_BENCH_FULL=1`` for the full grid (adds the LLM-vocabulary and
 segmentation shapes, 1e7-element inputs everywhere, bfloat16); ``STABLELOSSES_BENCH_COMPILE=0``
@@ -19,12 +21,15 @@ to leave out compiled variants (default: compiled variants of float32, non-tiny 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 import torch
 
-from stablelosses import _bench as B
+from stablelosses.bench import cases as C
+from stablelosses.bench import timing as T
+from stablelosses.bench.memory import peak_memory
+from stablelosses.bench.traffic import bytes_moved
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
 COMPILE = os.environ.get("STABLELOSSES_BENCH_COMPILE", "1") != "0"
@@ -33,10 +38,13 @@ ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "7"))
 SAMPLE_S = 0.02
 DTYPES = ("float32", "bfloat16") if FULL else ("float32",)
 HAS_CUDA = torch.cuda.is_available()
-SPECS = B.specs()
+SPECS = C.specs()
+#: One record per benchmark of the session, in `stablelosses bench`'s JSON format: conftest.py
+#: prints the issue-12 target table from them at the end of the session.
+RECORDS: list[dict[str, Any]] = []
 
 
-def _cases(mode: str) -> List[Any]:
+def _cases(mode: str) -> list[Any]:
     params = []
     for spec in SPECS.values():
         for case in spec.cases:
@@ -49,7 +57,7 @@ def _cases(mode: str) -> List[Any]:
                     cid = f"{spec.name}-{case.label}-{dt}-{dev}"
                     compiled = COMPILE and (FULL or (mode == "fwdbwd" and dt == "float32"
                                                      and case.kind != "tiny"))
-                    for v in B.variant_ids(spec, compiled=compiled, only_available=False):
+                    for v in T.variant_ids(spec, compiled=compiled, only_available=False):
                         marks = []
                         if dev == "cuda" and not HAS_CUDA:
                             marks.append(pytest.mark.skip(reason="needs CUDA"))
@@ -57,7 +65,7 @@ def _cases(mode: str) -> List[Any]:
     return params
 
 
-_INPUTS: Dict[Tuple[str, str], Any] = {}
+_INPUTS: dict[str, Any] = {}
 
 
 def _inputs(cid: str):
@@ -66,22 +74,19 @@ def _inputs(cid: str):
         fn, label, dt, dev = cid.split("-")
         spec = SPECS[fn]
         case = next(c for c in spec.cases if c.label == label)
-        _INPUTS[cid] = B.make_inputs(spec, case, B._DTYPES[dt], dev)
+        _INPUTS[cid] = C.make_inputs(spec, case, C.DTYPES[dt], dev)
     return _INPUTS[cid]
 
 
 def _run(benchmark, cid: str, variant: str, mode: str):
     fn, label, dt, dev = cid.split("-")
     spec = SPECS[fn]
-    if not B.available(variant):
+    if not T.available(variant):
         pytest.skip(f"{variant}: optional package not installed")
     tensors, grad_idx = _inputs(cid)
     key = (label, dt, dev)
-    try:
-        call = B.make_callable(spec, variant, tensors, grad_idx, mode, dev, key)
-    except NotImplementedError:
-        pytest.skip(f"{fn} is not implemented yet")
-    inner = B.warm_and_calibrate(call, SAMPLE_S, warm_s=0.1, min_warm=3)
+    call = T.make_callable(spec, variant, tensors, grad_idx, mode, dev, key)
+    inner = T.calibrate(T.timer(call, fn, cid, variant), SAMPLE_S, warm_s=0.1, min_warm=3)
     benchmark.group = fn
     benchmark.extra_info.update(
         fn=fn, case=label, dtype=dt, device=dev, mode=mode, variant=variant,
@@ -92,8 +97,19 @@ def _run(benchmark, cid: str, variant: str, mode: str):
         torch_version=torch.__version__,
     )
     result = benchmark.pedantic(call, rounds=ROUNDS, iterations=inner, warmup_rounds=1)
+    if variant.endswith("-compiled"):
+        kc = T.kernel_count(spec, variant, mode, key)
+        if kc is not None:
+            benchmark.extra_info.update(kernels=kc.total, kernels_generated=kc.generated,
+                                        kernels_extern=kc.extern)
+    else:
+        moved = bytes_moved(call)
+        benchmark.extra_info.update(bytes_read=moved.read, bytes_written=moved.written, aten_ops=moved.ops)
     if mode == "fwdbwd":
-        benchmark.extra_info["peak_bytes"] = B.peak_memory(call, dev)
+        benchmark.extra_info["peak_bytes"] = peak_memory(call, dev)
+    if benchmark.stats is not None:  # None under --benchmark-disable
+        RECORDS.append(dict(benchmark.extra_info, median_s=benchmark.stats.stats.median, error=None,
+                            kind=next(c.kind for c in spec.cases if c.label == label)))
     if variant.startswith("stable"):
         outs = result if isinstance(result, tuple) else (result,)
         for o in outs:

@@ -30,6 +30,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 import stablelosses.functional as SF  # noqa: E402
+from stablelosses import naive  # noqa: E402  (the naive formulas, written as people write them)
 
 FIG_DIR = Path(__file__).resolve().parent / "figures"
 
@@ -182,29 +183,6 @@ def render(fig_spec: Figure, out_dir: Path) -> List[str]:
     return problems
 
 
-# ----------------------------------------------------------------------------------------
-# The naive formulas, written the way they appear in training scripts.
-
-
-def naive_focal(logits: torch.Tensor, target: torch.Tensor, gamma: float) -> torch.Tensor:
-    """The classic hand-written multi-class focal loss: softmax, then log."""
-    p = F.softmax(logits, dim=1)
-    p_t = p.gather(1, target[:, None]).squeeze(1)
-    log_p_t = torch.log(p).gather(1, target[:, None]).squeeze(1)
-    return (-((1 - p_t) ** gamma) * log_p_t).mean()
-
-
-def naive_sigmoid_focal(inputs, targets, alpha=0.25, gamma=2.0):
-    """torchvision.ops.sigmoid_focal_loss, reduction='none', same arithmetic."""
-    p = torch.sigmoid(inputs)
-    ce = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
-    p_t = p * targets + (1 - p) * (1 - targets)
-    loss = ce * ((1 - p_t) ** gamma)
-    if alpha >= 0:
-        loss = (alpha * targets + (1 - alpha) * (1 - targets)) * loss
-    return loss
-
-
 def _with_zero(xs: np.ndarray) -> np.ndarray:
     return np.union1d(xs, [0.0])
 
@@ -229,7 +207,7 @@ def figures() -> List[Figure]:
     figs.append(Figure("sqrt-at-zero", [Row(
         "RMSE, residual r on all 4 elements", _with_zero(np.linspace(-1, 1, 201)),
         "residual r = input − target",
-        rmse_case(lambda x, y: torch.sqrt(torch.nn.MSELoss()(x, y))),
+        rmse_case(naive.sqrt_mse),
         rmse_case(SF.rmse_loss),
         "naive: torch.sqrt(nn.MSELoss()(x, y))", "stablelosses: rmse_loss(x, y)",
         "loss", "∂loss/∂r", singular=0.0, var="r")]))
@@ -243,7 +221,7 @@ def figures() -> List[Figure]:
 
     figs.append(Figure("division-by-zero", [Row(
         "a / b with a = 1", _with_zero(np.linspace(-1, 1, 201)), "denominator b",
-        div_case(lambda a, b: torch.where(b != 0, a / b, torch.zeros_like(a))),
+        div_case(naive.where_div),
         div_case(SF.safe_div),
         "naive: torch.where(b != 0, a / b, 0)", "stablelosses: safe_div(a, b)",
         "a / b (0 where b = 0)", "∂/∂b", singular=0.0, var="b",
@@ -270,13 +248,13 @@ def figures() -> List[Figure]:
 
     figs.append(Figure("softmax-logsumexp", [
         Row("logsumexp([x, 1, 0])", np.linspace(0, 200, 201), "logit x",
-            lse_case(lambda z: torch.log(torch.exp(z).sum())),
+            lse_case(lambda z: naive.exp_logsumexp(z, 0)),
             lse_case(lambda z: SF.logsumexp(z, 0)),
             "naive: torch.log(torch.exp(z).sum())", "stablelosses: logsumexp(z, 0)",
             "log Σ exp z", "∂/∂x  (= softmax(z)₀)"),
         Row("softmax with a fully masked row", np.linspace(-5, 5, 201), "logit x",
             masked_softmax_case(
-                lambda z, m: torch.softmax(z.masked_fill(~m, -inf), dim=-1)),
+                lambda z, m: naive.masked_softmax(z, m, -1)),
             masked_softmax_case(lambda z, m: SF.softmax(z, -1, mask=m)),
             "naive: torch.softmax(z.masked_fill(~mask, -inf), -1)",
             "stablelosses: softmax(z, -1, mask=mask)",
@@ -299,11 +277,11 @@ def figures() -> List[Figure]:
     gaps = np.linspace(0, 250, 251)
     figs.append(Figure("focal-log-zero", [
         Row("γ = 2, target = confident class", gaps, "logit gap d  (logits [10, 10 − d])",
-            focal_case(naive_focal, 0, 2.0), focal_case(sl_focal, 0, 2.0),
+            focal_case(naive.classic_focal, 0, 2.0), focal_case(sl_focal, 0, 2.0),
             "naive: softmax → log FocalLoss", "stablelosses: focal_loss(gamma=2)",
             "loss", "∂loss/∂d"),
         Row("γ = 2, target = unlikely class", gaps, "logit gap d  (logits [10, 10 − d])",
-            focal_case(naive_focal, 1, 2.0), focal_case(sl_focal, 1, 2.0),
+            focal_case(naive.classic_focal, 1, 2.0), focal_case(sl_focal, 1, 2.0),
             "naive: softmax → log FocalLoss", "stablelosses: focal_loss(gamma=2)",
             "loss", "∂loss/∂d"),
     ]))
@@ -320,7 +298,7 @@ def figures() -> List[Figure]:
     figs.append(Figure("focal-gamma-below-one", [Row(
         "γ = 0.5, logits [d, 0], target 0", np.linspace(0, 40, 401),
         "logit margin d of the target class",
-        focal_gap_case(naive_focal, 0.5), focal_gap_case(sl_focal, 0.5),
+        focal_gap_case(naive.classic_focal, 0.5), focal_gap_case(sl_focal, 0.5),
         "naive: softmax → log FocalLoss", "stablelosses: focal_loss(gamma=0.5)",
         "loss", "−∂loss/∂d", grad_sign=-1.0, linthresh=1e-12,
         value_scale="symlog", grad_scale="symlog")]))
@@ -371,7 +349,7 @@ def figures() -> List[Figure]:
 
     figs.append(Figure("log-cosh-overflow", [Row(
         "log cosh(r), float32", np.linspace(-120, 120, 241), "residual r",
-        logcosh_case(lambda x, y: torch.log(torch.cosh(x - y))),
+        logcosh_case(lambda x, y: naive.log_cosh(x, y, reduction="none")),
         logcosh_case(SF.log_cosh_loss),
         "naive: torch.log(torch.cosh(x − y))", "stablelosses: log_cosh_loss(x, y)",
         "loss", "∂loss/∂r")]))
@@ -383,17 +361,14 @@ def figures() -> List[Figure]:
             return fn(leaf.expand(4), torch.zeros(4, dtype=dtype)), leaf
         return case
 
-    def naive_rmse(x, y):
-        return torch.sqrt(F.mse_loss(x, y))
-
     figs.append(Figure("half-precision-overflow", [
         Row("float16", np.linspace(4, 1000, 250), "residual r (float16)",
-            rmse_dtype_case(naive_rmse, torch.float16),
+            rmse_dtype_case(naive.sqrt_mse, torch.float16),
             rmse_dtype_case(SF.rmse_loss, torch.float16),
             "naive: torch.sqrt(F.mse_loss(x, y))", "stablelosses: rmse_loss(x, y)",
             "RMSE", "∂RMSE/∂r"),
         Row("float32", np.logspace(15, 25, 121), "residual r (float32)",
-            rmse_dtype_case(naive_rmse, torch.float32),
+            rmse_dtype_case(naive.sqrt_mse, torch.float32),
             rmse_dtype_case(SF.rmse_loss, torch.float32),
             "naive: torch.sqrt(F.mse_loss(x, y))", "stablelosses: rmse_loss(x, y)",
             "RMSE", "∂RMSE/∂r", xscale="log", value_scale="log"),
@@ -410,7 +385,7 @@ def figures() -> List[Figure]:
 
     figs.append(Figure("sigmoid-focal-saturated", [Row(
         "γ = 0.5, α = 0.25, target 1", np.linspace(0, 40, 401), "logit x",
-        sigmoid_focal_case(lambda x, t: naive_sigmoid_focal(x, t, 0.25, 0.5)),
+        sigmoid_focal_case(lambda x, t: naive.torchvision_sigmoid_focal(x, t, 0.25, 0.5)),
         sigmoid_focal_case(lambda x, t: SF.sigmoid_focal_loss(x, t, alpha=0.25, gamma=0.5)),
         "naive: torchvision.ops.sigmoid_focal_loss", "stablelosses: sigmoid_focal_loss",
         "loss", "−∂loss/∂x", grad_sign=-1.0, linthresh=1e-30,

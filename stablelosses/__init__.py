@@ -10,6 +10,9 @@ compute 0/0, inf·0, inf−inf, log 0, sqrt'(0) or overflow in exp.
 tensor([0., 0., 0.])
 """
 
+from stablelosses import _torch_import  # noqa: F401 - first: torch without its NumPy warning
+
+# isort: split
 from stablelosses import functional
 from stablelosses.functional import (
     log_softmax,

@@ -4,7 +4,8 @@ r"""The ``stablelosses`` command (also ``python -m stablelosses``).
 - ``trace [--watch] SCRIPT.py [ARGS...]``: run a script under
   [`detect_nonfinite`][stablelosses.debug.detect_nonfinite]; report the first NaN/Inf created
   (exit 1) or that there was none (exit 0); a crash exits with the script's code (or 2).
-- ``bench [--device cuda] [--compile] [--quick] [--json PATH]``: the speed comparison.
+- ``bench [--device cuda] [--compile] [--quick] [--targets] [--json PATH] ...``: the speed
+  comparison (`stablelosses.bench`).
 
 Bad arguments print one line to stderr and exit 2.
 
@@ -75,15 +76,14 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("script", metavar="SCRIPT.py", help="the script to run")
     t.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
-    b = sub.add_parser(
+    # `bench ARGS` is handed to stablelosses.bench before parsing (it has its own parser and
+    # --help); this entry only lists the command.
+    sub.add_parser(
         "bench",
-        help="speed of stablelosses against the built-ins and the naive formulas",
-        description="Benchmark every function against the PyTorch built-in and the naive formula.",
+        help="speed of stablelosses against the built-ins and the naive formulas "
+        "(`stablelosses bench --help`)",
+        add_help=False,
     )
-    b.add_argument("--device", default="cpu", help="device to run on, e.g. cuda (default: cpu)")
-    b.add_argument("--compile", action="store_true", help="also time torch.compile'd versions")
-    b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
-    b.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     return p
 
 
@@ -93,7 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     try:
         if argv and argv[0] == "bench":
-            return _bench(parser, argv)
+            return _bench(argv)
         args = parser.parse_args(argv)
     except _UsageError as e:
         print(str(e).splitlines()[0], file=sys.stderr)
@@ -119,19 +119,12 @@ def _demo() -> int:
     return 0
 
 
-def _bench(parser: argparse.ArgumentParser, argv: list) -> int:
-    """Hand ``bench ARGS`` to ``stablelosses._bench.main(ARGS)``, which parses them itself."""
+def _bench(argv: list) -> int:
+    """Hand ``bench ARGS`` to ``stablelosses.bench.main(ARGS)``, which parses them itself."""
+    from stablelosses.bench import main as bench_main
+
     try:
-        # sys.modules first (not the package attribute), so a stand-in module is honoured
-        bench = importlib.import_module("stablelosses._bench")
-    except ModuleNotFoundError as e:
-        if e.name != "stablelosses._bench":
-            raise
-        parser.parse_args(argv)  # --help still works; the options are listed here too
-        print(f"{_PROG} bench: not available (stablelosses._bench is missing)", file=sys.stderr)
-        return 2
-    try:
-        return int(bench.main(list(argv[1:])) or 0)
+        return int(bench_main(argv[1:]) or 0)
     except SystemExit as e:  # its argparse: --help, or a bad argument (already reported)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 

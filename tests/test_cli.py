@@ -1,15 +1,14 @@
-"""The command line: demo table, trace, bench dispatch, --help and argument errors."""
+"""The command line: trace, --help and argument errors (the demo: test_demo.py; bench: test_bench.py)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 
-from stablelosses import _demo, cli
+from stablelosses import cli
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,59 +20,6 @@ def run(*args, timeout=120):
         [sys.executable, "-m", "stablelosses", *args],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
     )
-
-
-# ---- demo ---------------------------------------------------------------------------------
-
-
-EXPECTED_HAZARDS = [
-    "sqrt at 0", "RMSE", "b = 0", "z = [92, 1]", "fully masked", "logsumexp of all -inf",
-    "log_softmax", "xlogy", "[[10, -200]]", "γ=0.5 at p_t", "sigmoid focal", "label smoothing",
-    "kl_div", "log(cosh(x))", "float16 RMSE",
-]
-
-
-def test_demo_data_covers_every_hazard():
-    names = [h.name for h in _demo.HAZARDS]
-    assert len(names) == len(set(names)) == len(EXPECTED_HAZARDS)
-    for part in EXPECTED_HAZARDS:
-        assert sum(part in n for n in names) >= 1, part
-
-
-@pytest.mark.parametrize("hazard", _demo.HAZARDS, ids=lambda h: h.name)
-def test_demo_naive_fails_where_stable_is_finite(hazard):
-    naive = _demo.evaluate(hazard, "naive")
-    assert naive.error is None
-    assert not naive.ok, f"the naive formula is fine: {naive.value_text} {naive.grad_text}"
-    stable = _demo.evaluate(hazard, "stable")
-    if stable.error == "(not implemented)":
-        pytest.skip("stablelosses function not implemented yet")
-    assert stable.ok, f"{stable.value_text} {stable.grad_text}"
-
-
-def test_demo_subprocess_prints_the_table():
-    proc = run()
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    header = lines[0]
-    assert header.split()[:3] == ["hazard", "naive", "value"]
-    col_stable = header.index("stable value")
-    for h in _demo.HAZARDS:
-        (row,) = [ln for ln in lines if ln.startswith(h.name)]
-        naive_part, stable_part = row[:col_stable], row[col_stable:]
-        assert "NaN/inf" in naive_part, row
-        assert ("nan" in naive_part or "inf" in naive_part), row
-        assert stable_part.rstrip().endswith(("ok", "error")), row
-    # the columns line up: every row has its stable value where the header says
-    for ln in lines[2:2 + len(_demo.HAZARDS)]:
-        assert ln[col_stable - 2:col_stable] == "  "
-
-
-def test_demo_render_in_process(capsys):
-    assert cli.main([]) == 0
-    out = capsys.readouterr().out
-    assert f"of {len(_demo.HAZARDS)} naive formulas give NaN/inf" in out
-    assert cli.main(["demo"]) == 0
 
 
 # ---- trace --------------------------------------------------------------------------------
@@ -162,27 +108,6 @@ def test_trace_watch_healthy_script_exits_0(capsys):
     assert cli.main(["trace", "--watch", os.path.join(SCRIPTS, "healthy.py"), "--steps", "3"]) == 0
     assert "no NaN/Inf created" in capsys.readouterr().out
     assert torch.Tensor.backward is backward  # put back
-
-
-# ---- bench --------------------------------------------------------------------------------
-
-
-def test_bench_dispatches_to_bench_main(monkeypatch):
-    calls = []
-    fake = types.ModuleType("stablelosses._bench")
-    fake.main = lambda argv: calls.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "stablelosses._bench", fake)
-    assert cli.main(["bench", "--quick", "--json", "out.json"]) == 0
-    assert calls == [["--quick", "--json", "out.json"]]
-
-
-def test_bench_without_module(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "stablelosses._bench", None)  # the import fails
-    assert cli.main(["bench", "--quick"]) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "bench" in err
-    assert cli.main(["bench", "--help"]) == 0
-    assert "--compile" in capsys.readouterr().out
 
 
 # ---- help and errors ----------------------------------------------------------------------

@@ -1,0 +1,178 @@
+r"""The naive formulas: what people write instead of stablelosses, kept in one place.
+
+These are the snippets and built-in compositions whose hazards stablelosses fixes — written
+exactly as they are posted, **not** as they should be. The demo (``python -m stablelosses``),
+``stablelosses bench``, the docs figures and the tests import them from here, so every
+comparison is made against the same code.
+
+Do not use them for training: each one returns NaN or inf (in the value or the gradient) at
+the points listed in its docstring.
+
+| formula | what it stands for | stablelosses replacement |
+|---|---|---|
+| `sqrt_mse` | `torch.sqrt(F.mse_loss(x, y) + eps)` | `rmse_loss` |
+| `log_cosh` | `torch.log(torch.cosh(x - y))` | `log_cosh_loss` |
+| `classic_focal` | the classic focal snippet: softmax → log → gather | `focal_loss` |
+| `logpt_focal` | the log-space focal snippet: log_softmax → gather → exp | `focal_loss` |
+| `torchvision_sigmoid_focal` | `torchvision.ops.sigmoid_focal_loss`, written out | `sigmoid_focal_loss` |
+| `exp_softmax`, `exp_log_softmax` | `exp(x) / exp(x).sum()`, its log | `softmax`, `log_softmax` |
+| `exp_logsumexp` | `log(exp(x).sum())` | `logsumexp` |
+| `masked_softmax`, `masked_log_softmax` | `masked_fill(~mask, -inf)`, then torch | `mask=` |
+| `formula_kl_div` | `(t * (log t - x)).sum() / N` | `kl_div(reduction='batchmean')` |
+| `where_div`, `double_where_div` | `where(b != 0, a / b, 0)` and the double-`where` idiom | `safe_div` |
+| `x_log_y` | `x * log(y)` | `xlogy` |
+
+Example:
+    >>> import torch
+    >>> from stablelosses import naive
+    >>> x = torch.zeros(3, requires_grad=True)
+    >>> naive.sqrt_mse(x, torch.zeros(3)).backward()
+    >>> x.grad
+    tensor([nan, nan, nan])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "classic_focal",
+    "double_where_div",
+    "exp_log_softmax",
+    "exp_logsumexp",
+    "exp_softmax",
+    "formula_kl_div",
+    "log_cosh",
+    "logpt_focal",
+    "masked_log_softmax",
+    "masked_softmax",
+    "sqrt_mse",
+    "torchvision_sigmoid_focal",
+    "where_div",
+    "x_log_y",
+]
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        return loss.mean()
+    raise ValueError(f"naive: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+
+
+def sqrt_mse(input: Tensor, target: Tensor, reduction: str = "mean", eps: float = 0.0) -> Tensor:
+    """``torch.sqrt(F.mse_loss(input, target, reduction=reduction) + eps)``.
+
+    Hazards: NaN gradient at a zero residual (``sqrt'(0) = inf`` times 0); the square
+    overflows for float16 residuals above 256 (inf value, NaN gradient).
+    """
+    return torch.sqrt(F.mse_loss(input, target, reduction=reduction) + eps)
+
+
+def log_cosh(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """``torch.log(torch.cosh(input - target))``, reduced.
+
+    Hazard: ``cosh`` overflows for float32 residuals above ~89 (inf value, NaN gradient).
+    """
+    return _reduce(torch.log(torch.cosh(input - target)), reduction)
+
+
+def classic_focal(input: Tensor, target: Tensor, gamma: float = 2.0, reduction: str = "mean") -> Tensor:
+    """The classic focal-loss snippet: ``p = softmax(x)``, ``log(p)``, gather the target.
+
+    ``-(1 - p_t) ** gamma * log(p_t)`` for ``(N, C)`` logits and class-index targets.
+    Hazards: ``p`` underflows to 0 for a logit far below the row's maximum, so ``log p`` is
+    ``-inf`` (inf loss) and its gradient ``0/0`` (NaN, also for non-target classes).
+    """
+    p = torch.softmax(input, dim=1)
+    logp = torch.log(p)
+    idx = target.unsqueeze(1)
+    pt = p.gather(1, idx).squeeze(1)
+    logpt = logp.gather(1, idx).squeeze(1)
+    return _reduce(-((1 - pt) ** gamma) * logpt, reduction)
+
+
+def logpt_focal(input: Tensor, target: Tensor, gamma: float = 2.0, reduction: str = "mean") -> Tensor:
+    """The log-space focal snippet: ``log_softmax``, gather ``log p_t``, ``p_t = exp(log p_t)``.
+
+    Finite ``log p_t``, but for ``0 < gamma < 1`` the slope of ``(1 - p_t) ** gamma`` is
+    infinite at ``p_t = 1``: a confident correct prediction gets a NaN gradient.
+    """
+    logpt = F.log_softmax(input, dim=1).gather(1, target.unsqueeze(1)).squeeze(1)
+    return _reduce(-((1 - logpt.exp()) ** gamma) * logpt, reduction)
+
+
+def torchvision_sigmoid_focal(input: Tensor, target: Tensor, alpha: float = 0.25, gamma: float = 2.0,
+                              reduction: str = "none") -> Tensor:
+    """``torchvision.ops.sigmoid_focal_loss``, written out from its published formula.
+
+    Hazard: for ``0 < gamma < 1`` and a saturated logit, ``(1 - p_t) ** gamma`` has an infinite
+    slope at ``1 - p_t = 0`` (NaN gradient). It also keeps five full-size temporaries.
+    """
+    p = torch.sigmoid(input)
+    ce_loss = F.binary_cross_entropy_with_logits(input, target, reduction="none")
+    p_t = p * target + (1 - p) * (1 - target)
+    loss = ce_loss * ((1 - p_t) ** gamma)
+    if alpha >= 0:
+        alpha_t = alpha * target + (1 - alpha) * (1 - target)
+        loss = alpha_t * loss
+    return _reduce(loss, reduction)
+
+
+def exp_softmax(input: Tensor, dim: int = -1) -> Tensor:
+    """``exp(x) / exp(x).sum(dim)``. Hazard: ``exp`` overflows above ~88 (inf / inf = NaN)."""
+    e = torch.exp(input)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def exp_log_softmax(input: Tensor, dim: int = -1) -> Tensor:
+    """``log(exp(x) / exp(x).sum(dim))``. Hazards: overflow as `exp_softmax`; ``log 0``."""
+    return torch.log(exp_softmax(input, dim))
+
+
+def exp_logsumexp(input: Tensor, dim: int = -1) -> Tensor:
+    """``log(exp(x).sum(dim))``. Hazard: ``exp`` overflows above ~88 (inf, NaN gradient)."""
+    return torch.log(torch.exp(input).sum(dim=dim))
+
+
+def masked_softmax(input: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
+    """``torch.softmax(x.masked_fill(~mask, -inf), dim)``. Hazard: an all-masked slice is NaN."""
+    return torch.softmax(input.masked_fill(~mask, float("-inf")), dim=dim)
+
+
+def masked_log_softmax(input: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
+    """``torch.log_softmax(x.masked_fill(~mask, -inf), dim)``. Hazard: an all-masked slice is NaN."""
+    return torch.log_softmax(input.masked_fill(~mask, float("-inf")), dim=dim)
+
+
+def formula_kl_div(input: Tensor, target: Tensor) -> Tensor:
+    """``(t * (log t - x)).sum() / N`` (``'batchmean'``, log-probability input).
+
+    Hazard: a zero target gives ``0 * -inf = NaN`` (and a NaN gradient).
+    """
+    return (target * (torch.log(target) - input)).sum() / input.shape[0]
+
+
+def where_div(input: Tensor, other: Tensor) -> Tensor:
+    """``torch.where(other != 0, input / other, 0)``.
+
+    Hazard: the value is right, but the gradient of the unselected ``input / 0`` is
+    ``0 * inf = NaN`` and reaches both arguments.
+    """
+    return torch.where(other != 0, input / other, 0.0)
+
+
+def double_where_div(input: Tensor, other: Tensor) -> Tensor:
+    """The double-``where`` idiom: ``where(b == 0, 0, a / where(b == 0, 1, b))`` (no hazard)."""
+    zero = other == 0
+    return torch.where(zero, 0.0, input / torch.where(zero, 1.0, other))
+
+
+def x_log_y(input: Tensor, other: Tensor) -> Tensor:
+    """``x * log(y)``. Hazard: ``0 * log 0 = 0 * -inf = NaN``."""
+    return input * torch.log(other)
