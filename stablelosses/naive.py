@@ -21,6 +21,12 @@ the points listed in its docstring.
 | `formula_kl_div` | `(t * (log t - x)).sum() / N` | `kl_div(reduction='batchmean')` |
 | `where_div`, `double_where_div` | `where(b != 0, a / b, 0)` and the double-`where` idiom | `safe_div` |
 | `x_log_y` | `x * log(y)` | `xlogy` |
+| `unit_vector` | `x / x.norm(dim=dim, keepdim=True)` | `normalize` |
+| `cosine_formula` | `(a * b).sum(dim) / (a.norm(dim) * b.norm(dim))` | `cosine_similarity` |
+| `masked_mean_formula` | `(x * mask).sum() / mask.sum()` | `masked_mean` |
+| `softmax_entropy` | `-(softmax(x) * log_softmax(x)).sum(dim)` | `entropy` |
+| `dice_formula` | `1 - 2 Σpt / (Σp + Σt)` per sample | `dice_loss` |
+| `info_nce_formula` | `F.cross_entropy(q̂ @ k̂.T / τ, arange(N))` with `x / x.norm()` | `info_nce_loss` |
 
 Example:
     >>> import torch
@@ -52,6 +58,12 @@ __all__ = [
     "torchvision_sigmoid_focal",
     "where_div",
     "x_log_y",
+    "unit_vector",
+    "cosine_formula",
+    "masked_mean_formula",
+    "softmax_entropy",
+    "dice_formula",
+    "info_nce_formula",
 ]
 
 
@@ -176,3 +188,45 @@ def double_where_div(input: Tensor, other: Tensor) -> Tensor:
 def x_log_y(input: Tensor, other: Tensor) -> Tensor:
     """``x * log(y)``. Hazard: ``0 * log 0 = 0 * -inf = NaN``."""
     return input * torch.log(other)
+
+
+def unit_vector(input: Tensor, dim: int = -1) -> Tensor:
+    """``x / x.norm(dim=dim, keepdim=True)``. Hazard: a zero vector gives ``0 / 0 = NaN``."""
+    return input / input.norm(dim=dim, keepdim=True)
+
+
+def cosine_formula(x1: Tensor, x2: Tensor, dim: int = -1) -> Tensor:
+    """``(a · b) / (‖a‖ ‖b‖)``. Hazard: a zero vector gives ``0 / 0 = NaN``."""
+    return (x1 * x2).sum(dim) / (x1.norm(dim=dim) * x2.norm(dim=dim))
+
+
+def masked_mean_formula(input: Tensor, mask: Tensor) -> Tensor:
+    """``(x * mask).sum() / mask.sum()``. Hazard: an empty mask gives ``0 / 0 = NaN``."""
+    return (input * mask).sum() / mask.sum()
+
+
+def softmax_entropy(input: Tensor, dim: int = -1) -> Tensor:
+    """``-(softmax(x) * log_softmax(x)).sum(dim)``.
+
+    Hazard: a ``-inf`` (masked) logit gives ``0 * -inf = NaN``.
+    """
+    return -(torch.softmax(input, dim) * torch.log_softmax(input, dim)).sum(dim)
+
+
+def dice_formula(input: Tensor, target: Tensor) -> Tensor:
+    """``1 - 2 Σ p t / (Σ p + Σ t)`` per sample (all but the batch dim), averaged.
+
+    Hazard: prediction and target both empty give ``0 / 0 = NaN``.
+    """
+    dims = tuple(range(1, input.dim()))
+    return (1 - 2 * (input * target).sum(dims) / (input.sum(dims) + target.sum(dims))).mean()
+
+
+def info_nce_formula(query: Tensor, key: Tensor, temperature: float = 0.07) -> Tensor:
+    """In-batch InfoNCE with ``x / x.norm()``: ``F.cross_entropy(q̂ @ k̂.T / τ, arange(N))``.
+
+    Hazard: a zero embedding gives ``0 / 0 = NaN`` in its row and column of logits.
+    """
+    q = unit_vector(query, 1)
+    k = unit_vector(key, 1)
+    return F.cross_entropy(q @ k.T / temperature, torch.arange(query.shape[0], device=query.device))

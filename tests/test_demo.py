@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED_HAZARDS = [
     "sqrt at 0", "RMSE", "b = 0", "z = [92, 1]", "fully masked", "logsumexp of all -inf",
     "log_softmax", "xlogy", "[[10, -200]]", "γ=0.5 at p_t", "sigmoid focal", "label smoothing",
-    "kl_div", "log(cosh(x))", "float16 RMSE",
+    "kl_div", "log(cosh(x))", "float16 RMSE", "normalize a zero vector", "cosine similarity",
+    "logaddexp(-inf, -inf)", "empty mask", "entropy", "Dice", "InfoNCE",
 ]
 
 # A fresh install: torch and stablelosses, no numpy. The finder makes `import numpy` fail as it
