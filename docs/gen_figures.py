@@ -14,9 +14,9 @@ as a problem string, which the mkdocs hook turns into a warning so that ``--stri
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
 
 import matplotlib
 
@@ -40,7 +40,7 @@ BAD_COLOR = "red"
 
 # A case maps the swept value to (loss, leaf): the scalar loss and the scalar tensor it is
 # differentiated with respect to.
-CaseFn = Callable[[float], Tuple[torch.Tensor, torch.Tensor]]
+CaseFn = Callable[[float], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Row:
     value_label: str
     grad_label: str
     grad_sign: float = 1.0  # plot sign·gradient (e.g. −∂L/∂x on a log axis)
-    singular: Optional[float] = None  # x of the singular point, marked on the stable curve
+    singular: float | None = None  # x of the singular point, marked on the stable curve
     var: str = "x"  # name of the swept variable in the singular point's legend entry
     linthresh: float = 1.0  # linear range around 0 of a "symlog" axis
     xscale: str = "linear"
@@ -68,14 +68,14 @@ class Row:
 @dataclass
 class Figure:
     name: str
-    rows: List[Row] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
 
 
 def _leaf(x: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.tensor(x, dtype=dtype, requires_grad=True)
 
 
-def evaluate(fn: CaseFn, xs: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
+def evaluate(fn: CaseFn, xs: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """Value and gradient of ``fn`` at every ``x``, as float64 arrays."""
     values, grads = [], []
     for x in xs:
@@ -150,9 +150,9 @@ def _plot_panel(ax, row: Row, xs, naive_y, stable_y, ylabel: str, yscale: str) -
               frameon=False)
 
 
-def render(fig_spec: Figure, out_dir: Path) -> List[str]:
+def render(fig_spec: Figure, out_dir: Path) -> list[str]:
     """Draw one figure into ``out_dir/<name>.png``; return problems on the stablelosses side."""
-    problems: List[str] = []
+    problems: list[str] = []
     nrows = len(fig_spec.rows)
     fig, axes = plt.subplots(nrows, 2, figsize=(11, 4.6 * nrows), squeeze=False)
     for (ax_v, ax_g), row in zip(axes, fig_spec.rows):
@@ -160,7 +160,7 @@ def render(fig_spec: Figure, out_dir: Path) -> List[str]:
         naive_v, naive_g = evaluate(row.naive, xs)
         try:
             stable_v, stable_g = evaluate(row.stable, xs)
-        except Exception as exc:  # a stub or a bug: draw the naive side, report it
+        except Exception as exc:  # noqa: BLE001  (any failure is reported: --strict then fails)
             stable_v = stable_g = None
             problems.append(f"{fig_spec.name} [{row.title}]: stablelosses raised "
                             f"{type(exc).__name__}: {exc}".rstrip(": "))
@@ -191,9 +191,9 @@ def _with_zero(xs: np.ndarray) -> np.ndarray:
 # The figures, one per hazard page.
 
 
-def figures() -> List[Figure]:
+def figures() -> list[Figure]:
     inf = float("inf")
-    figs: List[Figure] = []
+    figs: list[Figure] = []
 
     # --- sqrt at 0: RMSE of a zero residual ------------------------------------------------
     target = torch.tensor([0.3, -1.2, 2.0, 0.7])
@@ -394,10 +394,10 @@ def figures() -> List[Figure]:
     return figs
 
 
-def main(out_dir: Optional[Path] = None) -> List[str]:
+def main(out_dir: Path | None = None) -> list[str]:
     """Write every figure; return the problems found on the stablelosses side."""
     out_dir = FIG_DIR if out_dir is None else Path(out_dir)
-    problems: List[str] = []
+    problems: list[str] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny ops: thread hand-off would dominate
     try:

@@ -19,9 +19,8 @@ Example:
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 __all__ = ["main"]
 
@@ -87,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()

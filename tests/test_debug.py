@@ -209,7 +209,7 @@ def test_diverging_batchnorm_sgd_finds_the_first_overflow_and_its_module():
     step = -1
     with pytest.raises(NonFiniteError) as info:
         with detect_nonfinite():
-            for step in range(50):
+            for step in range(50):  # noqa: B007  (read after the loop)
                 loss = F.mse_loss(model(x), y)
                 opt.zero_grad()
                 loss.backward()
@@ -436,12 +436,12 @@ def test_foreach_in_place_overflow_is_found():
 
 def test_guard_raises_after_max_consecutive():
     model, opt, guard = make(max_consecutive=3)
-    for i in range(2):
+    for _ in range(2):
         backward(model, bad=True)
         assert guard.step() is False
     backward(model)
     assert guard.step() is True  # resets the run
-    for i in range(2):
+    for _ in range(2):
         backward(model, bad=True)
         guard.step()
     backward(model, bad=True)
