@@ -40,9 +40,7 @@ def is_transform_wrapped(t: Tensor) -> bool:
         return True
     names = ("is_functorch_wrapped_tensor", "is_legacy_batchedtensor")
     checks = [getattr(_functorch, n, None) for n in names]
-    if any(c is None for c in checks):
-        return True
-    return any(bool(c(t)) for c in checks)
+    return any(c is None or bool(c(t)) for c in checks)
 
 
 def current_autograd_node() -> Any:

@@ -299,12 +299,10 @@ class detect_nonfinite:
         """Use as a decorator: the function runs inside a fresh context with these options."""
         import functools
 
-        opts = dict(forward=self.forward, backward=self.backward, nan=self.nan, inf=self.inf,
-                    mode=self.mode, allow=self.allow)
-
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with detect_nonfinite(**opts):
+            with detect_nonfinite(forward=self.forward, backward=self.backward, nan=self.nan,
+                                  inf=self.inf, mode=self.mode, allow=self.allow):
                 return fn(*args, **kwargs)
 
         return wrapper
