@@ -225,10 +225,14 @@ def test_bad_arguments():
         SF.rmse_loss(x, x, eps=float("nan"))
     with pytest.raises(TypeError, match=r"rmse_loss: eps"):
         SF.rmse_loss(x, x, eps=torch.tensor(1.0))
-    with pytest.raises(TypeError, match=r"rmse_loss: input"):
-        SF.rmse_loss(torch.arange(3), x)
-    with pytest.raises(TypeError, match=r"rmse_loss: target"):
-        SF.rmse_loss(x, torch.arange(3))
+    with pytest.raises(TypeError, match=r"rmse_loss: input must be a torch.Tensor, got list"):
+        SF.rmse_loss([0.0, 1.0, 2.0], x)
+    with pytest.raises(TypeError, match=r"rmse_loss: target must be a torch.Tensor, got float"):
+        SF.rmse_loss(x, 1.0)
+    # two integer tensors: F.mse_loss raises RuntimeError ("not implemented for 'Long'")
+    with pytest.raises(RuntimeError, match=r"rmse_loss: input or target must be a floating-point tensor, "
+                                           r"got torch.int64 and torch.int64"):
+        SF.rmse_loss(torch.arange(3), torch.arange(3))
     with pytest.raises(RuntimeError, match="size"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         SF.rmse_loss(x, torch.randn(4))

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from stablelosses._autograd import sigmoid_focal as _impl
 from strategies import finite_floats, saturated_logits, tensors
 from strategies import value_and_grads
 from conftest import tol
@@ -80,8 +79,8 @@ def test_shapes(shapes, reduction):
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("gamma", [0.5, 2.0])
-def test_chunked_path_matches(reduction, gamma):
-    n = 2 * _impl._CHUNK + 123  # several chunks and a ragged tail
+def test_large_input_matches(reduction, gamma):
+    n = 2 * 65536 + 123  # past the size where 0.1 switched to a chunked path (one path now)
     x = torch.randn(n, dtype=torch.float64) * 4
     t = torch.rand(n, dtype=torch.float64)
     kw = dict(gamma=gamma, reduction=reduction)
@@ -112,9 +111,16 @@ def test_extremes_vs_mpmath(x, t, gamma):
         SF.sigmoid_focal_loss, torch.tensor([x], dtype=torch.float64), torch.tensor([t], dtype=torch.float64),
         gamma=gamma,
     )
+    if gamma == 0.0:
+        # γ = 0 is α_t·BCE with torch's own BCE term, bit for bit (drop-in item 10 of issue 9);
+        # that term cancels for a logit on the right side (-20 with t = 0), so no mpmath here.
+        xt, tt = torch.tensor([x], dtype=torch.float64), torch.tensor([t], dtype=torch.float64)
+        bce = F.binary_cross_entropy_with_logits(xt, tt, reduction="none")
+        assert torch.equal(out, bce * (0.25 * tt + 0.75 * (1 - tt)))
     if abs(x) <= 60:
         v, dx, dt = mp_reference(x, t, 0.25, gamma)
-        torch.testing.assert_close(out[0].item(), v, rtol=1e-9, atol=1e-300)
+        if gamma != 0.0:
+            torch.testing.assert_close(out[0].item(), v, rtol=1e-9, atol=1e-300)
         torch.testing.assert_close(gx[0].item(), dx, rtol=1e-7, atol=1e-300)
         torch.testing.assert_close(gt[0].item(), dt, rtol=1e-7, atol=1e-300)
     assert torch.isfinite(out).all() and torch.isfinite(gx).all() and torch.isfinite(gt).all()
@@ -124,14 +130,29 @@ def test_extremes_vs_mpmath(x, t, gamma):
     assert torch.isfinite(o32).all() and torch.isfinite(g32).all() and torch.isfinite(t32).all()
 
 
-def test_saturated_gradient_is_exactly_zero():
-    # 1 - p_t underflows to 0: the defined gradient is 0 (torchvision: NaN for gamma < 1)
+def test_saturated_logits_vs_mpmath():
+    # 1 - p_t = e^-200 underflows in float32; (1 - p_t)^0.5 = e^-100 does not. torchvision's
+    # gradient is NaN for gamma < 1 here; ours is the exact one, rounded to float32.
     x = torch.tensor([200.0, -200.0], requires_grad=True)
     t = torch.tensor([1.0, 0.0], requires_grad=True)
     loss = SF.sigmoid_focal_loss(x, t, gamma=0.5)
-    assert (loss == 0).all()
+    assert (loss == 0).all()  # e^-300 underflows
     loss.sum().backward()
-    assert (x.grad == 0).all() and (t.grad == 0).all()
+    mpmath.mp.dps = 300  # 1 - σ(200) needs ~90 digits
+    for i, (xi, ti) in enumerate([(200.0, 1.0), (-200.0, 0.0)]):
+        # closed form at the hard target (a finite difference in t would leave [0, 1])
+        X, T = mpmath.mpf(xi), mpmath.mpf(ti)
+        p = 1 / (1 + mpmath.exp(-X))
+        ce = -(T * mpmath.log(p) + (1 - T) * mpmath.log(1 - p))
+        q = T * (1 - p) + (1 - T) * p
+        at = 0.25 * T + 0.75 * (1 - T)
+        dx = at * q**0.5 * ((p - T) + 0.5 * ce * (1 - 2 * T) * p * (1 - p) / q)
+        dt = float(-0.5 * ce * q**0.5 + at * (-X * q**0.5 + ce * 0.5 * q**-0.5 * (1 - 2 * p)))
+        assert abs(float(dx)) < 1e-45 and x.grad[i].item() == 0.0  # the exact value underflows
+        # |d/dt| ≈ α_t·200·e^-100 ≈ 2e-42 (torchvision: NaN; 0.1 of this library: 0). The
+        # factor e^-100 = 3.7e-44 is itself a float32 subnormal with ~5 significant bits: 3%.
+        assert abs(dt) > 1e-42
+        torch.testing.assert_close(t.grad[i].double(), torch.tensor(dt, dtype=torch.float64), rtol=0.03, atol=0)
 
 
 logits = st.one_of(finite_floats(torch.float32, max_abs=1e30), saturated_logits(torch.float32))
@@ -213,8 +234,20 @@ def test_module_matches_function():
 
 def test_bad_arguments():
     x = torch.randn(3)
-    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: reduction must be 'none', 'mean' or 'sum', got 'avg'"):
+    # torchvision's own test matches "Invalid"; the message also names the argument and values
+    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: Invalid reduction: "
+                                         r"reduction must be 'none', 'mean' or 'sum', got 'avg'"):
         SF.sigmoid_focal_loss(x, x, reduction="avg")
+    for gamma in [float("inf"), float("nan")]:
+        with pytest.raises(ValueError, match=r"sigmoid_focal_loss: gamma must be"):
+            SF.sigmoid_focal_loss(x, x, gamma=gamma)
+    for alpha in [float("nan"), float("inf")]:
+        with pytest.raises(ValueError, match=r"sigmoid_focal_loss: alpha must be a finite number .*, got"):
+            SF.sigmoid_focal_loss(x, x, alpha=alpha)
+    with pytest.raises(ValueError, match=r"SigmoidFocalLoss: alpha must be a finite number"):
+        sl.SigmoidFocalLoss(alpha=float("nan"))
+    with pytest.raises(ValueError, match=r"SigmoidFocalLoss: gamma must be finite"):
+        sl.SigmoidFocalLoss(gamma=float("inf"))
     with pytest.raises(ValueError, match=r"sigmoid_focal_loss: gamma must be >= 0"):
         SF.sigmoid_focal_loss(x, x, gamma=-1.0)
     with pytest.raises(TypeError, match=r"sigmoid_focal_loss: alpha"):

@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
-from stablelosses._autograd.sigmoid_focal import _SigmoidFocal
+from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
 from stablelosses._utils import (
+    REDUCTION_MODE,
+    REDUCTIONS,
     check_floating,
     check_nonnegative,
-    check_reduction,
-    REDUCTION_MODE,
     loss_out_dtype,
     upcast,
 )
+
+
+def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -> tuple[float, float]:
+    """``(alpha, gamma)`` as floats, or ``TypeError``/``ValueError`` naming ``fn`` and the argument.
+
+    The reduction message carries the word ``Invalid`` as torchvision's does (its tests match it).
+    """
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(
+            f"{fn}: Invalid reduction: reduction must be 'none', 'mean' or 'sum', got {reduction!r}"
+        )
+    gamma_f = check_nonnegative(fn, "gamma", gamma)
+    if math.isinf(gamma_f):
+        raise ValueError(f"{fn}: gamma must be finite and >= 0, got {gamma_f}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
+    if not math.isfinite(alpha):
+        raise ValueError(f"{fn}: alpha must be a finite number (in [0, 1], or < 0 for no weighting), got {alpha}")
+    return float(alpha), gamma_f
 
 
 def sigmoid_focal_loss(
@@ -91,15 +112,12 @@ def sigmoid_focal_loss(
     fn = "sigmoid_focal_loss"
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
-    check_reduction(fn, reduction)
-    gamma = check_nonnegative(fn, "gamma", gamma)
+    alpha_f, gamma_f = check_focal_args(fn, alpha, gamma, reduction)
     if target.size() != input.size():
         # as torchvision, whose binary_cross_entropy_with_logits refuses to broadcast
         raise ValueError(
             f"{fn}: target size ({target.size()}) must be the same as input size ({input.size()})"
         )
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
     out_dtype = loss_out_dtype(input)
-    loss = _SigmoidFocal.apply(upcast(input), upcast(target), float(alpha), gamma, REDUCTION_MODE[reduction])
+    loss = _sigmoid_focal(upcast(input), upcast(target), alpha_f, gamma_f, REDUCTION_MODE[reduction])
     return loss.to(out_dtype)

@@ -11,10 +11,10 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.div import _SafeDiv
+from stablelosses._autograd.div import _safe_div
 from stablelosses._autograd.softmax import _LogSoftmax, _LogSumExp, _Softmax
-from stablelosses._autograd.sqrt import _SafeSqrt
-from stablelosses._autograd.xlogy import _XLogY
+from stablelosses._autograd.sqrt import _safe_sqrt
+from stablelosses._autograd.xlogy import _xlogy
 from stablelosses._utils import check_tensor, compute_dtype, wrap_dim
 
 _LOW = (torch.float16, torch.bfloat16)
@@ -61,9 +61,14 @@ def _result_type(a: object, b: object) -> torch.dtype:
     return result
 
 
-def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str]) -> tuple[Tensor, Tensor, torch.dtype]:
-    """Tensors for a binary op, with torch's type promotion (ints → default float)."""
-    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
+                     two_numbers: bool = False) -> tuple[Tensor, Tensor, torch.dtype]:
+    """Tensors for a binary op, with torch's type promotion (ints → default float).
+
+    ``two_numbers``: two Python numbers make a CPU tensor, as ``torch.div(1, 2)`` does;
+    otherwise (as ``torch.special.xlogy``) at least one operand must be a tensor.
+    """
+    if not two_numbers and not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError(f"{fn}: {names[0]} or {names[1]} must be a torch.Tensor, got "
                         f"{type(a).__name__} and {type(b).__name__}")
     for name, v in zip(names, (a, b)):
@@ -74,7 +79,7 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str]) -> t
     out_dtype = _result_type(a, b)
     if not out_dtype.is_floating_point:
         out_dtype = torch.get_default_dtype()
-    device = a.device if isinstance(a, Tensor) else b.device  # type: ignore[union-attr]
+    device = a.device if isinstance(a, Tensor) else b.device if isinstance(b, Tensor) else torch.device("cpu")
     if isinstance(a, Tensor) and isinstance(b, Tensor) and a.device != b.device:
         # A 0-dim CPU tensor mixes with any device, as in torch.
         if a.ndim == 0 and a.device.type == "cpu":
@@ -185,7 +190,7 @@ def safe_sqrt(input: Tensor) -> Tensor:
     """
     x = _float_result(check_tensor("safe_sqrt", "input", input))
     out_dtype = x.dtype
-    return _SafeSqrt.apply(x.to(compute_dtype(x))).to(out_dtype)
+    return _safe_sqrt(x.to(compute_dtype(x))).to(out_dtype)
 
 
 def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: float = 0.0) -> Tensor:
@@ -230,8 +235,8 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
     """
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):
         raise TypeError(f"safe_div: fill must be a real number, got {type(fill).__name__}")
-    a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"))
-    return _SafeDiv.apply(a, b, float(fill)).to(out_dtype)
+    a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
+    return _safe_div(a, b, float(fill)).to(out_dtype)
 
 
 def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
@@ -271,7 +276,7 @@ def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
     Replaces ``torch.special.xlogy`` and ``x * torch.log(y)``.
     """
     x, y, out_dtype = _binary_operands("xlogy", input, other, ("input", "other"))
-    return _XLogY.apply(x, y).to(out_dtype)
+    return _xlogy(x, y).to(out_dtype)
 
 
 def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = False) -> Tensor:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import Tensor
 
-from stablelosses._autograd.logcosh import _LogCosh
-from stablelosses._autograd.rmse import _RMSE
+from stablelosses._autograd.logcosh import _log_cosh
+from stablelosses._autograd.rmse import _rmse
 from stablelosses._utils import (
+    REDUCTION_MODE,
+    autocast_to_float32,
     check_floating,
     check_nonnegative,
     check_reduction,
-    REDUCTION_MODE,
+    check_tensor,
     loss_out_dtype,
     upcast,
 )
@@ -27,6 +30,23 @@ def _warn_broadcast(input: Tensor, target: Tensor) -> None:
             "broadcasting. Please ensure they have the same size.",
             stacklevel=3,
         )
+
+
+def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tensor, torch.dtype]:
+    """Both operands in the compute dtype, and the dtype ``F.mse_loss`` returns.
+
+    ``F.mse_loss`` broadcasts first, so both operands count as dimensioned tensors:
+    ``promote_types`` of the two dtypes (an integer target joins a float input).
+    """
+    x, y = check_tensor(fn, "input", input), check_tensor(fn, "target", target)
+    dtype = torch.promote_types(x.dtype, y.dtype)
+    if not dtype.is_floating_point:
+        raise RuntimeError(
+            f"{fn}: input or target must be a floating-point tensor, got {x.dtype} and {y.dtype}"
+        )
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    out = torch.float32 if work != dtype and autocast_to_float32(x) else dtype
+    return x.to(work), y.to(work), out
 
 
 def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float = 0.0) -> Tensor:
@@ -90,14 +110,11 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     Replaces ``torch.sqrt(F.mse_loss(input, target, reduction=reduction) + eps)``.
     """
     fn = "rmse_loss"
-    check_floating(fn, "input", input)
-    check_floating(fn, "target", target)
     check_reduction(fn, reduction)
     eps = check_nonnegative(fn, "eps", eps)
-    _warn_broadcast(input, target)
-    out_dtype = loss_out_dtype(input)
-    out = _RMSE.apply(upcast(input), upcast(target), REDUCTION_MODE[reduction], eps)
-    return out.to(out_dtype)
+    x, y, out_dtype = _mse_operands(fn, input, target)
+    _warn_broadcast(x, y)
+    return _rmse(x, y, REDUCTION_MODE[reduction], eps).to(out_dtype)
 
 
 def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -156,4 +173,4 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
     check_floating(fn, "target", target)
     check_reduction(fn, reduction)
     out_dtype = loss_out_dtype(input)
-    return _LogCosh.apply(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)
+    return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)
