@@ -273,3 +273,42 @@ def test_compile_fullgraph():
     ref = x.detach().clone().requires_grad_()
     SF.sigmoid_focal_loss(ref, t, gamma=0.5, reduction="mean").backward()
     torch.testing.assert_close(x.grad, ref.grad)
+
+
+def _mp_focal(X, T, alpha, gamma):
+    p = 1 / (1 + mpmath.exp(-X))
+    ce = -(T * mpmath.log(p) + (1 - T) * mpmath.log(1 - p))
+    q = T * (1 - p) + (1 - T) * p
+    at = alpha * T + (1 - alpha) * (1 - T)
+    return at, p, ce, q
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0, 2.0])
+@pytest.mark.parametrize("x", [30.0, -30.0, 100.0, -100.0, 200.0, -200.0])
+@pytest.mark.parametrize("t", [0.0, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_double_backward_at_saturated_logits_vs_mpmath(gamma, x, t, dtype):
+    """Issue 9 item 4: d²/dx² matches mpmath (torchvision: NaN for γ < 1 once 1 - p_t rounds to
+    0); the mixed d²/dxdt is finite and right to the rounding of its O(1) terms."""
+    mpmath.mp.dps = 300  # 1 - σ(200) needs ~90 digits
+
+    def f(v):
+        at, _, ce, q = _mp_focal(v, mpmath.mpf(t), 0.25, gamma)
+        return at * ce * q**gamma
+
+    def dfdt(v):  # closed form at the hard target (a difference in t would leave [0, 1])
+        at, p, ce, q = _mp_focal(v, mpmath.mpf(t), 0.25, gamma)
+        return -0.5 * ce * q**gamma + at * (-v * q**gamma + ce * gamma * q ** (gamma - 1) * (1 - 2 * p))
+
+    hxx_ref = float(mpmath.diff(f, mpmath.mpf(x), 2))
+    hxt_ref = float(mpmath.diff(dfdt, mpmath.mpf(x)))
+    xv = torch.tensor([x], dtype=dtype, requires_grad=True)
+    tv = torch.tensor([t], dtype=dtype, requires_grad=True)
+    (gx,) = torch.autograd.grad(SF.sigmoid_focal_loss(xv, tv, gamma=gamma, reduction="sum"), xv, create_graph=True)
+    hxx, hxt = torch.autograd.grad(gx, (xv, tv))
+    assert torch.isfinite(hxx).all() and torch.isfinite(hxt).all()
+    # float32: the reference rounded to float32; values below 1e-38 are subnormals with few bits
+    hxx_tol = {"rtol": 1e-5, "atol": 2e-43} if dtype == torch.float32 else {"rtol": 1e-9, "atol": 1e-300}
+    torch.testing.assert_close(hxx.double(), torch.tensor([hxx_ref], dtype=torch.float64), **hxx_tol)
+    hxt_atol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(hxt.double(), torch.tensor([hxt_ref], dtype=torch.float64), rtol=1e-5, atol=hxt_atol)
