@@ -565,3 +565,26 @@ def test_top_level_exports():
         assert getattr(sl, name) is getattr(SF, name)
     assert set(SF.__all__) >= {"rmse_loss", "cross_entropy", "focal_loss", "sigmoid_focal_loss",
                                "kl_div", "log_cosh_loss"}
+
+
+def test_safe_div_of_two_numbers_returns_a_tensor_like_torch_div():
+    """Issue 9 item 9: torch.div(number, number) is a tensor of the default dtype; so is ours."""
+    for a, b in [(1, 2), (3.0, 4), (True, 2), (-1, 8.0)]:
+        got, expected = SF.safe_div(a, b), torch.div(a, b)
+        assert isinstance(got, torch.Tensor) and got.dtype == expected.dtype and got.device == expected.device
+        torch.testing.assert_close(got, expected)
+    assert torch.equal(SF.safe_div(1, 0), torch.tensor(0.0))
+    assert torch.equal(SF.safe_div(1.0, 0, fill=7.0), torch.tensor(7.0))
+    with pytest.raises(TypeError, match="xlogy: input or other must be a torch.Tensor"):
+        SF.xlogy(2, 3)  # as torch.special.xlogy, which has no (Number, Number) overload
+
+
+def test_xlogy_input_gradient_at_zero_matches_torch():
+    """Issue 9 item 10: d/dx xlogy(x, y) at x == 0 is 0 where y <= 0 and log y where y > 0, as torch."""
+    x = torch.zeros(4, dtype=torch.float64)
+    y = torch.tensor([-1.0, 0.0, 2.0, -0.0], dtype=torch.float64)
+    _, (g, _) = grad_of(SF.xlogy, x, y)
+    _, (g_torch, _) = grad_of(torch.special.xlogy, x, y)
+    assert torch.equal(g, g_torch)
+    assert torch.equal(g, torch.tensor([0.0, 0.0, math.log(2.0), 0.0], dtype=torch.float64))
+

@@ -249,3 +249,40 @@ def test_compile_fullgraph():
     torch.testing.assert_close(out, SF.rmse_loss(x, y))
     out.backward()
     torch.testing.assert_close(x.grad, torch.tensor([1 / math.sqrt(3), 0.0, 0.0]))
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@pytest.mark.parametrize("x_dtype, y_dtype, y_shape", [
+    (torch.float16, torch.float32, (4, 3)),
+    (torch.float32, torch.float16, (4, 3)),
+    (torch.bfloat16, torch.float64, (4, 3)),
+    (torch.float32, torch.int64, (4, 3)),
+    (torch.float32, torch.bool, (4, 3)),
+    (torch.int64, torch.float32, (4, 3)),
+    (torch.float32, torch.float64, ()),  # F.mse_loss broadcasts first: a 0-dim float64 wins
+])
+def test_mixed_dtypes_promote_as_mse_loss(x_dtype, y_dtype, y_shape):
+    """Issue 9 item 9: rmse_loss(x, y) has the dtype, value and gradients of sqrt(F.mse_loss(x, y))."""
+    x = (torch.randn(4, 3) * 3).to(x_dtype)
+    y = (torch.randn(y_shape) * 3).to(y_dtype)
+    for reduction in REDUCTIONS:
+        expected = torch.sqrt(F.mse_loss(x, y, reduction=reduction))
+        got = SF.rmse_loss(x, y, reduction=reduction)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected)
+    if x_dtype.is_floating_point:
+        xr = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(SF.rmse_loss(xr, y), xr)
+        xt = x.clone().requires_grad_()
+        (g_torch,) = torch.autograd.grad(torch.sqrt(F.mse_loss(xt, y)), xt)
+        assert g.dtype == g_torch.dtype
+        torch.testing.assert_close(g, g_torch)
+
+
+@pytest.mark.slow
+def test_compiled_zero_residual_is_positive_zero():
+    """Issue 9 item 10: sqrt(0) is +0.0, compiled as eager (the scaled 0.1 kernel gave -0.0)."""
+    f = torch.compile(lambda a, b: SF.rmse_loss(a, b), fullgraph=True)
+    for x in [torch.zeros(5), torch.full((5,), -2.5)]:
+        for out in [f(x, x.clone()), SF.rmse_loss(x, x.clone())]:
+            assert out.item() == 0.0 and not torch.signbit(out)

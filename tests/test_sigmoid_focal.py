@@ -312,3 +312,46 @@ def test_double_backward_at_saturated_logits_vs_mpmath(gamma, x, t, dtype):
     torch.testing.assert_close(hxx.double(), torch.tensor([hxx_ref], dtype=torch.float64), **hxx_tol)
     hxt_atol = 1e-6 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(hxt.double(), torch.tensor([hxt_ref], dtype=torch.float64), rtol=1e-5, atol=hxt_atol)
+
+
+def _torchvision_test_inputs(shape=(5, 2), dtype=torch.float32):
+    """torchvision's TestFocalLoss._generate_diverse_input_target_pair, written out."""
+    def logit(p):
+        return torch.log(p / (1 - p))
+
+    ranges = {"small": (0.0, 0.2), "big": (0.8, 1.0), "zeros": (0.0, 0.0), "ones": (1.0, 1.0),
+              "random": (0.0, 1.0)}
+
+    def make(kind):
+        if kind == "random_binary":
+            return torch.randint(0, 2, shape).to(dtype)
+        low, high = ranges[kind]
+        return torch.testing.make_tensor(shape, low=low, high=high, dtype=dtype, device="cpu")
+
+    inputs, targets = [], []
+    for i_kind in ["small", "big", "random"]:
+        for t_kind in ["zeros", "ones", "random_binary"]:
+            inputs.append(logit(make(i_kind)))
+            targets.append(make(t_kind))
+    return torch.cat(inputs), torch.cat(targets)
+
+
+@pytest.mark.parametrize("alpha", [-1.0, 0.0, 0.58, 1.0])
+@pytest.mark.parametrize("gamma", [0, 2])
+@pytest.mark.parametrize("seed", range(10))
+def test_torchvision_correct_ratio(alpha, gamma, seed):
+    """Issue 9 item 10: torchvision's own test_correct_ratio/test_equal_ce_loss hold, with
+    focal <= BCE bit for bit and, at γ = 0 and α < 0, focal == BCE exactly."""
+    torch.manual_seed(seed)
+    inputs, targets = _torchvision_test_inputs()
+    focal = SF.sigmoid_focal_loss(inputs, targets, gamma=gamma, alpha=alpha)
+    ce = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+    assert torch.all(focal <= ce)
+    if gamma == 0 and alpha < 0:
+        assert torch.equal(focal, ce)
+    prob = torch.sigmoid(inputs)
+    p_t = prob * targets + (1 - prob) * (1 - targets)
+    correct_ratio = (1.0 - p_t) ** gamma
+    if alpha >= 0:
+        correct_ratio = correct_ratio * (alpha * targets + (1 - alpha) * (1 - targets))
+    torch.testing.assert_close(correct_ratio, (focal / ce).squeeze(), atol=1e-5, rtol=1e-5)

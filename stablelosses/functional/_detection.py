@@ -27,11 +27,11 @@ def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -
             f"{fn}: Invalid reduction: reduction must be 'none', 'mean' or 'sum', got {reduction!r}"
         )
     gamma_f = check_nonnegative(fn, "gamma", gamma)
-    if math.isinf(gamma_f):
+    if gamma_f == math.inf:  # comparisons, not math.isinf: Dynamo traces them on a SymFloat
         raise ValueError(f"{fn}: gamma must be finite and >= 0, got {gamma_f}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
-    if not math.isfinite(alpha):
+    if not -math.inf < alpha < math.inf:  # also NaN
         raise ValueError(f"{fn}: alpha must be a finite number (in [0, 1], or < 0 for no weighting), got {alpha}")
     return float(alpha), gamma_f
 
