@@ -164,7 +164,9 @@ def safe_sqrt(input: Tensor) -> Tensor:
     **Gradient.** $\frac{1}{2\sqrt{x}}$ for $x > 0$; at $x = 0$ it is defined as $0$, the
     minimal-norm subgradient (``torch.sqrt`` gives ``inf``, and ``inf · 0`` from an upstream
     zero is the ``SqrtBackward0 returned nan values`` error). Negative input gives NaN in value
-    and gradient, as ``torch.sqrt``; NaN stays NaN.
+    and gradient, as ``torch.sqrt``; NaN stays NaN. Forward mode (``torch.func.jvp``,
+    ``jacfwd``, ``hessian``, ``torch.autograd.forward_ad``) uses the same derivative: the
+    tangent at $x = 0$ is $0$. Double backward is finite at 0.
 
     Args:
         input: tensor of any shape. Integer tensors are promoted to the default float dtype;
@@ -206,7 +208,8 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
     $\partial/\partial a = g / b$ and $\partial/\partial b = -(g/b)\cdot(a/b)$, with the quotient
     reused from the output (never $a/b^2$, which overflows first). The popular idiom
     ``torch.where(b != 0, a / b, 0)`` has the right value but a NaN gradient, because the
-    discarded branch's ``inf`` meets a zero gradient in ``DivBackward``.
+    discarded branch's ``inf`` meets a zero gradient in ``DivBackward``. Forward mode uses the
+    same partial derivatives (tangent $\dot a / b - \dot b\,(a/b)/b$, $0$ where $b = 0$).
 
     Args:
         input: dividend (tensor or number).
@@ -214,10 +217,12 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
         fill: value where ``other == 0``. Default: ``0.0``.
 
     Returns:
-        Tensor of the broadcast shape, in the dtype ``torch.div`` returns.
+        Tensor of the broadcast shape, in the dtype ``torch.div`` returns; two Python numbers
+        give a 0-dim tensor of the default dtype, as ``torch.div(1, 2)``.
 
     Raises:
-        TypeError: neither operand is a tensor, or ``fill`` is not a real number.
+        TypeError: an operand is neither a tensor nor a real number, or ``fill`` is not a real
+            number.
         RuntimeError: the shapes do not broadcast.
 
     Example:
@@ -249,8 +254,8 @@ def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
 
     **Gradient.** $\partial/\partial y = x / y$, defined $0$ where $x = 0$ (also at $y = 0$,
     where torch gives $0/0$ = NaN). $\partial/\partial x = \log y$, defined $0$ where $x = 0$
-    and $y = 0$ (torch gives $0$ wherever $x = 0$; here the derivative $\log y$ is kept where it
-    is finite).
+    and $y \le 0$, exactly torch's value (for $x = 0$, $y > 0$ it is $\log y$, as torch).
+    Forward mode (``jvp``, ``jacfwd``, ``hessian``) uses the same partial derivatives.
 
     Args:
         input: the factor ``x`` (tensor or number).

@@ -61,9 +61,13 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     \text{none: } \sqrt{r_i^2 + \epsilon} .
     $$
 
-    The sum of squares is evaluated as $s^2 \sum_i (r_i/s)^2$ with $s = \max_i |r_i|$, so the
-    result is finite whenever it is representable (float32 residual ``1e20`` gives ``1e20``;
-    float16 input is computed in float32). float16/bfloat16 inputs are computed in float32.
+    The norm $\sqrt{\sum_i r_i^2}$ is accumulated in float64 (a float32 square cannot
+    overflow there; float64 residuals past $10^{154}$ are scaled by $2^{-600}$), so the result
+    is finite whenever it is representable (float32 residual ``1e20`` gives ``1e20``) and a
+    zero residual gives $+0.0$, eager and compiled alike. float16/bfloat16 inputs are computed
+    in float32. Mixed dtypes promote as ``F.mse_loss`` does (it broadcasts first, so the two
+    dtypes promote as dimensioned tensors): float16 with float32 gives float32, an integer or
+    bool ``target`` joins a float ``input``.
 
     **Gradient**
 
@@ -76,22 +80,27 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     $r_i / (D\sqrt{m + \epsilon})$). Where the result is 0 (all residuals 0 and
     $\epsilon = 0$) the gradient is defined as **0** (the minimal-norm subgradient), where
     the textbook $\tfrac{1}{2\sqrt{m}} \cdot \tfrac{2r}{N}$ gives NaN. The gradient with
-    respect to ``target`` is the negative. NaN in ``input``/``target`` propagates.
+    respect to ``target`` is the negative. NaN in ``input``/``target`` propagates. Forward
+    mode (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative (tangent 0 at a
+    zero result).
 
     Args:
-        input: predictions, any shape, floating point.
+        input: predictions, any shape.
         target: targets, broadcastable to ``input`` (a size mismatch warns, as ``F.mse_loss``).
+            At least one of the two is floating point.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
         eps: a float ``>= 0`` added under the square root. Default: ``0.0``.
 
     Returns:
-        A scalar for ``'mean'``/``'sum'``, else the broadcast shape. dtype: the input's, or
-        float32 for float16/bfloat16 input under autocast (as ``F.mse_loss``).
+        A scalar for ``'mean'``/``'sum'``, else the broadcast shape. dtype: the one
+        ``F.mse_loss`` returns (the promoted dtype, or float32 for float16/bfloat16 under
+        autocast).
 
     Raises:
         ValueError: ``reduction`` is not one of the above, or ``eps < 0``.
-        TypeError: ``input``/``target`` is not a floating-point tensor, or ``eps`` is not a number.
-        RuntimeError: the shapes do not broadcast.
+        TypeError: ``input``/``target`` is not a tensor, or ``eps`` is not a number.
+        RuntimeError: the shapes do not broadcast, or neither operand is floating point
+            (``F.mse_loss``: "not implemented for 'Long'").
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -138,7 +147,8 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
 
     (times $1/N$ for ``'mean'``), evaluated directly: bounded by 1, never the
     ``inf/inf`` = NaN of $\sinh r / \cosh r$. The function is smooth, so there is no singular
-    point. The gradient with respect to ``target`` is the negative.
+    point. The gradient with respect to ``target`` is the negative. Forward mode
+    (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative.
 
     Args:
         input: predictions, any shape, floating point.
