@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
+from test_sigmoid_focal import torchvision_formula
 from torch.autograd import gradcheck
 
 import stablelosses.functional as SF
-from test_sigmoid_focal import torchvision_formula
 
 D = torch.float64
 
@@ -39,7 +39,9 @@ for _name in ["safe_sqrt", "safe_div", "xlogy"]:
 for _red in ["none", "mean", "sum"]:
     PARAMS.append(pytest.param("log_cosh_loss", {"reduction": _red}, id=f"log_cosh_loss-{_red}"))
     for _eps in [0.0, 0.1]:
-        PARAMS.append(pytest.param("rmse_loss", {"reduction": _red, "eps": _eps}, id=f"rmse_loss-{_red}-{_eps}"))
+        PARAMS.append(
+            pytest.param("rmse_loss", {"reduction": _red, "eps": _eps}, id=f"rmse_loss-{_red}-{_eps}")
+        )
     for _gamma in [0.0, 0.5, 2.0]:
         PARAMS.append(pytest.param("sigmoid_focal_loss", {"reduction": _red, "gamma": _gamma},
                                    id=f"sigmoid_focal_loss-{_red}-{_gamma}"))
@@ -115,7 +117,7 @@ def test_jvp_at_the_hazards_is_the_defined_derivative():
     assert torch.equal(_jvp(SF.xlogy, [z, y], [torch.zeros_like(z), one]), z)
     # rmse of a zero residual: 0 for every reduction (torch: nan)
     for red in ["none", "mean", "sum"]:
-        assert torch.equal(_jvp(lambda p: SF.rmse_loss(p, z, reduction=red), [z], [one]),
+        assert torch.equal(_jvp(lambda p, red=red: SF.rmse_loss(p, z, reduction=red), [z], [one]),
                            torch.zeros(3 if red == "none" else (), dtype=D))
     # log-cosh of a huge residual: tanh(r) = ±1 (the naive formula: nan)
     big = torch.tensor([1e4, -1e4, 0.0], dtype=D)

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import broadcast_pair, finite_floats, logits_with_masks, shaped_tensor
 from torch.autograd import gradcheck, gradgradcheck
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from conftest import tol
-from strategies import broadcast_pair, finite_floats, logits_with_masks, shaped_tensor
 
 INF = float("inf")
 NAN = float("nan")

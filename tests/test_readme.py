@@ -46,7 +46,8 @@ def test_readme_snippet_runs_and_prints_what_it_claims(index):
     def check(value, text):
         seen.append((str(value), text))
 
-    exec(compile(code, f"README.md[python block {index}]", "exec"), {"__check": check, "__name__": "__readme__"})
+    namespace = {"__check": check, "__name__": "__readme__"}
+    exec(compile(code, f"README.md[python block {index}]", "exec"), namespace)
     assert len(seen) == checks > 0, "every print runs and carries its expected output"
     for got, claimed in seen:
         assert got == claimed

@@ -8,13 +8,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import broadcast_pair, shaped_tensor, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from strategies import broadcast_pair, finite_floats, shaped_tensor, tensors, value_and_grads
-from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
 

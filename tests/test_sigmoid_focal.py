@@ -6,14 +6,13 @@ import mpmath
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import finite_floats, saturated_logits, tensors, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from strategies import finite_floats, saturated_logits, tensors
-from strategies import value_and_grads
-from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
 

@@ -60,7 +60,8 @@ class _SafeDiv(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         b, out = ctx.saved_tensors
         g_over_b, zero = _over_b(b, grad)
-        grad_a = grad_b = None
+        grad_a: Tensor | None = None
+        grad_b: Tensor | None = None
         if ctx.needs_input_grad[0]:
             grad_a = sum_to(g_over_b, ctx.a_shape)
         if ctx.needs_input_grad[1]:
@@ -71,7 +72,7 @@ class _SafeDiv(torch.autograd.Function):
     def jvp(ctx: Any, ta: Tensor, tb: Tensor, _: None) -> Tensor:
         b, out = ctx.saved_tensors
         ta_over_b, zero = _over_b(b, ta)
-        tb_over_b, _ = _over_b(b, tb)
+        tb_over_b = _over_b(b, tb)[0]
         return ta_over_b + _times_quotient(tb_over_b, out, zero, ctx.fill_finite)
 
 

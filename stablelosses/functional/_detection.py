@@ -32,7 +32,9 @@ def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
     if not -math.inf < alpha < math.inf:  # also NaN
-        raise ValueError(f"{fn}: alpha must be a finite number (in [0, 1], or < 0 for no weighting), got {alpha}")
+        raise ValueError(
+            f"{fn}: alpha must be a finite number (in [0, 1], or < 0 for no weighting), got {alpha}"
+        )
     return float(alpha), gamma_f
 
 
