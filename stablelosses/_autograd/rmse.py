@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import MEAN, NONE, inplace_ok, sum_to
+from stablelosses._utils import MEAN, NONE, eager_slice_len, inplace_ok, sum_to
 
 # 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
 _DOWN, _UP = 2.0**-600, 2.0**600
@@ -25,6 +25,19 @@ def _norm(r: Tensor) -> Tensor:
         return torch.linalg.vector_norm(r, dtype=torch.float64)
     direct = torch.linalg.vector_norm(r)
     return torch.where(direct == math.inf, torch.linalg.vector_norm(r * _DOWN) * _UP, direct)
+
+
+def _norm_of_difference(x: Tensor, y: Tensor) -> Tensor:
+    """``_norm(x - y)``; eager CPU calls go slice by slice (``hypot`` of the slice norms), so
+    the residual never exists in full and its float64 copy stays in cache."""
+    step = eager_slice_len(x, y) if x.shape == y.shape else None
+    if step is None:
+        return _norm(x - y)
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    total = xf.new_zeros((), dtype=torch.float64)
+    for i in range(0, xf.numel(), step):
+        total = torch.hypot(total, _norm(xf[i : i + step] - yf[i : i + step]))
+    return total
 
 
 def _sensitivity(x: Tensor, y: Tensor, value: Tensor, mode: int, g: Tensor) -> Tensor:
@@ -54,18 +67,19 @@ class _RMSE(torch.autograd.Function):
 
     @staticmethod
     def forward(input: Tensor, target: Tensor, mode: int, eps: float) -> Tensor:
-        r = input - target
         if mode == NONE:
+            r = input - target
             if eps == 0.0:
                 return r.abs_()
             # sqrt(r² + eps) = hypot(r, sqrt(eps)), which never forms r².
             return torch.hypot(r, r.new_full((), math.sqrt(eps)))
-        value = _norm(r)
+        value = _norm_of_difference(input, target)
         if mode == MEAN:
-            value = value / r.numel() ** 0.5  # 0 / 0 = NaN for an empty input, as torch
+            n = torch.broadcast_shapes(input.shape, target.shape).numel()
+            value = value / n**0.5  # 0 / 0 = NaN for an empty input, as torch
         if eps != 0.0:
             value = torch.hypot(value, value.new_full((), math.sqrt(eps)))
-        return value.to(r.dtype)
+        return value.to(torch.promote_types(input.dtype, target.dtype))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:

@@ -34,15 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import MEAN, NONE, inplace_ok, reduce
-
-# Elements per slice of an eager CPU call: the ~10 temporaries of a slice stay in cache
-# (instead of each being a full-size tensor), which is what makes this faster than the
-# formula and a fraction of its memory. Every size takes the same loop; compiled and
-# exported graphs, autograd-recording (double backward) and functorch calls take the tensor
-# whole, and so do other devices, where one fused pass is what counts.
-_SLICE = 1 << 16
-
+from stablelosses._utils import MEAN, NONE, eager_slice_len, reduce
 
 def _tiny(dtype: torch.dtype) -> float:
     # Below this den (only when w == 0), C / den would overflow in a second derivative.
@@ -144,15 +136,6 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
     return gx, gt
 
 
-def _slice_len(x: Tensor, t: Tensor, grad: Tensor | None = None) -> int | None:
-    """The slice length of the eager evaluation, or None to take the tensors whole."""
-    if torch.compiler.is_compiling() or not inplace_ok(x, t, grad):
-        return None
-    if x.device.type != "cpu" or not (x.is_contiguous() and t.is_contiguous()):
-        return None
-    return _SLICE
-
-
 def _forward_sliced(x: Tensor, t: Tensor, alpha: float, gamma: float, mode: int, step: int) -> Tensor:
     xf, tf = x.reshape(-1), t.reshape(-1)
     n = xf.numel()
@@ -194,7 +177,7 @@ class _SigmoidFocal(torch.autograd.Function):
 
     @staticmethod
     def forward(input: Tensor, target: Tensor, alpha: float, gamma: float, mode: int) -> Tensor:
-        step = _slice_len(input, target)
+        step = eager_slice_len(input, target)
         if step is not None:
             return _forward_sliced(input, target, alpha, gamma, mode, step)
         return reduce(_loss(input, target, alpha, gamma), mode)
@@ -211,7 +194,7 @@ class _SigmoidFocal(torch.autograd.Function):
         input, target = ctx.saved_tensors
         need_x, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         scale = grad / input.numel() if ctx.mode == MEAN else grad
-        step = _slice_len(input, target, grad)
+        step = eager_slice_len(input, target, grad=grad)
         if step is not None:
             gx, gt = _backward_sliced(input, target, ctx.alpha, ctx.gamma, scale, (need_x, need_t), step)
             return gx, gt, None, None, None
