@@ -286,3 +286,14 @@ def test_compiled_zero_residual_is_positive_zero():
     for x in [torch.zeros(5), torch.full((5,), -2.5)]:
         for out in [f(x, x.clone()), SF.rmse_loss(x, x.clone())]:
             assert out.item() == 0.0 and not torch.signbit(out)
+
+
+@pytest.mark.slow
+def test_compiled_float32_extremes_vs_float64():
+    """The compiled float32 spelling (three fused sums) has no overflow or underflow either."""
+    f = torch.compile(lambda a, b: SF.rmse_loss(a, b), fullgraph=True)
+    for v in [1e30, 1e20, 3.0, 1e-20, 1e-30, 1e-44]:
+        x = torch.full((100,), v)
+        x[::2] = -v
+        expected = torch.sqrt((x.double() ** 2).mean())
+        torch.testing.assert_close(f(x, torch.zeros(100)).double(), expected, rtol=1e-5, atol=0)

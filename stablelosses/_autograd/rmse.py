@@ -13,6 +13,9 @@ from stablelosses._utils import MEAN, NONE, eager_slice_len, inplace_ok, sum_to
 
 # 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
 _DOWN, _UP = 2.0**-600, 2.0**600
+# float32, compiled: squares of r·2**-80 stay below 1e29 and those of r·2**80 above the
+# subnormals for |r| > 1e-21; below 2**-60 the plain sum may have lost terms to underflow.
+_DOWN32, _UP32, _SAFE32 = 2.0**-80, 2.0**80, 2.0**-60
 
 
 def _norm(r: Tensor) -> Tensor:
@@ -27,9 +30,23 @@ def _norm(r: Tensor) -> Tensor:
     return torch.where(direct == math.inf, torch.linalg.vector_norm(r * _DOWN) * _UP, direct)
 
 
+def _norm_compiled(r: Tensor) -> Tensor:
+    """``sqrt(Σ r²)`` for a compiled float32 graph: three sums inductor fuses into one read of
+    ``r`` (plain, and scaled by ``2**∓80``), the plain one used where it neither overflowed nor
+    lost its terms to underflow. Accumulates in float32, as compiled ``F.mse_loss`` does."""
+    plain = (r * r).sum()
+    down = r * _DOWN32
+    up = r * _UP32
+    big = (down * down).sum().sqrt() * _UP32
+    small = (up * up).sum().sqrt() * _DOWN32
+    return torch.where(plain == math.inf, big, torch.where(plain < _SAFE32, small, plain.sqrt()))
+
+
 def _norm_of_difference(x: Tensor, y: Tensor) -> Tensor:
     """``_norm(x - y)``; eager CPU calls go slice by slice (``hypot`` of the slice norms), so
     the residual never exists in full and its float64 copy stays in cache."""
+    if torch.compiler.is_compiling() and x.dtype == y.dtype == torch.float32:
+        return _norm_compiled(x - y)
     step = eager_slice_len(x, y) if x.shape == y.shape else None
     if step is None:
         return _norm(x - y)
@@ -75,7 +92,7 @@ class _RMSE(torch.autograd.Function):
             return torch.hypot(r, r.new_full((), math.sqrt(eps)))
         value = _norm_of_difference(input, target)
         if mode == MEAN:
-            n = torch.broadcast_shapes(input.shape, target.shape).numel()
+            n = input.numel() if input.shape == target.shape else (input - target).numel()
             value = value / n**0.5  # 0 / 0 = NaN for an empty input, as torch
         if eps != 0.0:
             value = torch.hypot(value, value.new_full((), math.sqrt(eps)))
