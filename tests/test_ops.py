@@ -588,3 +588,13 @@ def test_xlogy_input_gradient_at_zero_matches_torch():
     assert torch.equal(g, g_torch)
     assert torch.equal(g, torch.tensor([0.0, 0.0, math.log(2.0), 0.0], dtype=torch.float64))
 
+
+def test_safe_div_divisor_gradient_sums_before_dividing():
+    """d/db Σ a_i / b = -Σ a_i / b² is exactly 0 for a = [x, -x]; with the quotient terms
+    divided first, 1/b overflows for a subnormal b and inf - inf gave NaN."""
+    a = torch.tensor([1.4013e-45, -1.4013e-45])
+    b = torch.tensor([1.4013e-45])
+    _, (ga, gb) = grad_of(SF.safe_div, a, b)
+    assert torch.equal(gb, torch.zeros(1))
+    assert torch.isinf(ga).all()  # 1 / b overflows float32: each term is inf, as torch's
+

@@ -21,7 +21,7 @@ def _inf_where_zero(b: Tensor) -> tuple[Tensor, Tensor]:
 
 def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: bool,
               need: tuple[bool, bool], dest: tuple[Tensor | None, Tensor | None] = (None, None),
-              ) -> tuple[Tensor | None, Tensor | None]:
+              backward: bool = True) -> tuple[Tensor | None, Tensor | None]:
     """``g / b`` and ``-(g · (a / b)) / b``, both 0 where ``b == 0``.
 
     The quotient comes from the saved output (``a / b²`` would overflow first) and multiplies
@@ -32,7 +32,11 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
     d_a = torch.div(g, b_inf, out=dest[0]) if need[0] else None
     d_b = None
     if need[1]:
-        q = (g * out).div_(b_inf)
+        # summed over the broadcast dimensions before the division: Σ g·(a/b) cancels exactly
+        # where the terms do (-Σ a / b² is 0 for a = [x, -x], never inf - inf)
+        # (forward mode: g is b's tangent and the result keeps the output's shape)
+        q = g * out
+        q = (sum_to(q, b_inf.shape) if backward else q).div_(b_inf)
         d_b = torch.sub(q.new_zeros(()), q, out=dest[1])
         if not fill_finite:
             d_b = d_b.masked_fill_(zero, 0)
@@ -99,7 +103,7 @@ class _SafeDiv(torch.autograd.Function):
         b_inf, zero = _inf_where_zero(b)
         d_a, d_b = _partials(b_inf, zero, out, grad, ctx.fill_finite, need)
         grad_a = None if d_a is None else sum_to(d_a, ctx.a_shape)
-        grad_b = None if d_b is None else sum_to(d_b, b.shape)
+        grad_b = d_b  # already summed to b's shape
         return grad_a, grad_b, None
 
     @staticmethod
@@ -107,7 +111,7 @@ class _SafeDiv(torch.autograd.Function):
         b, out = ctx.saved_tensors
         b_inf, zero = _inf_where_zero(b)
         d_a = _partials(b_inf, zero, out, ta, ctx.fill_finite, (True, False))[0]
-        d_b = _partials(b_inf, zero, out, tb, ctx.fill_finite, (False, True))[1]
+        d_b = _partials(b_inf, zero, out, tb, ctx.fill_finite, (False, True), backward=False)[1]
         return d_a + d_b  # type: ignore[operator]
 
 

@@ -51,8 +51,8 @@ def _norm_of_difference(x: Tensor, y: Tensor) -> Tensor:
     if step is None:
         return _norm(x - y)
     xf, yf = x.reshape(-1), y.reshape(-1)
-    total = xf.new_zeros((), dtype=torch.float64)
-    for i in range(0, xf.numel(), step):
+    total = _norm(xf[:step] - yf[:step])  # the first slice (empty for an empty input)
+    for i in range(step, xf.numel(), step):
         total = torch.hypot(total, _norm(xf[i : i + step] - yf[i : i + step]))
     return total
 

@@ -93,7 +93,8 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     ta = a.to(device=device, dtype=work) if isinstance(a, Tensor) else torch.tensor(a, dtype=work, device=device)
     tb = b.to(device=device, dtype=work) if isinstance(b, Tensor) else torch.tensor(b, dtype=work, device=device)
     try:
-        torch.broadcast_shapes(ta.shape, tb.shape)
+        if ta.shape != tb.shape:  # (torch.broadcast_shapes costs ~50 µs even for equal shapes)
+            torch.broadcast_shapes(ta.shape, tb.shape)
     except RuntimeError:
         raise RuntimeError(
             f"{fn}: the shapes of {names[0]} {tuple(ta.shape)} and {names[1]} {tuple(tb.shape)} "
