@@ -27,13 +27,13 @@ def applier(cls: Any) -> Callable[..., Any]:
     """
     if "jvp" not in vars(cls):
         raise TypeError(f"{cls.__name__}: applier is for Functions that define jvp")
-    twin = type(
+    twin: Any = type(
         cls.__name__ + "Compiled",
         (cls,),
         {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__},
     )
 
-    c_apply = super(torch.autograd.Function, cls).apply  # torch._C._FunctionBase.apply
+    c_apply = super(torch.autograd.Function, cls).apply  # type: ignore[misc]  # _C._FunctionBase.apply
 
     def apply(*args: Any) -> Any:
         if torch.compiler.is_compiling():

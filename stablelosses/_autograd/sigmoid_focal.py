@@ -36,6 +36,7 @@ from torch import Tensor
 from stablelosses._autograd._base import applier
 from stablelosses._utils import MEAN, NONE, eager_slice_len, reduce
 
+
 def _tiny(dtype: torch.dtype) -> float:
     # Below this den (only when w == 0), C / den would overflow in a second derivative.
     return torch.finfo(dtype).tiny ** 0.75

@@ -205,7 +205,8 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
     ``input`` stays NaN even where ``other == 0`` (a NaN is an upstream bug and is not hidden).
     Broadcasting and type promotion as ``torch.div``.
 
-    **Gradient.** Where ``other == 0`` both gradients are defined as $0$. Elsewhere
+    **Gradient.** Where ``other == 0`` both gradients are defined as $0$ (for a finite incoming
+    gradient). Elsewhere
     $\partial/\partial a = g / b$ and $\partial/\partial b = -(g/b)\cdot(a/b)$, with the quotient
     reused from the output (never $a/b^2$, which overflows first). The popular idiom
     ``torch.where(b != 0, a / b, 0)`` has the right value but a NaN gradient, because the
