@@ -42,9 +42,12 @@ def _tiny(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).tiny ** 0.75
 
 
-def _alpha_t(t: Tensor, alpha: float) -> Tensor:
-    # torchvision's spelling and rounding (not (1-α) + (2α-1)·t), for bitwise parity at γ = 0
-    return alpha * t + (1 - alpha) * (1 - t)
+def _alpha_t(t: Tensor, alpha: float, torchvision_rounding: bool = False) -> Tensor:
+    # α·t + (1-α)·(1-t) = (1-α) + (2α-1)·t in two passes; the γ = 0 value takes torchvision's
+    # spelling instead, for bitwise parity
+    if torchvision_rounding:
+        return alpha * t + (1 - alpha) * (1 - t)
+    return torch.mul(t, 2 * alpha - 1).add_(1 - alpha)
 
 
 def _parts(x: Tensor, t: Tensor) -> dict[str, Tensor]:
@@ -82,7 +85,7 @@ def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
         _, _, ce, q = _lean(x, t)
         loss = ce.mul_(q.pow_(gamma))
     if alpha >= 0:
-        loss = _alpha_t(t, alpha) * loss
+        loss = _alpha_t(t, alpha, torchvision_rounding=gamma == 0.0) * loss
     return loss
 
 
