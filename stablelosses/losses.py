@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from stablelosses import functional as SF
 from stablelosses._utils import check_nonnegative, check_reduction, legacy_reduction
+from stablelosses.functional._detection import check_focal_args
 
 
 class RMSELoss(nn.Module):
@@ -174,8 +175,7 @@ class SigmoidFocalLoss(nn.Module):
 
     def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "mean") -> None:
         super().__init__()
-        check_reduction("SigmoidFocalLoss", reduction)
-        check_nonnegative("SigmoidFocalLoss", "gamma", gamma)
+        check_focal_args("SigmoidFocalLoss", alpha, gamma, reduction)
         self.alpha = alpha
         self.gamma = gamma
         self.reduction = reduction

@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import broadcast_pair, shaped_tensor, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from strategies import broadcast_pair, shaped_tensor
-from strategies import value_and_grads
-from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
 

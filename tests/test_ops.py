@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import broadcast_pair, finite_floats, logits_with_masks, shaped_tensor
 from torch.autograd import gradcheck, gradgradcheck
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from conftest import tol
-from strategies import broadcast_pair, finite_floats, logits_with_masks, shaped_tensor
 
 INF = float("inf")
 NAN = float("nan")
@@ -565,3 +565,36 @@ def test_top_level_exports():
         assert getattr(sl, name) is getattr(SF, name)
     assert set(SF.__all__) >= {"rmse_loss", "cross_entropy", "focal_loss", "sigmoid_focal_loss",
                                "kl_div", "log_cosh_loss"}
+
+
+def test_safe_div_of_two_numbers_returns_a_tensor_like_torch_div():
+    """Issue 9 item 9: torch.div(number, number) is a tensor of the default dtype; so is ours."""
+    for a, b in [(1, 2), (3.0, 4), (True, 2), (-1, 8.0)]:
+        got, expected = SF.safe_div(a, b), torch.div(a, b)
+        assert isinstance(got, torch.Tensor) and got.dtype == expected.dtype and got.device == expected.device
+        torch.testing.assert_close(got, expected)
+    assert torch.equal(SF.safe_div(1, 0), torch.tensor(0.0))
+    assert torch.equal(SF.safe_div(1.0, 0, fill=7.0), torch.tensor(7.0))
+    with pytest.raises(TypeError, match="xlogy: input or other must be a torch.Tensor"):
+        SF.xlogy(2, 3)  # as torch.special.xlogy, which has no (Number, Number) overload
+
+
+def test_xlogy_input_gradient_at_zero_matches_torch():
+    """Issue 9 item 10: d/dx xlogy(x, y) at x == 0 is 0 where y <= 0 and log y where y > 0, as torch."""
+    x = torch.zeros(4, dtype=torch.float64)
+    y = torch.tensor([-1.0, 0.0, 2.0, -0.0], dtype=torch.float64)
+    _, (g, _) = grad_of(SF.xlogy, x, y)
+    _, (g_torch, _) = grad_of(torch.special.xlogy, x, y)
+    assert torch.equal(g, g_torch)
+    assert torch.equal(g, torch.tensor([0.0, 0.0, math.log(2.0), 0.0], dtype=torch.float64))
+
+
+def test_safe_div_divisor_gradient_sums_before_dividing():
+    """d/db Σ a_i / b = -Σ a_i / b² is exactly 0 for a = [x, -x]; with the quotient terms
+    divided first, 1/b overflows for a subnormal b and inf - inf gave NaN."""
+    a = torch.tensor([1.4013e-45, -1.4013e-45])
+    b = torch.tensor([1.4013e-45])
+    _, (ga, gb) = grad_of(SF.safe_div, a, b)
+    assert torch.equal(gb, torch.zeros(1))
+    assert torch.isinf(ga).all()  # 1 / b overflows float32: each term is inf, as torch's
+

@@ -8,13 +8,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import broadcast_pair, shaped_tensor, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from strategies import broadcast_pair, finite_floats, shaped_tensor, tensors, value_and_grads
-from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
 
@@ -225,10 +225,14 @@ def test_bad_arguments():
         SF.rmse_loss(x, x, eps=float("nan"))
     with pytest.raises(TypeError, match=r"rmse_loss: eps"):
         SF.rmse_loss(x, x, eps=torch.tensor(1.0))
-    with pytest.raises(TypeError, match=r"rmse_loss: input"):
-        SF.rmse_loss(torch.arange(3), x)
-    with pytest.raises(TypeError, match=r"rmse_loss: target"):
-        SF.rmse_loss(x, torch.arange(3))
+    with pytest.raises(TypeError, match=r"rmse_loss: input must be a torch.Tensor, got list"):
+        SF.rmse_loss([0.0, 1.0, 2.0], x)
+    with pytest.raises(TypeError, match=r"rmse_loss: target must be a torch.Tensor, got float"):
+        SF.rmse_loss(x, 1.0)
+    # two integer tensors: F.mse_loss raises RuntimeError ("not implemented for 'Long'")
+    with pytest.raises(RuntimeError, match=r"rmse_loss: input or target must be a floating-point tensor, "
+                                           r"got torch.int64 and torch.int64"):
+        SF.rmse_loss(torch.arange(3), torch.arange(3))
     with pytest.raises(RuntimeError, match="size"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         SF.rmse_loss(x, torch.randn(4))
@@ -245,3 +249,51 @@ def test_compile_fullgraph():
     torch.testing.assert_close(out, SF.rmse_loss(x, y))
     out.backward()
     torch.testing.assert_close(x.grad, torch.tensor([1 / math.sqrt(3), 0.0, 0.0]))
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@pytest.mark.parametrize("x_dtype, y_dtype, y_shape", [
+    (torch.float16, torch.float32, (4, 3)),
+    (torch.float32, torch.float16, (4, 3)),
+    (torch.bfloat16, torch.float64, (4, 3)),
+    (torch.float32, torch.int64, (4, 3)),
+    (torch.float32, torch.bool, (4, 3)),
+    (torch.int64, torch.float32, (4, 3)),
+    (torch.float32, torch.float64, ()),  # F.mse_loss broadcasts first: a 0-dim float64 wins
+])
+def test_mixed_dtypes_promote_as_mse_loss(x_dtype, y_dtype, y_shape):
+    """Issue 9 item 9: rmse_loss(x, y) has the dtype, value and gradients of sqrt(F.mse_loss(x, y))."""
+    x = (torch.randn(4, 3) * 3).to(x_dtype)
+    y = (torch.randn(y_shape) * 3).to(y_dtype)
+    for reduction in REDUCTIONS:
+        expected = torch.sqrt(F.mse_loss(x, y, reduction=reduction))
+        got = SF.rmse_loss(x, y, reduction=reduction)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected)
+    if x_dtype.is_floating_point:
+        xr = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(SF.rmse_loss(xr, y), xr)
+        xt = x.clone().requires_grad_()
+        (g_torch,) = torch.autograd.grad(torch.sqrt(F.mse_loss(xt, y)), xt)
+        assert g.dtype == g_torch.dtype
+        torch.testing.assert_close(g, g_torch)
+
+
+@pytest.mark.slow
+def test_compiled_zero_residual_is_positive_zero():
+    """Issue 9 item 10: sqrt(0) is +0.0, compiled as eager (the scaled 0.1 kernel gave -0.0)."""
+    f = torch.compile(lambda a, b: SF.rmse_loss(a, b), fullgraph=True)
+    for x in [torch.zeros(5), torch.full((5,), -2.5)]:
+        for out in [f(x, x.clone()), SF.rmse_loss(x, x.clone())]:
+            assert out.item() == 0.0 and not torch.signbit(out)
+
+
+@pytest.mark.slow
+def test_compiled_float32_extremes_vs_float64():
+    """The compiled float32 spelling (three fused sums) has no overflow or underflow either."""
+    f = torch.compile(lambda a, b: SF.rmse_loss(a, b), fullgraph=True)
+    for v in [1e30, 1e20, 3.0, 1e-20, 1e-30, 1e-44]:
+        x = torch.full((100,), v)
+        x[::2] = -v
+        expected = torch.sqrt((x.double() ** 2).mean())
+        torch.testing.assert_close(f(x, torch.zeros(100)).double(), expected, rtol=1e-5, atol=0)

@@ -6,15 +6,13 @@ import mpmath
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import finite_floats, saturated_logits, tensors, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from stablelosses._autograd import sigmoid_focal as _impl
-from strategies import finite_floats, saturated_logits, tensors
-from strategies import value_and_grads
-from conftest import tol
 
 REDUCTIONS = ["none", "mean", "sum"]
 
@@ -80,8 +78,8 @@ def test_shapes(shapes, reduction):
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("gamma", [0.5, 2.0])
-def test_chunked_path_matches(reduction, gamma):
-    n = 2 * _impl._CHUNK + 123  # several chunks and a ragged tail
+def test_large_input_matches(reduction, gamma):
+    n = 2 * 65536 + 123  # past the size where 0.1 switched to a chunked path (one path now)
     x = torch.randn(n, dtype=torch.float64) * 4
     t = torch.rand(n, dtype=torch.float64)
     kw = dict(gamma=gamma, reduction=reduction)
@@ -112,9 +110,16 @@ def test_extremes_vs_mpmath(x, t, gamma):
         SF.sigmoid_focal_loss, torch.tensor([x], dtype=torch.float64), torch.tensor([t], dtype=torch.float64),
         gamma=gamma,
     )
+    if gamma == 0.0:
+        # γ = 0 is α_t·BCE with torch's own BCE term, bit for bit (drop-in item 10 of issue 9);
+        # that term cancels for a logit on the right side (-20 with t = 0), so no mpmath here.
+        xt, tt = torch.tensor([x], dtype=torch.float64), torch.tensor([t], dtype=torch.float64)
+        bce = F.binary_cross_entropy_with_logits(xt, tt, reduction="none")
+        assert torch.equal(out, bce * (0.25 * tt + 0.75 * (1 - tt)))
     if abs(x) <= 60:
         v, dx, dt = mp_reference(x, t, 0.25, gamma)
-        torch.testing.assert_close(out[0].item(), v, rtol=1e-9, atol=1e-300)
+        if gamma != 0.0:
+            torch.testing.assert_close(out[0].item(), v, rtol=1e-9, atol=1e-300)
         torch.testing.assert_close(gx[0].item(), dx, rtol=1e-7, atol=1e-300)
         torch.testing.assert_close(gt[0].item(), dt, rtol=1e-7, atol=1e-300)
     assert torch.isfinite(out).all() and torch.isfinite(gx).all() and torch.isfinite(gt).all()
@@ -124,14 +129,29 @@ def test_extremes_vs_mpmath(x, t, gamma):
     assert torch.isfinite(o32).all() and torch.isfinite(g32).all() and torch.isfinite(t32).all()
 
 
-def test_saturated_gradient_is_exactly_zero():
-    # 1 - p_t underflows to 0: the defined gradient is 0 (torchvision: NaN for gamma < 1)
+def test_saturated_logits_vs_mpmath():
+    # 1 - p_t = e^-200 underflows in float32; (1 - p_t)^0.5 = e^-100 does not. torchvision's
+    # gradient is NaN for gamma < 1 here; ours is the exact one, rounded to float32.
     x = torch.tensor([200.0, -200.0], requires_grad=True)
     t = torch.tensor([1.0, 0.0], requires_grad=True)
     loss = SF.sigmoid_focal_loss(x, t, gamma=0.5)
-    assert (loss == 0).all()
+    assert (loss == 0).all()  # e^-300 underflows
     loss.sum().backward()
-    assert (x.grad == 0).all() and (t.grad == 0).all()
+    mpmath.mp.dps = 300  # 1 - σ(200) needs ~90 digits
+    for i, (xi, ti) in enumerate([(200.0, 1.0), (-200.0, 0.0)]):
+        # closed form at the hard target (a finite difference in t would leave [0, 1])
+        X, T = mpmath.mpf(xi), mpmath.mpf(ti)
+        p = 1 / (1 + mpmath.exp(-X))
+        ce = -(T * mpmath.log(p) + (1 - T) * mpmath.log(1 - p))
+        q = T * (1 - p) + (1 - T) * p
+        at = 0.25 * T + 0.75 * (1 - T)
+        dx = at * q**0.5 * ((p - T) + 0.5 * ce * (1 - 2 * T) * p * (1 - p) / q)
+        dt = float(-0.5 * ce * q**0.5 + at * (-X * q**0.5 + ce * 0.5 * q**-0.5 * (1 - 2 * p)))
+        assert abs(float(dx)) < 1e-45 and x.grad[i].item() == 0.0  # the exact value underflows
+        # |d/dt| ≈ α_t·200·e^-100 ≈ 2e-42 (torchvision: NaN; 0.1 of this library: 0). The
+        # factor e^-100 = 3.7e-44 is itself a float32 subnormal with ~5 significant bits: 3%.
+        assert abs(dt) > 1e-42
+        torch.testing.assert_close(t.grad[i].double(), torch.tensor(dt, dtype=torch.float64), rtol=0.03, atol=0)
 
 
 logits = st.one_of(finite_floats(torch.float32, max_abs=1e30), saturated_logits(torch.float32))
@@ -213,8 +233,20 @@ def test_module_matches_function():
 
 def test_bad_arguments():
     x = torch.randn(3)
-    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: reduction must be 'none', 'mean' or 'sum', got 'avg'"):
+    # torchvision's own test matches "Invalid"; the message also names the argument and values
+    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: Invalid reduction: "
+                                         r"reduction must be 'none', 'mean' or 'sum', got 'avg'"):
         SF.sigmoid_focal_loss(x, x, reduction="avg")
+    for gamma in [float("inf"), float("nan")]:
+        with pytest.raises(ValueError, match=r"sigmoid_focal_loss: gamma must be"):
+            SF.sigmoid_focal_loss(x, x, gamma=gamma)
+    for alpha in [float("nan"), float("inf")]:
+        with pytest.raises(ValueError, match=r"sigmoid_focal_loss: alpha must be a finite number .*, got"):
+            SF.sigmoid_focal_loss(x, x, alpha=alpha)
+    with pytest.raises(ValueError, match=r"SigmoidFocalLoss: alpha must be a finite number"):
+        sl.SigmoidFocalLoss(alpha=float("nan"))
+    with pytest.raises(ValueError, match=r"SigmoidFocalLoss: gamma must be finite"):
+        sl.SigmoidFocalLoss(gamma=float("inf"))
     with pytest.raises(ValueError, match=r"sigmoid_focal_loss: gamma must be >= 0"):
         SF.sigmoid_focal_loss(x, x, gamma=-1.0)
     with pytest.raises(TypeError, match=r"sigmoid_focal_loss: alpha"):
@@ -240,3 +272,99 @@ def test_compile_fullgraph():
     ref = x.detach().clone().requires_grad_()
     SF.sigmoid_focal_loss(ref, t, gamma=0.5, reduction="mean").backward()
     torch.testing.assert_close(x.grad, ref.grad)
+
+
+def _mp_focal(X, T, alpha, gamma):
+    p = 1 / (1 + mpmath.exp(-X))
+    ce = -(T * mpmath.log(p) + (1 - T) * mpmath.log(1 - p))
+    q = T * (1 - p) + (1 - T) * p
+    at = alpha * T + (1 - alpha) * (1 - T)
+    return at, p, ce, q
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0, 2.0])
+@pytest.mark.parametrize("x", [30.0, -30.0, 100.0, -100.0, 200.0, -200.0])
+@pytest.mark.parametrize("t", [0.0, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_double_backward_at_saturated_logits_vs_mpmath(gamma, x, t, dtype):
+    """Issue 9 item 4: d²/dx² matches mpmath (torchvision: NaN for γ < 1 once 1 - p_t rounds to
+    0); the mixed d²/dxdt is finite and right to the rounding of its O(1) terms."""
+    mpmath.mp.dps = 300  # 1 - σ(200) needs ~90 digits
+
+    def f(v):
+        at, _, ce, q = _mp_focal(v, mpmath.mpf(t), 0.25, gamma)
+        return at * ce * q**gamma
+
+    def dfdt(v):  # closed form at the hard target (a difference in t would leave [0, 1])
+        at, p, ce, q = _mp_focal(v, mpmath.mpf(t), 0.25, gamma)
+        return -0.5 * ce * q**gamma + at * (-v * q**gamma + ce * gamma * q ** (gamma - 1) * (1 - 2 * p))
+
+    hxx_ref = float(mpmath.diff(f, mpmath.mpf(x), 2))
+    hxt_ref = float(mpmath.diff(dfdt, mpmath.mpf(x)))
+    xv = torch.tensor([x], dtype=dtype, requires_grad=True)
+    tv = torch.tensor([t], dtype=dtype, requires_grad=True)
+    (gx,) = torch.autograd.grad(SF.sigmoid_focal_loss(xv, tv, gamma=gamma, reduction="sum"), xv, create_graph=True)
+    hxx, hxt = torch.autograd.grad(gx, (xv, tv))
+    assert torch.isfinite(hxx).all() and torch.isfinite(hxt).all()
+    # float32: the reference rounded to float32; values below 1e-38 are subnormals with few bits
+    hxx_tol = {"rtol": 1e-5, "atol": 2e-43} if dtype == torch.float32 else {"rtol": 1e-9, "atol": 1e-300}
+    torch.testing.assert_close(hxx.double(), torch.tensor([hxx_ref], dtype=torch.float64), **hxx_tol)
+    hxt_atol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(hxt.double(), torch.tensor([hxt_ref], dtype=torch.float64), rtol=1e-5, atol=hxt_atol)
+
+
+def _torchvision_test_inputs(shape=(5, 2), dtype=torch.float32):
+    """torchvision's TestFocalLoss._generate_diverse_input_target_pair, written out."""
+    def logit(p):
+        return torch.log(p / (1 - p))
+
+    ranges = {"small": (0.0, 0.2), "big": (0.8, 1.0), "zeros": (0.0, 0.0), "ones": (1.0, 1.0),
+              "random": (0.0, 1.0)}
+
+    def make(kind):
+        if kind == "random_binary":
+            return torch.randint(0, 2, shape).to(dtype)
+        low, high = ranges[kind]
+        return torch.testing.make_tensor(shape, low=low, high=high, dtype=dtype, device="cpu")
+
+    inputs, targets = [], []
+    for i_kind in ["small", "big", "random"]:
+        for t_kind in ["zeros", "ones", "random_binary"]:
+            inputs.append(logit(make(i_kind)))
+            targets.append(make(t_kind))
+    return torch.cat(inputs), torch.cat(targets)
+
+
+@pytest.mark.parametrize("alpha", [-1.0, 0.0, 0.58, 1.0])
+@pytest.mark.parametrize("gamma", [0, 2])
+@pytest.mark.parametrize("seed", range(10))
+def test_torchvision_correct_ratio(alpha, gamma, seed):
+    """Issue 9 item 10: torchvision's own test_correct_ratio/test_equal_ce_loss hold, with
+    focal <= BCE bit for bit and, at γ = 0 and α < 0, focal == BCE exactly."""
+    torch.manual_seed(seed)
+    inputs, targets = _torchvision_test_inputs()
+    focal = SF.sigmoid_focal_loss(inputs, targets, gamma=gamma, alpha=alpha)
+    ce = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+    assert torch.all(focal <= ce)
+    if gamma == 0 and alpha < 0:
+        assert torch.equal(focal, ce)
+    prob = torch.sigmoid(inputs)
+    p_t = prob * targets + (1 - prob) * (1 - targets)
+    correct_ratio = (1.0 - p_t) ** gamma
+    if alpha >= 0:
+        correct_ratio = correct_ratio * (alpha * targets + (1 - alpha) * (1 - targets))
+    torch.testing.assert_close(correct_ratio, (focal / ce).squeeze(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("x", [0.0, 1e-45, -1e-38, 3.0, -3.0, 20.0, -20.0, 60.0, -60.0])
+@pytest.mark.parametrize("t", [0.0, 1.0, 0.3])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_input_gradient_alone_vs_mpmath(x, t, gamma):
+    """The eager backward for a target that does not require grad (the common case, its own
+    few-pass formula) against mpmath, in float64 and float32."""
+    _, dx, _ = mp_reference(x, t, 0.25, gamma)
+    for dtype, rtol in [(torch.float64, 1e-7), (torch.float32, 1e-4)]:
+        xv = torch.tensor([x], dtype=dtype, requires_grad=True)
+        SF.sigmoid_focal_loss(xv, torch.tensor([t], dtype=dtype), gamma=gamma, reduction="sum").backward()
+        atol = 1e-300 if dtype == torch.float64 else 1e-44
+        torch.testing.assert_close(xv.grad.double(), torch.tensor([dx], dtype=torch.float64), rtol=rtol, atol=atol)

@@ -1,71 +1,313 @@
-"""Parity with torch on the sample inputs PyTorch's own OpInfo tests use for the functions
-we replace: values (dtype included) and, in float32/float64, gradients wherever torch's are
-finite. Where torch raises, we raise too."""
+"""Parity with torch on the sample inputs PyTorch's own OpInfo and ModuleInfo tests use for the
+functions and modules we replace: values (dtype included); in float32/float64 the gradients
+with respect to every differentiable tensor (input, target and weight), and forward-mode (jvp)
+tangents, wherever torch's are finite; where torch raises, we raise too (``error_inputs`` of
+OpInfo and ``module_error_inputs`` of ``module_db``).
+
+The ops owned by the classification family (softmax, log_softmax, logsumexp, cross_entropy,
+kl_div) sit in their own test functions, named ``..._classification``.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+from torch.testing._internal.common_modules import module_db  # noqa: E402
 
+import stablelosses as sl  # noqa: E402
 import stablelosses.functional as SF  # noqa: E402
 
-OURS = {
+
+def _mse(x, y, **kw):
+    return SF.rmse_loss(x, y, **kw) ** 2
+
+
+ELEMENTWISE = {
+    ("xlogy", ""): SF.xlogy,
+    ("sqrt", ""): SF.safe_sqrt,
+    ("div", "no_rounding_mode"): SF.safe_div,
+    ("true_divide", ""): SF.safe_div,
+    ("nn.functional.mse_loss", ""): _mse,
+}
+CLASSIFICATION = {
     ("softmax", ""): SF.softmax,
     ("softmax", "with_dtype"): SF.softmax,
     ("log_softmax", ""): SF.log_softmax,
     ("log_softmax", "with_dtype"): SF.log_softmax,
     ("logsumexp", ""): SF.logsumexp,
-    ("xlogy", ""): SF.xlogy,
-    ("sqrt", ""): SF.safe_sqrt,
-    ("div", "no_rounding_mode"): SF.safe_div,
-    ("true_divide", ""): SF.safe_div,
     ("nn.functional.cross_entropy", ""): SF.cross_entropy,
     ("nn.functional.kl_div", ""): SF.kl_div,
-    ("nn.functional.mse_loss", ""): lambda x, y, **kw: SF.rmse_loss(x, y, **kw) ** 2,
 }
+OURS = {**ELEMENTWISE, **CLASSIFICATION}
 OPS = [op for op in op_db if (op.name, op.variant_test_name) in OURS]
+ELEMENTWISE_OPS = [op for op in OPS if (op.name, op.variant_test_name) in ELEMENTWISE]
+CLASSIFICATION_OPS = [op for op in OPS if (op.name, op.variant_test_name) in CLASSIFICATION]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
+GRAD_DTYPES = [torch.float32, torch.float64]
 
 
-def test_every_replaced_op_has_samples():
-    assert {(op.name, op.variant_test_name) for op in OPS} == set(OURS)
+class _MSEFromRMSE(nn.Module):
+    """``RMSELoss() ** 2`` stands for ``nn.MSELoss`` in the module samples."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        self.rmse = sl.RMSELoss(reduction=reduction)
+
+    def forward(self, input, target):
+        return self.rmse(input, target) ** 2
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("op", OPS, ids=lambda op: f"{op.name}.{op.variant_test_name}".rstrip("."))
-def test_opinfo_samples(op, dtype):
+MODULES = {nn.MSELoss: _MSEFromRMSE, nn.CrossEntropyLoss: sl.CrossEntropyLoss, nn.KLDivLoss: sl.KLDivLoss}
+MODULE_INFOS = {m.module_cls: m for m in module_db if m.module_cls in MODULES}
+
+
+def _op_id(op):
+    return f"{op.name}.{op.variant_test_name}".rstrip(".")
+
+
+def _dtype_id(d):
+    return str(d).replace("torch.", "")
+
+
+def _leaves(sample, differentiable: bool):
+    """The sample's positional and keyword arguments, every floating tensor a fresh leaf that
+    requires grad when ``differentiable`` (so target and weight get gradients too)."""
+    def leaf(v):
+        if isinstance(v, torch.Tensor):
+            v = v.detach().clone()
+            if differentiable and v.is_floating_point():
+                v.requires_grad_()
+        return v
+
+    args = [leaf(v) for v in (sample.input, *sample.args)]
+    kwargs = {k: leaf(v) for k, v in sample.kwargs.items()}
+    return args, kwargs
+
+
+def _grad_leaves(args, kwargs):
+    return [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
+def _detached(args, kwargs):
+    def d(v):
+        return v.detach() if isinstance(v, torch.Tensor) else v
+
+    return [d(v) for v in args], {k: d(v) for k, v in kwargs.items()}
+
+
+def _check_samples(op, dtype):
     if dtype not in op.supported_dtypes("cpu"):
         pytest.skip(f"torch's {op.name} does not support {dtype}")
     ours = OURS[(op.name, op.variant_test_name)]
-    differentiable = dtype in (torch.float32, torch.float64)
+    differentiable = dtype in GRAD_DTYPES
     half = dtype in (torch.float16, torch.bfloat16)
     checked = 0
     for sample in op.sample_inputs("cpu", dtype, requires_grad=differentiable):
-        args, kwargs = (sample.input, *sample.args), sample.kwargs
+        args, kwargs = _leaves(sample, differentiable)
+        plain_args, plain_kwargs = _detached(args, kwargs)
         try:
-            expected = op.op(*args, **kwargs)
-        except Exception as e:  # torch refuses: so must we
+            expected = op.op(*plain_args, **plain_kwargs)
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:  # torch refuses: so must we
             with pytest.raises(type(e) if not isinstance(e, (IndexError, ValueError)) else Exception):
-                ours(*args, **kwargs)
+                ours(*plain_args, **plain_kwargs)
             continue
-        got = ours(*args, **kwargs)
+        try:
+            got = ours(*args, **kwargs)
+        except RuntimeError:
+            # allowed only where torch refuses the same leaves requiring grad (nll_loss's weight)
+            with pytest.raises(RuntimeError):
+                op.op(*args, **kwargs)
+            args, kwargs = [args[0], *plain_args[1:]], plain_kwargs
+            got = ours(*args, **kwargs)
         assert got.dtype == expected.dtype and got.shape == expected.shape
         tol = {"rtol": 2e-2, "atol": 2e-2} if half else {"rtol": 1e-4, "atol": 1e-5}
-        torch.testing.assert_close(got.double(), expected.double(), equal_nan=True, **tol)
+        torch.testing.assert_close(got.detach().double(), expected.double(), equal_nan=True, **tol)
         checked += 1
-        if differentiable and expected.requires_grad:
-            leaves = [t for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
+        if differentiable and got.requires_grad:
+            _check_gradients(op, ours, args, kwargs, got)
+    assert checked > 0
+
+
+def _only(args, kwargs, leaf):
+    """The arguments with every tensor but ``leaf`` detached."""
+    def d(v):
+        return v if v is leaf else v.detach() if isinstance(v, torch.Tensor) else v
+
+    return [d(v) for v in args], {k: d(v) for k, v in kwargs.items()}
+
+
+def _check_gradients(op, ours, args, kwargs, got):
+    """Gradient of ``sum(w · out)`` w.r.t. each leaf equals torch's where torch's is finite;
+    where torch refuses a gradient for a leaf (it raises), ours is checked numerically."""
+    w = torch.randn_like(got)
+    for leaf in _grad_leaves(args, kwargs):
+        (g_got,) = torch.autograd.grad((got * w).sum(), leaf, retain_graph=True, allow_unused=True)
+        try:
+            expected = op.op(*_only(args, kwargs, leaf)[0], **_only(args, kwargs, leaf)[1])
+            (g_exp,) = torch.autograd.grad((expected * w).sum(), leaf, allow_unused=True)
+        except RuntimeError:  # "nll_loss_forward is not differentiable with respect to 'weight'"
+            assert g_got is not None, "a tensor that requires grad got no gradient"
+            if leaf.dtype == torch.float64:
+                _numeric_check(ours, args, kwargs, leaf)
+            continue
+        if g_exp is None:
+            assert g_got is None or not g_got.any()
+            continue
+        g_got = torch.zeros_like(g_exp) if g_got is None else g_got
+        finite = torch.isfinite(g_exp)
+        torch.testing.assert_close(g_got[finite], g_exp[finite], rtol=1e-4, atol=1e-5)
+
+
+def _numeric_check(ours, args, kwargs, leaf):
+    def f(v):
+        a = [v if t is leaf else (t.detach() if isinstance(t, torch.Tensor) else t) for t in args]
+        k = {n: v if t is leaf else (t.detach() if isinstance(t, torch.Tensor) else t)
+             for n, t in kwargs.items()}
+        return ours(*a, **k)
+
+    assert torch.autograd.gradcheck(f, (leaf.detach().clone().requires_grad_(),), check_forward_ad=True)
+
+
+def _check_jvp(op, dtype):
+    """Forward mode: ``torch.func.jvp`` w.r.t. every differentiable tensor equals torch's tangent
+    where that is finite; where torch has no forward derivative, gradcheck's numeric one."""
+    ours = OURS[(op.name, op.variant_test_name)]
+    checked = 0
+    for sample in op.sample_inputs("cpu", dtype, requires_grad=True):
+        args, kwargs = _leaves(sample, True)
+        leaves = _grad_leaves(args, kwargs)
+        if not leaves:
+            continue
+
+        def call(fn, *vals, args=args, kwargs=kwargs):
+            it = iter(vals)
+
+            def pick(t):
+                return next(it) if isinstance(t, torch.Tensor) and t.requires_grad else t
+
+            return fn(*[pick(t) for t in args], **{n: pick(t) for n, t in kwargs.items()})
+
+        primals = tuple(t.detach() for t in leaves)
+        try:
+            op.op(*args, **kwargs)
+        except (RuntimeError, ValueError, TypeError, IndexError):  # torch refuses; the value test covers it
+            continue
+        tangents = tuple(torch.randn_like(p) for p in primals)
+        out, tan = torch.func.jvp(lambda *v: call(ours, *v), primals, tangents)
+        try:
+            r_out, r_tan = torch.func.jvp(lambda *v: call(op.op, *v), primals, tangents)
+        except RuntimeError:  # torch has no forward derivative here (e.g. nll_loss weight)
+            if dtype == torch.float64:
+                assert torch.autograd.gradcheck(lambda *v: call(ours, *v),
+                                                tuple(p.clone().requires_grad_() for p in primals),
+                                                check_forward_ad=True, check_backward_ad=False)
+            checked += 1
+            continue
+        finite = torch.isfinite(r_tan)
+        torch.testing.assert_close(tan[finite], r_tan[finite], rtol=1e-4, atol=1e-5)
+        checked += 1
+    assert checked > 0
+
+
+def _check_error_inputs(op):
+    ours = OURS[(op.name, op.variant_test_name)]
+    for ei in op.error_inputs(torch.device("cpu")):
+        s = ei.sample_input
+        with pytest.raises(ei.error_type):
+            op.op(s.input, *s.args, **s.kwargs)
+        with pytest.raises(ei.error_type):
+            ours(s.input, *s.args, **s.kwargs)
+
+
+def _check_module_error_inputs(torch_cls):
+    info = MODULE_INFOS[torch_cls]
+    errors = list(info.module_error_inputs_func(info, "cpu", torch.float32, False, training=True))
+    assert errors
+    for e in errors:
+        mi = e.module_error_input
+        c, f = mi.constructor_input, mi.forward_input
+        with pytest.raises(e.error_type):
+            torch_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
+        with pytest.raises(e.error_type):
+            MODULES[torch_cls](*c.args, **c.kwargs)(*f.args, **f.kwargs)
+
+
+def _check_module_inputs(torch_cls, dtype):
+    info = MODULE_INFOS[torch_cls]
+    checked = 0
+    for mi in info.module_inputs_func(info, "cpu", dtype, True, training=True):
+        c, f = mi.constructor_input, mi.forward_input
+        expected = torch_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
+        got = MODULES[torch_cls](*c.args, **c.kwargs)(*f.args, **f.kwargs)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
+        leaves = [t for t in (*f.args, *f.kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if leaves and expected.requires_grad:
             w = torch.randn_like(expected)
             g_exp = torch.autograd.grad((expected * w).sum(), leaves, allow_unused=True)
             g_got = torch.autograd.grad((got * w).sum(), leaves, allow_unused=True)
             for a, b in zip(g_got, g_exp):
-                if b is None:
-                    continue
-                a = torch.zeros_like(b) if a is None else a
-                finite = torch.isfinite(b)
-                torch.testing.assert_close(a[finite], b[finite], rtol=1e-4, atol=1e-5)
+                if b is not None:
+                    finite = torch.isfinite(b)
+                    torch.testing.assert_close(a[finite], b[finite], rtol=1e-4, atol=1e-5)
+        checked += 1
     assert checked > 0
+
+
+def test_every_replaced_op_has_samples():
+    assert {(op.name, op.variant_test_name) for op in OPS} == set(OURS)
+    assert set(MODULE_INFOS) == set(MODULES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("op", ELEMENTWISE_OPS, ids=_op_id)
+def test_opinfo_samples(op, dtype):
+    _check_samples(op, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("op", CLASSIFICATION_OPS, ids=_op_id)
+def test_opinfo_samples_classification(op, dtype):
+    _check_samples(op, dtype)
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("op", ELEMENTWISE_OPS, ids=_op_id)
+def test_opinfo_jvp(op, dtype):
+    _check_jvp(op, dtype)
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("op", CLASSIFICATION_OPS, ids=_op_id)
+def test_opinfo_jvp_classification(op, dtype):
+    _check_jvp(op, dtype)
+
+
+@pytest.mark.parametrize("op", [o for o in ELEMENTWISE_OPS if o.error_inputs_func is not None], ids=_op_id)
+def test_opinfo_error_inputs(op):
+    _check_error_inputs(op)
+
+
+@pytest.mark.parametrize("op", [o for o in CLASSIFICATION_OPS if o.error_inputs_func is not None], ids=_op_id)
+def test_opinfo_error_inputs_classification(op):
+    _check_error_inputs(op)
+
+
+def test_module_db_error_inputs_classification():
+    _check_module_error_inputs(nn.CrossEntropyLoss)  # the only one of ours with error inputs
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
+def test_module_db_inputs(dtype):
+    _check_module_inputs(nn.MSELoss, dtype)
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("torch_cls", [nn.CrossEntropyLoss, nn.KLDivLoss], ids=lambda c: c.__name__)
+def test_module_db_inputs_classification(torch_cls, dtype):
+    _check_module_inputs(torch_cls, dtype)

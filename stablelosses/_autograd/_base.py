@@ -15,25 +15,34 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch._functorch.utils import unwrap_dead_wrappers
 
 
 def applier(cls: Any) -> Callable[..., Any]:
     """``cls.apply``, through a jvp-free twin of ``cls`` under torch.compile.
 
-    Use as ``_sqrt = applier(_SafeSqrt)`` next to the Function, then ``_sqrt(x)``.
+    Use as ``_sqrt = applier(_SafeSqrt)`` next to the Function, then ``_sqrt(x)`` with every
+    argument of ``forward`` given positionally (outside transforms and compilation the call
+    goes straight to the C++ ``apply``, without binding defaults).
     """
     if "jvp" not in vars(cls):
         raise TypeError(f"{cls.__name__}: applier is for Functions that define jvp")
-    twin = type(
+    twin: Any = type(
         cls.__name__ + "Compiled",
         (cls,),
         {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__},
     )
 
+    c_apply = super(torch.autograd.Function, cls).apply  # type: ignore[misc]  # _C._FunctionBase.apply
+
     def apply(*args: Any) -> Any:
         if torch.compiler.is_compiling():
             return twin.apply(*args)
-        return cls.apply(*args)
+        if torch._C._are_functorch_transforms_active():
+            return cls.apply(*args)
+        # Function.apply would bind *args to forward's signature (inspect, ~40 µs a call) to
+        # fill in defaults for setup_context; every argument is passed positionally here.
+        return c_apply(*unwrap_dead_wrappers(args))
 
     apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
     return apply

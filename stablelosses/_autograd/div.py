@@ -3,52 +3,116 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from stablelosses._utils import sum_to
+from stablelosses._autograd._base import applier
+from stablelosses._utils import eager_slice_len, sum_to
+
+
+def _inf_where_zero(b: Tensor) -> tuple[Tensor, Tensor]:
+    """``b`` with ``inf`` where ``b == 0``, and that mask: ``g / b`` is then 0 there (for a finite
+    ``g``), with no discarded ``g / 0`` whose own gradient (double backward) would be NaN."""
+    zero = b == 0
+    return b.masked_fill(zero, math.inf), zero
+
+
+def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: bool,
+              need: tuple[bool, bool], dest: tuple[Tensor | None, Tensor | None] = (None, None),
+              backward: bool = True) -> tuple[Tensor | None, Tensor | None]:
+    """``g / b`` and ``-(g · (a / b)) / b``, both 0 where ``b == 0``.
+
+    The quotient comes from the saved output (``a / b²`` would overflow first) and multiplies
+    ``g`` before the division, so a zero quotient gives exactly 0 even when ``g / b`` overflows
+    (no inf · 0). ``0 - x`` avoids ``-0.0``. Where ``b == 0`` the output is ``fill``: an
+    infinite fill is masked, since inf / inf would be NaN.
+    """
+    d_a = torch.div(g, b_inf, out=dest[0]) if need[0] else None
+    d_b = None
+    if need[1]:
+        # summed over the broadcast dimensions before the division: Σ g·(a/b) cancels exactly
+        # where the terms do (-Σ a / b² is 0 for a = [x, -x], never inf - inf)
+        # (forward mode: g is b's tangent and the result keeps the output's shape)
+        q = g * out
+        q = (sum_to(q, b_inf.shape) if backward else q).div_(b_inf)
+        d_b = torch.sub(q.new_zeros(()), q, out=dest[1])
+        if not fill_finite:
+            d_b = d_b.masked_fill_(zero, 0)
+    return d_a, d_b
+
+
+def _quotient(a: Tensor, b: Tensor, fill: float, out: Tensor | None = None) -> Tensor:
+    # clamp(fill, fill) is fill everywhere except where a is NaN, which it keeps.
+    return torch.where(b == 0, a.clamp(fill, fill), a / b, out=out)
+
+
+def _backward_sliced(b: Tensor, out: Tensor, grad: Tensor, fill_finite: bool,
+                     need: tuple[bool, bool], step: int) -> tuple[Tensor | None, Tensor | None]:
+    """The gradients of same-shaped operands, slice by slice (in cache; eager CPU only)."""
+    bf, of, gf = b.reshape(-1), out.reshape(-1), grad.reshape(-1)
+    ga = torch.empty_like(bf) if need[0] else None
+    gb = torch.empty_like(bf) if need[1] else None
+    for i in range(0, bf.numel(), step):
+        sl = slice(i, i + step)
+        b_inf, zero = _inf_where_zero(bf[sl])
+        dest = (None if ga is None else ga[sl], None if gb is None else gb[sl])
+        _partials(b_inf, zero, of[sl], gf[sl], fill_finite, need, dest)
+    return (None if ga is None else ga.view(b.shape)), (None if gb is None else gb.view(b.shape))
 
 
 class _SafeDiv(torch.autograd.Function):
     """``a / b``, with ``fill`` where ``b == 0`` (a NaN ``a`` stays NaN there).
 
-    Gradients where ``b == 0`` are 0 for both operands; elsewhere ``g / b`` for ``a`` and
-    ``-(g / b) · (a / b)`` for ``b``, the quotient taken from the saved output (``a / b²``
-    would overflow first).
+    Gradients where ``b == 0`` are 0 for both operands (for a finite incoming gradient);
+    elsewhere ``g / b`` for ``a`` and ``-(g · (a / b)) / b`` for ``b``, the quotient taken from
+    the saved output (``a / b²`` would overflow first). The forward-mode derivative is
+    ``ta / b - tb · (a / b) / b``, 0 where ``b == 0``.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(a: Tensor, b: Tensor, fill: float) -> Tensor:
-        zero = b == 0
-        # clamp(fill, fill) is fill everywhere except where a is NaN, which it keeps.
-        return torch.where(zero, a.clamp(fill, fill), a / b)
+        step = eager_slice_len(a, b) if a.shape == b.shape else None
+        if step is None:
+            return _quotient(a, b, fill)
+        af, bf = a.reshape(-1), b.reshape(-1)
+        out = torch.empty_like(af)
+        for i in range(0, af.numel(), step):
+            _quotient(af[i : i + step], bf[i : i + step], fill, out=out[i : i + step])
+        return out.view(a.shape)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         a, b, fill = inputs
         ctx.save_for_backward(b, output)
+        ctx.save_for_forward(b, output)
         ctx.a_shape = a.shape
         ctx.fill_finite = math.isfinite(fill)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         b, out = ctx.saved_tensors
-        zero = b == 0
-        # Double where: divide by a safe divisor, then select 0 on the singular set, so the
-        # discarded branch holds no inf whose gradient (double backward) would be NaN.
-        safe_b = b.masked_fill(zero, 1)
-        g_over_b = (grad / safe_b).masked_fill_(zero, 0)
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_a = sum_to(g_over_b, ctx.a_shape)
-        if ctx.needs_input_grad[1]:
-            # -(g / b) · (a / b); exactly 0 where the quotient is 0 (g / b may overflow for a
-            # subnormal b, and inf · 0 would be NaN). 0 - x avoids -0.0.
-            grad_b = torch.rsub(g_over_b * out, 0).masked_fill_(out == 0, 0)
-            if not ctx.fill_finite:  # 0 · (±inf fill) must not become NaN
-                grad_b = grad_b.masked_fill_(zero, 0)
-            grad_b = sum_to(grad_b, b.shape)
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        same = b.shape == out.shape == ctx.a_shape == grad.shape
+        step = eager_slice_len(b, out, grad=grad) if same else None
+        if step is not None:
+            return (*_backward_sliced(b, out, grad, ctx.fill_finite, need, step), None)
+        b_inf, zero = _inf_where_zero(b)
+        d_a, d_b = _partials(b_inf, zero, out, grad, ctx.fill_finite, need)
+        grad_a = None if d_a is None else sum_to(d_a, ctx.a_shape)
+        grad_b = d_b  # already summed to b's shape
         return grad_a, grad_b, None
+
+    @staticmethod
+    def jvp(ctx: Any, ta: Tensor, tb: Tensor, _: None) -> Tensor:
+        b, out = ctx.saved_tensors
+        b_inf, zero = _inf_where_zero(b)
+        d_a = _partials(b_inf, zero, out, ta, ctx.fill_finite, (True, False))[0]
+        d_b = _partials(b_inf, zero, out, tb, ctx.fill_finite, (False, True), backward=False)[1]
+        return d_a + d_b  # type: ignore[operator]
+
+
+_safe_div = applier(_SafeDiv)

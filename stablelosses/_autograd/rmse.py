@@ -1,77 +1,124 @@
-"""Root-mean-square error as one fused Function (scaled against overflow, gradient r/(N·rmse))."""
+"""Root-mean-square error as one Function (no overflow of r², gradient r/(D·rmse))."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from stablelosses._utils import MEAN, NONE, sum_to
+from stablelosses._autograd._base import applier
+from stablelosses._utils import MEAN, NONE, eager_slice_len, inplace_ok, sum_to
+
+# 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
+_DOWN, _UP = 2.0**-600, 2.0**600
+# float32, compiled: squares of r·2**-80 stay below 1e29 and those of r·2**80 above the
+# subnormals for |r| > 1e-21; below 2**-60 the plain sum may have lost terms to underflow.
+_DOWN32, _UP32, _SAFE32 = 2.0**-80, 2.0**80, 2.0**-60
 
 
-def _common(input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    """Broadcast views, as ``F.mse_loss`` expands its operands."""
-    if input.shape == target.shape:
-        return input, target
-    return torch.broadcast_tensors(input, target)
+def _norm(r: Tensor) -> Tensor:
+    """``sqrt(Σ r²)`` in float64 without overflow of the squares (0 for an empty ``r``).
+
+    A float32 square fits float64 (``vector_norm`` casts while it reads, no copy); a float64
+    square overflows past 1.3e154, so the norm of ``r · 2**-600`` (scaled back) is taken there.
+    """
+    if r.dtype != torch.float64:
+        return torch.linalg.vector_norm(r, dtype=torch.float64)
+    direct = torch.linalg.vector_norm(r)
+    return torch.where(direct == math.inf, torch.linalg.vector_norm(r * _DOWN) * _UP, direct)
+
+
+def _norm_compiled(r: Tensor) -> Tensor:
+    """``sqrt(Σ r²)`` for a compiled float32 graph: three sums inductor fuses into one read of
+    ``r`` (plain, and scaled by ``2**∓80``), the plain one used where it neither overflowed nor
+    lost its terms to underflow. Accumulates in float32, as compiled ``F.mse_loss`` does."""
+    plain = (r * r).sum()
+    down = r * _DOWN32
+    up = r * _UP32
+    big = (down * down).sum().sqrt() * _UP32
+    small = (up * up).sum().sqrt() * _DOWN32
+    return torch.where(plain == math.inf, big, torch.where(plain < _SAFE32, small, plain.sqrt()))
+
+
+def _norm_of_difference(x: Tensor, y: Tensor) -> Tensor:
+    """``_norm(x - y)``; eager CPU calls go slice by slice (``hypot`` of the slice norms), so
+    the residual never exists in full and its float64 copy stays in cache."""
+    if torch.compiler.is_compiling() and x.dtype == y.dtype == torch.float32:
+        return _norm_compiled(x - y)
+    step = eager_slice_len(x, y) if x.shape == y.shape else None
+    if step is None:
+        return _norm(x - y)
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    total = _norm(xf[:step] - yf[:step])  # the first slice (empty for an empty input)
+    for i in range(step, xf.numel(), step):
+        total = torch.hypot(total, _norm(xf[i : i + step] - yf[i : i + step]))
+    return total
+
+
+def _sensitivity(x: Tensor, y: Tensor, value: Tensor, mode: int, g: Tensor) -> Tensor:
+    """``g · r / (D·rmse)`` elementwise, 0 where ``rmse == 0``.
+
+    ``r_i / rmse`` is bounded by ``sqrt(D)``; dividing ``r`` by ``rmse · D / g`` keeps that
+    order (``1 / rmse`` alone would overflow for a subnormal rmse). Where rmse == 0 every
+    ``r_i`` is 0 and the safe divisor 1 gives the defined value 0.
+    """
+    safe = value.masked_fill(value == 0, 1)
+    r = x - y
+    if mode == NONE:
+        return r / safe * g
+    scale = safe * (r.numel() if mode == MEAN else 1) / g
+    return r.div_(scale) if inplace_ok(r, scale) else r / scale
 
 
 class _RMSE(torch.autograd.Function):
     """``sqrt(reduce((input - target)**2) + eps)``; ``mode`` 0 = none, 1 = mean, 2 = sum.
 
-    Forward: ``sqrt(Σ r²) = s · sqrt(Σ (r/s)²)`` with ``s = max|r|`` (no square overflows).
-    Backward: ``(r / rmse) · g / D``, defined 0 where ``rmse == 0``.
+    Forward: the norm of ``r`` in float64 (``_norm``), then ``/ sqrt(N)`` for the mean, and
+    ``hypot(·, sqrt(eps))`` for ``eps > 0`` (which never forms the squares).
+    Backward and forward mode: ``r / (D·rmse)``, defined 0 where ``rmse == 0``.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(input: Tensor, target: Tensor, mode: int, eps: float) -> Tensor:
-        x, y = _common(input, target)
-        r = x - y
-        root_eps = math.sqrt(eps)
         if mode == NONE:
+            r = input - target
             if eps == 0.0:
                 return r.abs_()
             # sqrt(r² + eps) = hypot(r, sqrt(eps)), which never forms r².
-            return torch.hypot(r, torch.full((), root_eps, dtype=r.dtype, device=r.device))
-        n = r.numel()
-        if n == 0:
-            total = r.sum()
-            return torch.sqrt(total / n + eps) if mode == MEAN else torch.sqrt(total + eps)
-        lo, hi = torch.aminmax(r)
-        s = torch.maximum(hi, -lo)  # NaN if any residual is NaN
-        s_safe = torch.where((s == 0) | (s == math.inf), 1.0, s)
-        u = r.div_(s_safe).reshape(-1)  # r is ours: scale it in place
-        ss = torch.dot(u, u)
+            return torch.hypot(r, r.new_full((), math.sqrt(eps)))
+        value = _norm_of_difference(input, target)
         if mode == MEAN:
-            ss = ss / n
-        value = s * torch.sqrt(ss)
+            n = input.numel() if input.shape == target.shape else (input - target).numel()
+            value = value / n**0.5  # 0 / 0 = NaN for an empty input, as torch
         if eps != 0.0:
-            # sqrt(m + eps) = hypot(sqrt(m), sqrt(eps)).
-            value = torch.hypot(value, torch.full((), root_eps, dtype=value.dtype, device=value.device))
-        return value
+            value = torch.hypot(value, value.new_full((), math.sqrt(eps)))
+        return value.to(torch.promote_types(input.dtype, target.dtype))
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         input, target, mode, _ = inputs
         ctx.save_for_backward(input, target, output)
+        ctx.save_for_forward(input, target, output)
         ctx.mode = mode
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         input, target, value = ctx.saved_tensors
-        x, y = _common(input, target)
-        # d rmse / d r_i = r_i / (D·rmse): the ratio r_i / rmse is bounded (by sqrt(D)), so it
-        # is formed first; 1 / rmse alone would overflow for a subnormal rmse. Where
-        # rmse == 0 every r_i is 0 and the safe divisor 1 gives the defined gradient 0.
-        safe = value.masked_fill(value == 0, 1)
-        d = x.numel() if ctx.mode == MEAN else 1
-        grad = (x - y) / safe * (grad_output / d if d != 1 else grad_output)
-        grad_input = grad_target = None
-        if ctx.needs_input_grad[0]:
-            grad_input = sum_to(grad, input.shape)
-        if ctx.needs_input_grad[1]:
-            grad_target = sum_to(-grad, target.shape)
+        g = _sensitivity(input, target, value, ctx.mode, grad)
+        grad_input = sum_to(g, input.shape) if ctx.needs_input_grad[0] else None
+        grad_target = sum_to(-g, target.shape) if ctx.needs_input_grad[1] else None
         return grad_input, grad_target, None, None
+
+    @staticmethod
+    def jvp(ctx: Any, t_input: Tensor, t_target: Tensor, _m: None, _e: None) -> Tensor:
+        input, target, value = ctx.saved_tensors
+        ones = torch.ones_like(value)
+        g = _sensitivity(input, target, value, ctx.mode, ones)
+        return g * (t_input - t_target) if ctx.mode == NONE else (g * (t_input - t_target)).sum()
+
+
+_rmse = applier(_RMSE)

@@ -1,76 +1,129 @@
-"""Sigmoid (binary) focal loss as one fused Function with an analytic backward.
+"""Sigmoid (binary) focal loss as one Function with an analytic backward and forward mode.
 
 Notation, per element, for logit ``x`` and target ``t``:
 
-* ``a = |x|``, ``e = exp(-a)``, ``big = σ(a) = 1/(1+e)``, ``small = σ(-a) = e·big``;
+* ``a = |x|``, ``e = exp(-a)``, ``big = σ(a) = 1/(1+e)``, ``small = σ(-a) = e·big``,
+  ``s = ±1`` the sign of ``x`` (``+1`` at 0);
 * ``w`` = the target mass on the side the logit does *not* favour: ``1 - t`` for ``x >= 0``,
   ``t`` for ``x < 0``;
-* ``ce = BCE(x, t) = t·softplus(-x) + (1-t)·softplus(x) = log1p(e) + w·a`` (a sum of
-  non-negative terms, so no cancellation);
-* ``q = 1 - p_t = t·σ(-x) + (1-t)·σ(x) = w·big + (1-w)·small = big·(w + (1-w)·e)``, again a
-  sum of non-negative terms, so ``q`` has full relative precision even when it is tiny;
+* ``ce = BCE(x, t) = log1p(e) + w·a``, a sum of non-negative terms (no cancellation); at
+  ``γ = 0`` the forward takes torch's own ``binary_cross_entropy_with_logits`` term instead,
+  bit for bit, so that ``α_t·BCE`` is exactly what torchvision computes;
+* ``q = 1 - p_t = t·σ(-x) + (1-t)·σ(x) = big·den`` with ``den = w + (1-w)·e``, and
+  ``log q = log(den) - log1p(e)``, where ``log(den) = -a`` once ``den`` is below ``_tiny``
+  (then ``w == 0``): ``(1-p_t)**γ = exp(γ·log q)`` never meets ``0**γ`` and has a finite
+  derivative for every ``γ > 0``;
+* ``C = ce / (q·(1+e)) = ce / den`` (bounded by ``a + 2``; ``log1p(e)/e → 1 - e/2`` below ``_tiny``);
 * ``loss = α_t · ce · q**γ`` with ``α_t = α·t + (1-α)·(1-t)`` (1 when ``α < 0``).
+
+Derivatives, with ``mod = q**γ``:
+
+* ``d loss/dx = s·α_t·mod·[(w - small) + γ(2w-1)·C·small]``;
+* ``d loss/dt = α_t·mod·[-x - γ·s·(1-e)·C] + (2α-1)·ce·mod``.
+
+No factor divides by a vanishing quantity, so the second derivatives (double backward,
+forward over reverse) stay finite for saturated logits as well.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._utils import MEAN, NONE, reduce, sum_to
-
-# Elements per chunk of the eager, no-autograd paths: the ~10 temporaries of a chunk stay
-# in cache instead of each being a full-size tensor.
-_CHUNK = 1 << 16
+from stablelosses._autograd._base import applier
+from stablelosses._utils import MEAN, NONE, eager_slice_len, reduce
 
 
-def _parts(x: Tensor, t: Tensor):
+def _tiny(dtype: torch.dtype) -> float:
+    # Below this den (only when w == 0), C / den would overflow in a second derivative.
+    return torch.finfo(dtype).tiny ** 0.75
+
+
+def _alpha_t(t: Tensor, alpha: float, torchvision_rounding: bool = False) -> Tensor:
+    # α·t + (1-α)·(1-t) = (1-α) + (2α-1)·t in two passes; the γ = 0 value takes torchvision's
+    # spelling instead, for bitwise parity
+    if torchvision_rounding:
+        return alpha * t + (1 - alpha) * (1 - t)
+    return torch.mul(t, 2 * alpha - 1).add_(1 - alpha)
+
+
+def _parts(x: Tensor, t: Tensor) -> dict[str, Tensor]:
     a = x.abs()
     e = torch.exp(-a)
-    big = torch.reciprocal(1 + e)
-    small = e * big
     pos = x >= 0
     w = torch.where(pos, 1 - t, t)
-    ce = torch.addcmul(torch.log1p(e), w, a)
-    return a, e, big, small, pos, w, ce
+    den = torch.addcmul(w, 1 - w, e)
+    under = den < _tiny(x.dtype)
+    # Double where: log and division see 1 where the selected branch is the limit form.
+    safe_den = torch.where(under, 1.0, den)
+    log1p_e = torch.log1p(e)
+    log_q = torch.where(under, -a, torch.log(safe_den)) - log1p_e
+    return {"a": a, "e": e, "pos": pos, "w": w, "den": safe_den, "under": under,
+            "log1p_e": log1p_e, "log_q": log_q}
 
 
-def _alpha_t(t: Tensor, alpha: float):
-    # α·t + (1-α)·(1-t) = (1-α) + (2α-1)·t
-    return (2 * alpha - 1) * t + (1 - alpha)
+def _lean(x: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``σ(x)``, ``σ(-x)``, ``ce`` and ``q`` in few passes, for values and first-order gradients.
+
+    ``ce = log1p(e) + w·a = (relu(x) - t·x) - log1p(-σ(-|x|))``: the bracket is formed first
+    (exactly 0 for ``x > 0, t = 1``) and both parts are non-negative. ``q = lerp(σ(x), σ(-x), t)``
+    is ``σ(∓x)`` itself for a hard target.
+    """
+    sp, sn = torch.sigmoid(x), torch.sigmoid(-x)
+    ce = torch.addcmul(torch.relu(x), t, x, value=-1).sub_(torch.log1p(-torch.minimum(sp, sn)))
+    return sp, sn, ce, torch.lerp(sp, sn, t)
 
 
 def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
-    a, e, big, small, pos, w, ce = _parts(x, t)
-    loss = ce
-    if gamma != 0.0:
-        q = big * torch.addcmul(w, 1 - w, e)
-        loss = loss * q.pow(gamma)
+    if gamma == 0.0:
+        # α_t·BCE: torch's own term, bit for bit (torchvision's tests compare with it).
+        loss = F.binary_cross_entropy_with_logits(x, t, reduction="none")
+    else:
+        _, _, ce, q = _lean(x, t)
+        loss = ce.mul_(q.pow_(gamma))
     if alpha >= 0:
-        loss = loss * _alpha_t(t, alpha)
+        loss = _alpha_t(t, alpha, torchvision_rounding=gamma == 0.0) * loss
     return loss
 
 
-def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float, need_x: bool, need_t: bool):
+def _grad_x_lean(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
+    """``d loss/d x`` for the eager first-order backward (in place on fresh slices, no autograd).
+
+    ``α_t·[(σ(x) - t)·q^γ + γ·(ce/q)·(1-2t)·σ(x)σ(-x)·q^γ]``: ``ce/q`` is bounded; ``q`` is
+    clamped to the smallest normal number, where both are ~0 and the term is 0 anyway.
+    ``torch.lerp`` is exact at the end points (it evaluates from the nearer one).
+    """
+    sp, sn, ce, q = _lean(x, t)
+    d = torch.lerp(sp, sn.neg(), t)  # σ(x) - t without cancellation: -σ(-x) itself at t = 1
+    if gamma != 0.0:
+        mod = q.pow(gamma)
+        ratio = ce.div_(q.clamp_min_(torch.finfo(x.dtype).tiny))
+        dq = sp.mul_(sn).mul_(1 - 2 * t)
+        d = torch.addcmul(d, ratio, dq, value=gamma).mul_(mod)
+    if alpha >= 0:
+        d = d.mul_(_alpha_t(t, alpha))
+    return d
+
+
+def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
+           need_x: bool, need_t: bool) -> tuple[Tensor | None, Tensor | None]:
     """d loss / d x and d loss / d t, elementwise, in differentiable torch ops."""
-    a, e, big, small, pos, w, ce = _parts(x, t)
-    # d ce/dx = σ(x) - t = ±(w - small);  d q/dx = (1-2t)·σ(x)σ(-x) = ±(2w-1)·big·small.
+    p = _parts(x, t)
+    a, e, pos, w = p["a"], p["e"], p["pos"], p["w"]
+    small = e / (1 + e)
+    ce = torch.addcmul(p["log1p_e"], w, a)
     gx = gt = None
     if gamma != 0.0:
-        den = torch.addcmul(w, 1 - w, e)  # q / big
-        q = big * den
-        mod = q.pow(gamma)
-        # (dq/dx)/q = ±(2w-1)·small/den. den == 0 only where q == 0, where mod = 0 and the
-        # true ratio is finite: double where with a finite stand-in.
-        q0 = den == 0
-        ratio = torch.where(q0, 0.0, small / torch.where(q0, 1.0, den))
+        mod = torch.exp(gamma * p["log_q"])
+        c = torch.where(p["under"], 1 - e / 2, ce / p["den"])
         if need_x:
-            core = (w - small) + gamma * (2 * w - 1) * ce * ratio
-            gx = mod * torch.where(pos, core, -core)
+            core = mod * ((w - small) + gamma * (2 * w - 1) * c * small)
+            gx = torch.where(pos, core, -core)
         if need_t:
-            # d q/dt = σ(-x) - σ(x) = ∓(big - small); ce/q stays finite as q → 0 (ce → q).
-            ce_q = torch.where(q0, 0.0, ce / torch.where(q0, 1.0, q))
-            d = gamma * (big - small) * ce_q
+            d = gamma * (1 - e) * c
             gt = mod * (-x - torch.where(pos, d, -d))
             if alpha >= 0:
                 gt = gt * _alpha_t(t, alpha) + (2 * alpha - 1) * ce * mod
@@ -87,16 +140,38 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float, need_x: bool, need_
     return gx, gt
 
 
-def _chunkable(x: Tensor, t: Tensor) -> bool:
-    return (
-        x.numel() > _CHUNK
-        and x.shape == t.shape
-        and x.is_contiguous()
-        and t.is_contiguous()
-        and not torch.compiler.is_compiling()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
-        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
-    )
+def _forward_sliced(x: Tensor, t: Tensor, alpha: float, gamma: float, mode: int, step: int) -> Tensor:
+    xf, tf = x.reshape(-1), t.reshape(-1)
+    n = xf.numel()
+    if mode == NONE:
+        out = torch.empty_like(xf)
+        for i in range(0, n, step):
+            out[i : i + step] = _loss(xf[i : i + step], tf[i : i + step], alpha, gamma)
+        return out.view(x.shape)
+    total = xf.new_zeros(())
+    for i in range(0, n, step):
+        total += _loss(xf[i : i + step], tf[i : i + step], alpha, gamma).sum()
+    return total / n if mode == MEAN else total
+
+
+def _backward_sliced(x: Tensor, t: Tensor, alpha: float, gamma: float, scale: Tensor,
+                     need: tuple[bool, bool], step: int) -> tuple[Tensor | None, Tensor | None]:
+    """``d loss/d input · scale`` and ``d loss/d target · scale``, written slice by slice."""
+    xf, tf, sf = x.reshape(-1), t.reshape(-1), scale.reshape(-1)
+    gx = torch.empty_like(xf) if need[0] else None
+    gt = torch.empty_like(tf) if need[1] else None
+    for i in range(0, xf.numel(), step):
+        sl = slice(i, i + step)
+        if need[1]:  # a target that requires grad (rare): the general formulas
+            cx, ct = _grads(xf[sl], tf[sl], alpha, gamma, need[0], need[1])
+        else:
+            cx, ct = _grad_x_lean(xf[sl], tf[sl], alpha, gamma), None
+        g = sf if sf.numel() == 1 else sf[sl]
+        if gx is not None and cx is not None:
+            torch.mul(cx, g, out=gx[sl])
+        if gt is not None and ct is not None:
+            torch.mul(ct, g, out=gt[sl])
+    return (None if gx is None else gx.view(x.shape)), (None if gt is None else gt.view(t.shape))
 
 
 class _SigmoidFocal(torch.autograd.Function):
@@ -106,57 +181,39 @@ class _SigmoidFocal(torch.autograd.Function):
 
     @staticmethod
     def forward(input: Tensor, target: Tensor, alpha: float, gamma: float, mode: int) -> Tensor:
-        if _chunkable(input, target):
-            xf, tf = input.reshape(-1), target.reshape(-1)
-            n = xf.numel()
-            if mode == NONE:
-                out = torch.empty_like(xf)
-                for i in range(0, n, _CHUNK):
-                    out[i : i + _CHUNK] = _loss(xf[i : i + _CHUNK], tf[i : i + _CHUNK], alpha, gamma)
-                return out.view(input.shape)
-            parts = [
-                _loss(xf[i : i + _CHUNK], tf[i : i + _CHUNK], alpha, gamma).sum()
-                for i in range(0, n, _CHUNK)
-            ]
-            total = torch.stack(parts).sum()
-            return total / n if mode == MEAN else total
+        step = eager_slice_len(input, target)
+        if step is not None:
+            return _forward_sliced(input, target, alpha, gamma, mode, step)
         return reduce(_loss(input, target, alpha, gamma), mode)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         input, target, alpha, gamma, mode = inputs
         ctx.save_for_backward(input, target)
+        ctx.save_for_forward(input, target)
         ctx.alpha, ctx.gamma, ctx.mode = alpha, gamma, mode
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         input, target = ctx.saved_tensors
-        alpha, gamma, mode = ctx.alpha, ctx.gamma, ctx.mode
         need_x, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        shape = torch.broadcast_shapes(input.shape, target.shape)
-        n = max(1, shape.numel())
-        scale = grad_output / n if mode == MEAN else grad_output
-        if not torch.is_grad_enabled() and _chunkable(input, target):
-            xf, tf = input.reshape(-1), target.reshape(-1)
-            gf = scale.reshape(-1)
-            gx = torch.empty_like(xf) if need_x else None
-            gt = torch.empty_like(tf) if need_t else None
-            for i in range(0, xf.numel(), _CHUNK):
-                sl = slice(i, i + _CHUNK)
-                g = gf[sl] if mode == NONE else gf
-                cx, ct = _grads(xf[sl], tf[sl], alpha, gamma, need_x, need_t)
-                if need_x:
-                    torch.mul(cx, g, out=gx[sl])
-                if need_t:
-                    torch.mul(ct, g, out=gt[sl])
-            return (
-                gx.view(input.shape) if need_x else None,
-                gt.view(target.shape) if need_t else None,
-                None,
-                None,
-                None,
-            )
-        gx, gt = _grads(input, target, alpha, gamma, need_x, need_t)
-        grad_input = sum_to(gx * scale, input.shape) if need_x else None
-        grad_target = sum_to(gt * scale, target.shape) if need_t else None
+        scale = grad / input.numel() if ctx.mode == MEAN else grad
+        step = eager_slice_len(input, target, grad=grad)
+        if step is not None:
+            gx, gt = _backward_sliced(input, target, ctx.alpha, ctx.gamma, scale, (need_x, need_t), step)
+            return gx, gt, None, None, None
+        gx, gt = _grads(input, target, ctx.alpha, ctx.gamma, need_x, need_t)
+        grad_input = gx * scale if gx is not None else None
+        grad_target = gt * scale if gt is not None else None
         return grad_input, grad_target, None, None, None
+
+    @staticmethod
+    def jvp(ctx: Any, t_input: Tensor, t_target: Tensor, _a: None, _g: None, _m: None) -> Tensor:
+        input, target = ctx.saved_tensors
+        gx, gt = _grads(input, target, ctx.alpha, ctx.gamma, True, True)
+        assert gx is not None and gt is not None
+        # The forward's reduction, applied to the elementwise tangent.
+        return reduce(gx * t_input + gt * t_target, ctx.mode)
+
+
+_sigmoid_focal = applier(_SigmoidFocal)

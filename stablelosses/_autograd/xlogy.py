@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
+from stablelosses._autograd._base import applier
 from stablelosses._utils import sum_to
+
+
+def _d_x(x: Tensor, y: Tensor, g: Tensor) -> Tensor:
+    """``g · log y``, defined 0 where ``x == 0`` and ``y <= 0`` (as torch's xlogy backward)."""
+    singular = (x == 0) & (y <= 0)
+    return torch.where(singular, 0.0, g * torch.log(y.masked_fill(singular, 1)))
+
+
+def _d_y(x: Tensor, y: Tensor, g: Tensor) -> Tensor:
+    """``g · x / y``, defined 0 where ``x == 0`` (also at ``y == 0``, where torch has 0/0)."""
+    x_zero = x == 0
+    return torch.where(x_zero, 0.0, g * (x / y.masked_fill(x_zero, 1)))
 
 
 class _XLogY(torch.autograd.Function):
     """``xlogy(x, y)`` as ``torch.special.xlogy``.
 
     d/dy = ``x / y``, defined 0 where ``x == 0`` (also at ``y == 0``);
-    d/dx = ``log y``, defined 0 where ``x == 0`` and ``y == 0``.
+    d/dx = ``log y``, defined 0 where ``x == 0`` and ``y <= 0`` (torch's value).
+    Forward mode uses the same two partial derivatives.
     """
 
     generate_vmap_rule = True
@@ -22,22 +38,25 @@ class _XLogY(torch.autograd.Function):
         return torch.special.xlogy(x, y)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         x, y = inputs
         ctx.save_for_backward(x, y)
+        ctx.save_for_forward(x, y)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, y = ctx.saved_tensors
-        x_zero = x == 0
         grad_x = grad_y = None
         if ctx.needs_input_grad[0]:
-            both_zero = x_zero & (y == 0)
-            safe_y = y.masked_fill(both_zero, 1)
-            grad_x = (grad * torch.log(safe_y)).masked_fill_(both_zero, 0)
-            grad_x = sum_to(grad_x, x.shape)
+            grad_x = sum_to(_d_x(x, y, grad), x.shape)
         if ctx.needs_input_grad[1]:
-            safe_y = y.masked_fill(x_zero, 1)
-            grad_y = (grad * (x / safe_y)).masked_fill_(x_zero, 0)
-            grad_y = sum_to(grad_y, y.shape)
+            grad_y = sum_to(_d_y(x, y, grad), y.shape)
         return grad_x, grad_y
+
+    @staticmethod
+    def jvp(ctx: Any, tx: Tensor, ty: Tensor) -> Tensor:
+        x, y = ctx.saved_tensors
+        return _d_x(x, y, tx) + _d_y(x, y, ty)
+
+
+_xlogy = applier(_XLogY)

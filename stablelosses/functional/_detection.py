@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
-from stablelosses._autograd.sigmoid_focal import _SigmoidFocal
+from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
 from stablelosses._utils import (
+    REDUCTION_MODE,
+    REDUCTIONS,
     check_floating,
     check_nonnegative,
-    check_reduction,
-    REDUCTION_MODE,
     loss_out_dtype,
     upcast,
 )
+
+
+def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -> tuple[float, float]:
+    """``(alpha, gamma)`` as floats, or ``TypeError``/``ValueError`` naming ``fn`` and the argument.
+
+    The reduction message carries the word ``Invalid`` as torchvision's does (its tests match it).
+    """
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(
+            f"{fn}: Invalid reduction: reduction must be 'none', 'mean' or 'sum', got {reduction!r}"
+        )
+    gamma_f = check_nonnegative(fn, "gamma", gamma)
+    if gamma_f == math.inf:  # comparisons, not math.isinf: Dynamo traces them on a SymFloat
+        raise ValueError(f"{fn}: gamma must be finite and >= 0, got {gamma_f}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
+    if not -math.inf < alpha < math.inf:  # also NaN
+        raise ValueError(
+            f"{fn}: alpha must be a finite number (in [0, 1], or < 0 for no weighting), got {alpha}"
+        )
+    return float(alpha), gamma_f
 
 
 def sigmoid_focal_loss(
@@ -36,8 +59,13 @@ def sigmoid_focal_loss(
     where both $1 - p_t$ and $\mathrm{BCE} = t\operatorname{softplus}(-x) +
     (1-t)\operatorname{softplus}(x)$ are evaluated as sums of non-negative terms, so they keep
     full relative precision when tiny (torchvision's $1 - p_t$ cancels to 0 for saturated
-    logits). Reductions: none $\ell$; mean $\tfrac{1}{N}\sum_i \ell_i$; sum $\sum_i \ell_i$.
-    float16/bfloat16 inputs are computed in float32.
+    logits), and $(1-p_t)^\gamma = \exp(\gamma \log(1-p_t))$ with $\log(1-p_t)$ exact, so it
+    does not round to 0 before the product does. At $\gamma = 0$ the value is
+    $\alpha_t$ times torch's own ``binary_cross_entropy_with_logits`` term, bit for bit
+    (torchvision's tests compare ``focal <= BCE`` and ``focal == BCE`` at $\alpha < 0$ exactly).
+    Reductions: none $\ell$; mean $\tfrac{1}{N}\sum_i \ell_i$; sum $\sum_i \ell_i$.
+    float16/bfloat16 inputs are computed in float32. One code path for every size (no
+    size-dependent branch), so ``torch.export`` with a dynamic batch dimension works.
 
     **Gradient**
 
@@ -46,11 +74,16 @@ def sigmoid_focal_loss(
     + \gamma\,\mathrm{BCE}\,\frac{(1-2t)\,\sigma(x)\sigma(-x)}{1-p_t}\Big],
     $$
 
-    with the ratio $\sigma(x)\sigma(-x)/(1-p_t)$ (bounded by 1) computed without dividing by a
-    vanishing $1-p_t$. Where $1 - p_t$ underflows to 0 (saturated logit on the right side)
-    the factor $(1-p_t)^\gamma$ is 0 and the gradient is **0** for $\gamma > 0$; for
-    $\gamma < 1$ this is where torchvision's formula gives NaN. The gradient with respect to
-    ``target`` is analytic as well ($\mathrm{BCE}/(1-p_t)$ stays finite); NaN propagates.
+    where $\mathrm{BCE}\,\sigma(x)\sigma(-x)/(1-p_t)$ is evaluated as $C\,\sigma(-|x|)$ with
+    $C = \mathrm{BCE}\,/\,\big((1-p_t)(1+e^{-|x|})\big)$, which is bounded by $|x| + 2$: no
+    factor divides by a vanishing $1 - p_t$. For a saturated logit on the right side the
+    gradient is the exact tiny value (0 once it underflows) where torchvision's formula gives
+    NaN for $\gamma < 1$. The gradient with respect to ``target`` is analytic as well; NaN
+    propagates. Forward mode (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same
+    derivatives, and the second derivative in $x$ (double backward, ``hessian``) is finite and
+    accurate at saturated logits (e.g. $\pm 30, \pm 100, \pm 200$, any $\gamma > 0$). The mixed
+    second derivative in $x$ and $t$ is finite everywhere; at a hard target with
+    $|x| > 66$ (float32) it omits terms of the size of $(1-p_t)^\gamma |x|$.
 
     Args:
         input: logits, any shape, floating point.
@@ -65,10 +98,11 @@ def sigmoid_focal_loss(
         (float32 for half input under autocast).
 
     Raises:
-        ValueError: ``reduction`` is not one of the above, or ``gamma < 0``.
+        ValueError: ``reduction`` is not one of the above (the message says ``Invalid``, as
+            torchvision's), ``gamma`` is negative, infinite or NaN, ``alpha`` is infinite or
+            NaN, or ``target`` and ``input`` differ in shape (as torchvision).
         TypeError: ``input``/``target`` is not a floating-point tensor, or ``alpha``/``gamma``
             is not a number.
-        ValueError: ``target`` and ``input`` differ in shape (as torchvision).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -91,15 +125,12 @@ def sigmoid_focal_loss(
     fn = "sigmoid_focal_loss"
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
-    check_reduction(fn, reduction)
-    gamma = check_nonnegative(fn, "gamma", gamma)
+    alpha_f, gamma_f = check_focal_args(fn, alpha, gamma, reduction)
     if target.size() != input.size():
         # as torchvision, whose binary_cross_entropy_with_logits refuses to broadcast
         raise ValueError(
             f"{fn}: target size ({target.size()}) must be the same as input size ({input.size()})"
         )
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
     out_dtype = loss_out_dtype(input)
-    loss = _SigmoidFocal.apply(upcast(input), upcast(target), float(alpha), gamma, REDUCTION_MODE[reduction])
+    loss = _sigmoid_focal(upcast(input), upcast(target), alpha_f, gamma_f, REDUCTION_MODE[reduction])
     return loss.to(out_dtype)

@@ -11,10 +11,10 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.div import _SafeDiv
+from stablelosses._autograd.div import _safe_div
 from stablelosses._autograd.softmax import _LogSoftmax, _LogSumExp, _Softmax
-from stablelosses._autograd.sqrt import _SafeSqrt
-from stablelosses._autograd.xlogy import _XLogY
+from stablelosses._autograd.sqrt import _safe_sqrt
+from stablelosses._autograd.xlogy import _xlogy
 from stablelosses._utils import check_tensor, compute_dtype, wrap_dim
 
 _LOW = (torch.float16, torch.bfloat16)
@@ -61,9 +61,14 @@ def _result_type(a: object, b: object) -> torch.dtype:
     return result
 
 
-def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str]) -> tuple[Tensor, Tensor, torch.dtype]:
-    """Tensors for a binary op, with torch's type promotion (ints → default float)."""
-    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
+                     two_numbers: bool = False) -> tuple[Tensor, Tensor, torch.dtype]:
+    """Tensors for a binary op, with torch's type promotion (ints → default float).
+
+    ``two_numbers``: two Python numbers make a CPU tensor, as ``torch.div(1, 2)`` does;
+    otherwise (as ``torch.special.xlogy``) at least one operand must be a tensor.
+    """
+    if not two_numbers and not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError(f"{fn}: {names[0]} or {names[1]} must be a torch.Tensor, got "
                         f"{type(a).__name__} and {type(b).__name__}")
     for name, v in zip(names, (a, b)):
@@ -74,7 +79,7 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str]) -> t
     out_dtype = _result_type(a, b)
     if not out_dtype.is_floating_point:
         out_dtype = torch.get_default_dtype()
-    device = a.device if isinstance(a, Tensor) else b.device  # type: ignore[union-attr]
+    device = a.device if isinstance(a, Tensor) else b.device if isinstance(b, Tensor) else torch.device("cpu")
     if isinstance(a, Tensor) and isinstance(b, Tensor) and a.device != b.device:
         # A 0-dim CPU tensor mixes with any device, as in torch.
         if a.ndim == 0 and a.device.type == "cpu":
@@ -88,7 +93,8 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str]) -> t
     ta = a.to(device=device, dtype=work) if isinstance(a, Tensor) else torch.tensor(a, dtype=work, device=device)
     tb = b.to(device=device, dtype=work) if isinstance(b, Tensor) else torch.tensor(b, dtype=work, device=device)
     try:
-        torch.broadcast_shapes(ta.shape, tb.shape)
+        if ta.shape != tb.shape:  # (torch.broadcast_shapes costs ~50 µs even for equal shapes)
+            torch.broadcast_shapes(ta.shape, tb.shape)
     except RuntimeError:
         raise RuntimeError(
             f"{fn}: the shapes of {names[0]} {tuple(ta.shape)} and {names[1]} {tuple(tb.shape)} "
@@ -159,7 +165,9 @@ def safe_sqrt(input: Tensor) -> Tensor:
     **Gradient.** $\frac{1}{2\sqrt{x}}$ for $x > 0$; at $x = 0$ it is defined as $0$, the
     minimal-norm subgradient (``torch.sqrt`` gives ``inf``, and ``inf · 0`` from an upstream
     zero is the ``SqrtBackward0 returned nan values`` error). Negative input gives NaN in value
-    and gradient, as ``torch.sqrt``; NaN stays NaN.
+    and gradient, as ``torch.sqrt``; NaN stays NaN. Forward mode (``torch.func.jvp``,
+    ``jacfwd``, ``hessian``, ``torch.autograd.forward_ad``) uses the same derivative: the
+    tangent at $x = 0$ is $0$. Double backward is finite at 0.
 
     Args:
         input: tensor of any shape. Integer tensors are promoted to the default float dtype;
@@ -185,7 +193,7 @@ def safe_sqrt(input: Tensor) -> Tensor:
     """
     x = _float_result(check_tensor("safe_sqrt", "input", input))
     out_dtype = x.dtype
-    return _SafeSqrt.apply(x.to(compute_dtype(x))).to(out_dtype)
+    return _safe_sqrt(x.to(compute_dtype(x))).to(out_dtype)
 
 
 def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: float = 0.0) -> Tensor:
@@ -197,11 +205,13 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
     ``input`` stays NaN even where ``other == 0`` (a NaN is an upstream bug and is not hidden).
     Broadcasting and type promotion as ``torch.div``.
 
-    **Gradient.** Where ``other == 0`` both gradients are defined as $0$. Elsewhere
+    **Gradient.** Where ``other == 0`` both gradients are defined as $0$ (for a finite incoming
+    gradient). Elsewhere
     $\partial/\partial a = g / b$ and $\partial/\partial b = -(g/b)\cdot(a/b)$, with the quotient
     reused from the output (never $a/b^2$, which overflows first). The popular idiom
     ``torch.where(b != 0, a / b, 0)`` has the right value but a NaN gradient, because the
-    discarded branch's ``inf`` meets a zero gradient in ``DivBackward``.
+    discarded branch's ``inf`` meets a zero gradient in ``DivBackward``. Forward mode uses the
+    same partial derivatives (tangent $\dot a / b - \dot b\,(a/b)/b$, $0$ where $b = 0$).
 
     Args:
         input: dividend (tensor or number).
@@ -209,10 +219,12 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
         fill: value where ``other == 0``. Default: ``0.0``.
 
     Returns:
-        Tensor of the broadcast shape, in the dtype ``torch.div`` returns.
+        Tensor of the broadcast shape, in the dtype ``torch.div`` returns; two Python numbers
+        give a 0-dim tensor of the default dtype, as ``torch.div(1, 2)``.
 
     Raises:
-        TypeError: neither operand is a tensor, or ``fill`` is not a real number.
+        TypeError: an operand is neither a tensor nor a real number, or ``fill`` is not a real
+            number.
         RuntimeError: the shapes do not broadcast.
 
     Example:
@@ -230,8 +242,8 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
     """
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):
         raise TypeError(f"safe_div: fill must be a real number, got {type(fill).__name__}")
-    a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"))
-    return _SafeDiv.apply(a, b, float(fill)).to(out_dtype)
+    a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
+    return _safe_div(a, b, float(fill)).to(out_dtype)
 
 
 def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
@@ -244,8 +256,8 @@ def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
 
     **Gradient.** $\partial/\partial y = x / y$, defined $0$ where $x = 0$ (also at $y = 0$,
     where torch gives $0/0$ = NaN). $\partial/\partial x = \log y$, defined $0$ where $x = 0$
-    and $y = 0$ (torch gives $0$ wherever $x = 0$; here the derivative $\log y$ is kept where it
-    is finite).
+    and $y \le 0$, exactly torch's value (for $x = 0$, $y > 0$ it is $\log y$, as torch).
+    Forward mode (``jvp``, ``jacfwd``, ``hessian``) uses the same partial derivatives.
 
     Args:
         input: the factor ``x`` (tensor or number).
@@ -271,7 +283,7 @@ def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
     Replaces ``torch.special.xlogy`` and ``x * torch.log(y)``.
     """
     x, y, out_dtype = _binary_operands("xlogy", input, other, ("input", "other"))
-    return _XLogY.apply(x, y).to(out_dtype)
+    return _xlogy(x, y).to(out_dtype)
 
 
 def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = False) -> Tensor:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import Tensor
 
-from stablelosses._autograd.logcosh import _LogCosh
-from stablelosses._autograd.rmse import _RMSE
+from stablelosses._autograd.logcosh import _log_cosh
+from stablelosses._autograd.rmse import _rmse
 from stablelosses._utils import (
+    REDUCTION_MODE,
+    autocast_to_float32,
     check_floating,
     check_nonnegative,
     check_reduction,
-    REDUCTION_MODE,
+    check_tensor,
     loss_out_dtype,
     upcast,
 )
@@ -29,6 +32,23 @@ def _warn_broadcast(input: Tensor, target: Tensor) -> None:
         )
 
 
+def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tensor, torch.dtype]:
+    """Both operands in the compute dtype, and the dtype ``F.mse_loss`` returns.
+
+    ``F.mse_loss`` broadcasts first, so both operands count as dimensioned tensors:
+    ``promote_types`` of the two dtypes (an integer target joins a float input).
+    """
+    x, y = check_tensor(fn, "input", input), check_tensor(fn, "target", target)
+    dtype = torch.promote_types(x.dtype, y.dtype)
+    if not dtype.is_floating_point:
+        raise RuntimeError(
+            f"{fn}: input or target must be a floating-point tensor, got {x.dtype} and {y.dtype}"
+        )
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    out = torch.float32 if work != dtype and autocast_to_float32(x) else dtype
+    return x.to(work), y.to(work), out
+
+
 def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float = 0.0) -> Tensor:
     r"""Root-mean-square error with a finite gradient at zero residual and no overflow.
 
@@ -41,9 +61,13 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     \text{none: } \sqrt{r_i^2 + \epsilon} .
     $$
 
-    The sum of squares is evaluated as $s^2 \sum_i (r_i/s)^2$ with $s = \max_i |r_i|$, so the
-    result is finite whenever it is representable (float32 residual ``1e20`` gives ``1e20``;
-    float16 input is computed in float32). float16/bfloat16 inputs are computed in float32.
+    The norm $\sqrt{\sum_i r_i^2}$ is accumulated in float64 (a float32 square cannot
+    overflow there; float64 residuals past $10^{154}$ are scaled by $2^{-600}$), so the result
+    is finite whenever it is representable (float32 residual ``1e20`` gives ``1e20``) and a
+    zero residual gives $+0.0$, eager and compiled alike. float16/bfloat16 inputs are computed
+    in float32. Mixed dtypes promote as ``F.mse_loss`` does (it broadcasts first, so the two
+    dtypes promote as dimensioned tensors): float16 with float32 gives float32, an integer or
+    bool ``target`` joins a float ``input``.
 
     **Gradient**
 
@@ -56,22 +80,27 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     $r_i / (D\sqrt{m + \epsilon})$). Where the result is 0 (all residuals 0 and
     $\epsilon = 0$) the gradient is defined as **0** (the minimal-norm subgradient), where
     the textbook $\tfrac{1}{2\sqrt{m}} \cdot \tfrac{2r}{N}$ gives NaN. The gradient with
-    respect to ``target`` is the negative. NaN in ``input``/``target`` propagates.
+    respect to ``target`` is the negative. NaN in ``input``/``target`` propagates. Forward
+    mode (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative (tangent 0 at a
+    zero result).
 
     Args:
-        input: predictions, any shape, floating point.
+        input: predictions, any shape.
         target: targets, broadcastable to ``input`` (a size mismatch warns, as ``F.mse_loss``).
+            At least one of the two is floating point.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
         eps: a float ``>= 0`` added under the square root. Default: ``0.0``.
 
     Returns:
-        A scalar for ``'mean'``/``'sum'``, else the broadcast shape. dtype: the input's, or
-        float32 for float16/bfloat16 input under autocast (as ``F.mse_loss``).
+        A scalar for ``'mean'``/``'sum'``, else the broadcast shape. dtype: the one
+        ``F.mse_loss`` returns (the promoted dtype, or float32 for float16/bfloat16 under
+        autocast).
 
     Raises:
         ValueError: ``reduction`` is not one of the above, or ``eps < 0``.
-        TypeError: ``input``/``target`` is not a floating-point tensor, or ``eps`` is not a number.
-        RuntimeError: the shapes do not broadcast.
+        TypeError: ``input``/``target`` is not a tensor, or ``eps`` is not a number.
+        RuntimeError: the shapes do not broadcast, or neither operand is floating point
+            (``F.mse_loss``: "not implemented for 'Long'").
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -90,14 +119,11 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     Replaces ``torch.sqrt(F.mse_loss(input, target, reduction=reduction) + eps)``.
     """
     fn = "rmse_loss"
-    check_floating(fn, "input", input)
-    check_floating(fn, "target", target)
     check_reduction(fn, reduction)
     eps = check_nonnegative(fn, "eps", eps)
-    _warn_broadcast(input, target)
-    out_dtype = loss_out_dtype(input)
-    out = _RMSE.apply(upcast(input), upcast(target), REDUCTION_MODE[reduction], eps)
-    return out.to(out_dtype)
+    x, y, out_dtype = _mse_operands(fn, input, target)
+    _warn_broadcast(x, y)
+    return _rmse(x, y, REDUCTION_MODE[reduction], eps).to(out_dtype)
 
 
 def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -121,7 +147,8 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
 
     (times $1/N$ for ``'mean'``), evaluated directly: bounded by 1, never the
     ``inf/inf`` = NaN of $\sinh r / \cosh r$. The function is smooth, so there is no singular
-    point. The gradient with respect to ``target`` is the negative.
+    point. The gradient with respect to ``target`` is the negative. Forward mode
+    (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative.
 
     Args:
         input: predictions, any shape, floating point.
@@ -156,4 +183,4 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
     check_floating(fn, "target", target)
     check_reduction(fn, reduction)
     out_dtype = loss_out_dtype(input)
-    return _LogCosh.apply(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)
+    return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)
