@@ -149,23 +149,3 @@ def inplace_ok(*tensors: Optional[Tensor]) -> bool:
         if t is not None and (fc.is_functorch_wrapped_tensor(t) or fc.is_legacy_batchedtensor(t)):
             return False
     return True
-
-
-# Elements per slice when an eager CPU call works through its operands slice by slice: the
-# temporaries of one slice (~256 KiB each) stay in cache instead of each being a full-size
-# buffer in memory, which is what lets a multi-pass formula beat a fused built-in on a CPU.
-SLICE = 1 << 16
-
-
-def eager_slice_len(*operands: Tensor, grad: Optional[Tensor] = None) -> Optional[int]:
-    """The slice length for an eager CPU evaluation of contiguous ``operands`` (and a ``grad``
-    of any layout), or None to take the tensors whole: compiled and exported graphs (checked
-    first, so no size guard is traced), autograd recording (double backward), functorch
-    transforms, other devices (there one fused pass is what counts). Every size takes the
-    same loop: there is no size threshold.
-    """
-    if torch.compiler.is_compiling() or not inplace_ok(*operands, grad):
-        return None
-    if any(t.device.type != "cpu" or not t.is_contiguous() for t in operands):
-        return None
-    return SLICE

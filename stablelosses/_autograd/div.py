@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import eager_slice_len, sum_to
+from stablelosses._utils import sum_to
 
 
 def _inf_where_zero(b: Tensor) -> tuple[Tensor, Tensor]:
@@ -20,8 +20,7 @@ def _inf_where_zero(b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: bool,
-              need: tuple[bool, bool], dest: tuple[Tensor | None, Tensor | None] = (None, None),
-              backward: bool = True) -> tuple[Tensor | None, Tensor | None]:
+              need: tuple[bool, bool], backward: bool = True) -> tuple[Tensor | None, Tensor | None]:
     """``g / b`` and ``-(g · (a / b)) / b``, both 0 where ``b == 0``.
 
     The quotient comes from the saved output (``a / b²`` would overflow first) and multiplies
@@ -29,7 +28,7 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
     (no inf · 0). ``0 - x`` avoids ``-0.0``. Where ``b == 0`` the output is ``fill``: an
     infinite fill is masked, since inf / inf would be NaN.
     """
-    d_a = torch.div(g, b_inf, out=dest[0]) if need[0] else None
+    d_a = torch.div(g, b_inf) if need[0] else None
     d_b = None
     if need[1]:
         # summed over the broadcast dimensions before the division: Σ g·(a/b) cancels exactly
@@ -37,29 +36,15 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
         # (forward mode: g is b's tangent and the result keeps the output's shape)
         q = g * out
         q = (sum_to(q, b_inf.shape) if backward else q).div_(b_inf)
-        d_b = torch.sub(q.new_zeros(()), q, out=dest[1])
+        d_b = torch.sub(q.new_zeros(()), q)
         if not fill_finite:
             d_b = d_b.masked_fill_(zero, 0)
     return d_a, d_b
 
 
-def _quotient(a: Tensor, b: Tensor, fill: float, out: Tensor | None = None) -> Tensor:
+def _quotient(a: Tensor, b: Tensor, fill: float) -> Tensor:
     # clamp(fill, fill) is fill everywhere except where a is NaN, which it keeps.
-    return torch.where(b == 0, a.clamp(fill, fill), a / b, out=out)
-
-
-def _backward_sliced(b: Tensor, out: Tensor, grad: Tensor, fill_finite: bool,
-                     need: tuple[bool, bool], step: int) -> tuple[Tensor | None, Tensor | None]:
-    """The gradients of same-shaped operands, slice by slice (in cache; eager CPU only)."""
-    bf, of, gf = b.reshape(-1), out.reshape(-1), grad.reshape(-1)
-    ga = torch.empty_like(bf) if need[0] else None
-    gb = torch.empty_like(bf) if need[1] else None
-    for i in range(0, bf.numel(), step):
-        sl = slice(i, i + step)
-        b_inf, zero = _inf_where_zero(bf[sl])
-        dest = (None if ga is None else ga[sl], None if gb is None else gb[sl])
-        _partials(b_inf, zero, of[sl], gf[sl], fill_finite, need, dest)
-    return (None if ga is None else ga.view(b.shape)), (None if gb is None else gb.view(b.shape))
+    return torch.where(b == 0, a.clamp(fill, fill), a / b)
 
 
 class _SafeDiv(torch.autograd.Function):
@@ -75,14 +60,7 @@ class _SafeDiv(torch.autograd.Function):
 
     @staticmethod
     def forward(a: Tensor, b: Tensor, fill: float) -> Tensor:
-        step = eager_slice_len(a, b) if a.shape == b.shape else None
-        if step is None:
-            return _quotient(a, b, fill)
-        af, bf = a.reshape(-1), b.reshape(-1)
-        out = torch.empty_like(af)
-        for i in range(0, af.numel(), step):
-            _quotient(af[i : i + step], bf[i : i + step], fill, out=out[i : i + step])
-        return out.view(a.shape)
+        return _quotient(a, b, fill)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -96,10 +74,6 @@ class _SafeDiv(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         b, out = ctx.saved_tensors
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        same = b.shape == out.shape == ctx.a_shape == grad.shape
-        step = eager_slice_len(b, out, grad=grad) if same else None
-        if step is not None:
-            return (*_backward_sliced(b, out, grad, ctx.fill_finite, need, step), None)
         b_inf, zero = _inf_where_zero(b)
         d_a, d_b = _partials(b_inf, zero, out, grad, ctx.fill_finite, need)
         grad_a = None if d_a is None else sum_to(d_a, ctx.a_shape)

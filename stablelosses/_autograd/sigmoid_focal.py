@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import MEAN, NONE, eager_slice_len, reduce
+from stablelosses._utils import MEAN, inplace_ok, reduce
 
 
 def _tiny(dtype: torch.dtype) -> float:
@@ -90,7 +90,7 @@ def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
 
 
 def _grad_x_lean(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
-    """``d loss/d x`` for the eager first-order backward (in place on fresh slices, no autograd).
+    """``d loss/d x`` for the eager first-order backward (in place on fresh buffers, no autograd).
 
     ``α_t·[(σ(x) - t)·q^γ + γ·(ce/q)·(1-2t)·σ(x)σ(-x)·q^γ]``: ``ce/q`` is bounded; ``q`` is
     clamped to the smallest normal number, where both are ~0 and the term is 0 anyway.
@@ -140,40 +140,6 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
     return gx, gt
 
 
-def _forward_sliced(x: Tensor, t: Tensor, alpha: float, gamma: float, mode: int, step: int) -> Tensor:
-    xf, tf = x.reshape(-1), t.reshape(-1)
-    n = xf.numel()
-    if mode == NONE:
-        out = torch.empty_like(xf)
-        for i in range(0, n, step):
-            out[i : i + step] = _loss(xf[i : i + step], tf[i : i + step], alpha, gamma)
-        return out.view(x.shape)
-    total = xf.new_zeros(())
-    for i in range(0, n, step):
-        total += _loss(xf[i : i + step], tf[i : i + step], alpha, gamma).sum()
-    return total / n if mode == MEAN else total
-
-
-def _backward_sliced(x: Tensor, t: Tensor, alpha: float, gamma: float, scale: Tensor,
-                     need: tuple[bool, bool], step: int) -> tuple[Tensor | None, Tensor | None]:
-    """``d loss/d input · scale`` and ``d loss/d target · scale``, written slice by slice."""
-    xf, tf, sf = x.reshape(-1), t.reshape(-1), scale.reshape(-1)
-    gx = torch.empty_like(xf) if need[0] else None
-    gt = torch.empty_like(tf) if need[1] else None
-    for i in range(0, xf.numel(), step):
-        sl = slice(i, i + step)
-        if need[1]:  # a target that requires grad (rare): the general formulas
-            cx, ct = _grads(xf[sl], tf[sl], alpha, gamma, need[0], need[1])
-        else:
-            cx, ct = _grad_x_lean(xf[sl], tf[sl], alpha, gamma), None
-        g = sf if sf.numel() == 1 else sf[sl]
-        if gx is not None and cx is not None:
-            torch.mul(cx, g, out=gx[sl])
-        if gt is not None and ct is not None:
-            torch.mul(ct, g, out=gt[sl])
-    return (None if gx is None else gx.view(x.shape)), (None if gt is None else gt.view(t.shape))
-
-
 class _SigmoidFocal(torch.autograd.Function):
     """``reduce(α_t · BCE(x, t) · (1 - p_t)**γ)``; ``mode`` 0 = none, 1 = mean, 2 = sum."""
 
@@ -181,9 +147,6 @@ class _SigmoidFocal(torch.autograd.Function):
 
     @staticmethod
     def forward(input: Tensor, target: Tensor, alpha: float, gamma: float, mode: int) -> Tensor:
-        step = eager_slice_len(input, target)
-        if step is not None:
-            return _forward_sliced(input, target, alpha, gamma, mode, step)
         return reduce(_loss(input, target, alpha, gamma), mode)
 
     @staticmethod
@@ -198,10 +161,9 @@ class _SigmoidFocal(torch.autograd.Function):
         input, target = ctx.saved_tensors
         need_x, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         scale = grad / input.numel() if ctx.mode == MEAN else grad
-        step = eager_slice_len(input, target, grad=grad)
-        if step is not None:
-            gx, gt = _backward_sliced(input, target, ctx.alpha, ctx.gamma, scale, (need_x, need_t), step)
-            return gx, gt, None, None, None
+        if need_x and not need_t and inplace_ok(input, target, scale):
+            # first order, no transforms: the few-pass formula, in place on its own buffers
+            return _grad_x_lean(input, target, ctx.alpha, ctx.gamma).mul_(scale), None, None, None, None
         gx, gt = _grads(input, target, ctx.alpha, ctx.gamma, need_x, need_t)
         grad_input = gx * scale if gx is not None else None
         grad_target = gt * scale if gt is not None else None
