@@ -23,6 +23,8 @@ from stablelosses.losses import (
     CrossEntropyLoss,
     FocalLoss,
     KLDivLoss,
+    LinearCrossEntropyLoss,
+    LinearFocalLoss,
     LogCoshLoss,
     RMSELoss,
     SigmoidFocalLoss,
@@ -44,5 +46,7 @@ __all__ = [
     "SigmoidFocalLoss",
     "KLDivLoss",
     "LogCoshLoss",
+    "LinearCrossEntropyLoss",
+    "LinearFocalLoss",
     "__version__",
 ]

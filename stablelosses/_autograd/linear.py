@@ -71,6 +71,7 @@ def chunk_loss(
     masked = u == _NEG_INF if (cfg.softcap is not None or eps > 0.0) else None
     th = None
     if cfg.softcap is not None:
+        assert masked is not None
         # l = c tanh(u / c); a -inf (masked) logit stays masked.
         th = u.div_(cfg.softcap).tanh_()
         logits = (th * cfg.softcap).masked_fill_(masked, _NEG_INF)
@@ -158,7 +159,10 @@ def run_chunks(
             tc = t[start : start + cfg.chunk]
             rs = None
             if want:
-                rs = ones.expand(xc.shape[0], 1) if row_scale is None else row_scale[start : start + cfg.chunk, None]
+                rs = (
+                    ones.expand(xc.shape[0], 1) if row_scale is None
+                    else row_scale[start : start + cfg.chunk, None]
+                )
             loss, valid, g = chunk_loss(xc, wc, bc, tc, cfg, rs)
             losses.append(loss)
             valids.append(valid)

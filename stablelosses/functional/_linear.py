@@ -276,8 +276,8 @@ def linear_focal_loss(
         >>> import torch, stablelosses.functional as SF
         >>> x = torch.tensor([[30.0, 0.0]], requires_grad=True)
         >>> W = torch.eye(2)
-        >>> SF.linear_focal_loss(x, W, torch.tensor([0]), gamma=0.5)  # exact tail, not 0
-        tensor(8.0601e-20, grad_fn=...)
+        >>> SF.linear_focal_loss(x, W, torch.tensor([0]), gamma=0.5)  # exact tail; softmax then log: 0
+        tensor(2.8625e-20, grad_fn=...)
 
     References:
         Lin et al., *Focal Loss for Dense Object Detection* (2017).
