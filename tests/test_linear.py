@@ -456,8 +456,9 @@ def test_default_chunk_size_splits_large_problems():
         for dt in (torch.float32, torch.float64):
             rows = default_chunk_size(v, dt)
             assert rows >= 1 and rows * v * torch.finfo(dt).bits // 8 <= CHUNK_BYTES < 100 * 2**20
-    assert default_chunk_size(32000, torch.float32) == 256
-    assert default_chunk_size(10, torch.float32) % 8 == 0
+    assert default_chunk_size(32000, torch.float32) == 512
+    assert default_chunk_size(128256, torch.float32) == 128
+    assert default_chunk_size(2**40, torch.float32) == 1
 
 
 # --- modules and argument errors ----------------------------------------------------------------
@@ -520,3 +521,16 @@ def test_argument_errors(kwargs, exc, match):
 def test_focal_gamma_errors(gamma, exc):
     with pytest.raises(exc, match="linear_focal_loss: gamma"):
         SF.linear_focal_loss(_X, _W, _T, gamma=gamma)
+
+
+def test_single_row_and_empty_batch():
+    x, w, b, t = _data(n=1)
+    out = SF.linear_cross_entropy(x[0], w, t[0], b, reduction="none")
+    assert out.shape == ()
+    torch.testing.assert_close(out, F.cross_entropy(F.linear(x[0], w, b), t[0], reduction="none"))
+    xe = torch.zeros(0, H, dtype=torch.float64, requires_grad=True)
+    empty_t = torch.zeros(0, dtype=torch.long)
+    loss = SF.linear_cross_entropy(xe, w, empty_t, b)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(xe, w, b), empty_t), equal_nan=True)  # NaN
+    assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="sum").item() == 0.0
+    assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="none").shape == (0,)

@@ -148,8 +148,9 @@ def run_chunks(
     want = any(needs)
     wc = w.to(cd)
     bc = None if b is None else b.to(cd)
-    gw = torch.zeros_like(wc) if needs[1] else None
-    gb = torch.zeros_like(bc) if (needs[2] and bc is not None) else None
+    need_b = needs[2] and bc is not None
+    gw: Tensor | None = None
+    gb: Tensor | None = None
     losses, valids, gxs = [], [], []
     ones = torch.ones((), dtype=cd, device=x.device)
     # The logits in cd, never in autocast's lower precision.
@@ -169,12 +170,17 @@ def run_chunks(
             if g is not None:
                 if needs[0]:
                     gxs.append(g @ wc)
-                if gw is not None:
-                    gw.addmm_(g.t(), xc)
-                if gb is not None:
-                    gb.add_(g.sum(0))
+                # The first chunk writes the accumulators (no zero fill of a (V, H) buffer).
+                if needs[1]:
+                    gw = g.t() @ xc if gw is None else gw.addmm_(g.t(), xc)
+                if need_b:
+                    gb = g.sum(0) if gb is None else gb.add_(g.sum(0))
             del g  # free this chunk's buffer before the next chunk's matmul
     gx = torch.cat(gxs) if gxs else (torch.zeros_like(x, dtype=cd) if needs[0] else None)
+    if needs[1] and gw is None:  # no rows
+        gw = torch.zeros_like(wc)
+    if need_b and gb is None:
+        gb = torch.zeros_like(bc)
     loss = torch.cat(losses) if losses else x.new_zeros(0, dtype=cd)
     valid = torch.cat(valids) if valids else t.new_zeros(0, dtype=torch.bool)
     return loss, valid, Grads(gx, gw, gb)

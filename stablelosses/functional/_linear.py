@@ -16,19 +16,19 @@ from stablelosses._utils import (
     check_tensor,
 )
 
-# Logits of one chunk: at most this many bytes (32 MiB) in the compute dtype.
-CHUNK_BYTES = 32 * 2**20
+# Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
+CHUNK_BYTES = 64 * 2**20
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
 
 def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
     """Rows per chunk for ``chunk_size=None``: the chunk's logits fit in ``CHUNK_BYTES``.
 
-    A multiple of 8 rows (1 for huge vocabularies); it depends on the vocabulary and the compute
-    dtype only, so any problem whose logits exceed 32 MiB is split.
+    The largest power of two that fits (at least 1 row); it depends on the vocabulary and the
+    compute dtype only, so any problem whose logits exceed 64 MiB is split.
     """
-    rows = CHUNK_BYTES // (max(vocab, 1) * torch.finfo(dtype).bits // 8)
-    return max(1, rows - rows % 8 if rows >= 8 else rows)
+    rows = max(1, CHUNK_BYTES // (max(vocab, 1) * (torch.finfo(dtype).bits // 8)))
+    return 1 << (rows.bit_length() - 1)
 
 
 def _check_real(fn: str, name: str, value: object) -> float:
@@ -169,7 +169,7 @@ def linear_cross_entropy(
             row. Default: `0.0`.
         softcap: $c > 0$ for Gemma 2's $c \tanh(l / c)$ logit soft-capping, or `None`.
         chunk_size: rows per chunk, or `None` for a size that keeps one chunk's logits within
-            32 MiB (a multiple of 8 rows, from $V$ and the dtype).
+            64 MiB (a power of two, from $V$ and the dtype).
 
     Returns:
         The loss: a scalar, or shape of `target` for `'none'`; dtype of `input` and `weight`
