@@ -65,6 +65,9 @@ def chunk_loss(
     ``x`` is ``(n, H)``, ``w`` ``(V, H)``, ``b`` ``(V,)``, all in the compute dtype; ``t`` ``(n,)``
     int64. ``row_scale`` ``(n, 1)`` (``None``: no gradient). Returns the loss ``(n,)`` (0 on
     invalid rows), ``valid`` ``(n,)`` and the ``(n, V)`` gradient, which reuses the logits buffer.
+
+    One function on purpose (about 70 lines): the one ``(n, V)`` buffer goes through every step in
+    place (logits, ``exp``, gradient), and a split would pass a dozen per-row intermediates.
     """
     u = x @ w.t() if b is None else torch.addmm(b, x, w.t())
     eps, zl = cfg.label_smoothing, cfg.z_loss
