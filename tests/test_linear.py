@@ -366,10 +366,13 @@ def test_autocast_returns_float32_and_param_dtype_grads():
     assert gx.dtype == torch.float32 and gw.dtype == torch.bfloat16 and gb.dtype == torch.float32
 
 
-def test_func_grad_matches_autograd():
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_func_grad_matches_autograd(reduction):
     x, w, b, t = _data()
-    got = torch.func.grad(lambda w: SF.linear_cross_entropy(x, w, t, b, z_loss=1e-2, chunk_size=5))(w)
-    expected = torch.func.grad(lambda w: ref_loss(x, w, t, b, z_loss=1e-2))(w)
+    kw = dict(z_loss=1e-2, reduction=reduction)
+    got = torch.func.grad(lambda x, w: SF.linear_cross_entropy(x, w, t, b, chunk_size=5, **kw).sum(),
+                          argnums=(0, 1))(x, w)
+    expected = torch.func.grad(lambda x, w: ref_loss(x, w, t, b, **kw).sum(), argnums=(0, 1))(x, w)
     torch.testing.assert_close(got, expected)
 
 
@@ -534,3 +537,15 @@ def test_single_row_and_empty_batch():
     torch.testing.assert_close(loss, F.cross_entropy(F.linear(xe, w, b), empty_t), equal_nan=True)  # NaN
     assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="sum").item() == 0.0
     assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="none").shape == (0,)
+
+
+def test_smoothing_no_intermediate_overflow_float32():
+    # Logits near ±1e37 (issue 9 item 6): the exact smoothed loss is representable in float32.
+    x, w, _, _ = _data(n=4, dtype=torch.float32, scale=0.1)
+    b = torch.zeros(V)
+    b[0], b[1] = 1e37, -1e37
+    t = torch.tensor([0, 2, 3, 0])
+    loss = SF.linear_cross_entropy(x, w, t, b, label_smoothing=0.1, reduction="none")
+    ref = ref_loss(x, w, t, b, label_smoothing=0.1, reduction="none")
+    assert torch.isfinite(loss).all()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=0)
