@@ -141,7 +141,7 @@ def main() -> None:
         cid = f"{label}-{args.device}"
         calls = {v: make_call(cid, v)[0] for v in ("torch", "stable")}
         times: dict[str, list[float]] = {v: [] for v in calls}
-        for v, c in calls.items():  # warm-up
+        for c in calls.values():  # warm-up
             c()
         for _ in range(args.repeats):
             for v, c in calls.items():

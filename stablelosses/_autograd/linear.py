@@ -182,7 +182,7 @@ def run_chunks(
     gx = torch.cat(gxs) if gxs else (torch.zeros_like(x, dtype=cd) if needs[0] else None)
     if needs[1] and gw is None:  # no rows
         gw = torch.zeros_like(wc)
-    if need_b and gb is None:
+    if need_b and gb is None and bc is not None:
         gb = torch.zeros_like(bc)
     loss = torch.cat(losses) if losses else x.new_zeros(0, dtype=cd)
     valid = torch.cat(valids) if valids else t.new_zeros(0, dtype=torch.bool)
