@@ -133,10 +133,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--only", default="", help="run the cases whose label contains this")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for label, *_, tier in CASES:
-        if tier == "full" and not args.full:
+        if (tier == "full" and not args.full) or args.only not in label:
             continue
         cid = f"{label}-{args.device}"
         calls = {v: make_call(cid, v)[0] for v in ("torch", "stable")}
