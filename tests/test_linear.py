@@ -549,3 +549,11 @@ def test_smoothing_no_intermediate_overflow_float32():
     ref = ref_loss(x, w, t, b, label_smoothing=0.1, reduction="none")
     assert torch.isfinite(loss).all()
     torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=0)
+
+
+def test_forward_mode_and_vmap_raise_clearly():
+    x, w, _, t = _data(n=4)
+    with pytest.raises(NotImplementedError, match="jvp"):
+        torch.func.jvp(lambda x: SF.linear_cross_entropy(x, w, t), (x,), (x,))
+    with pytest.raises(RuntimeError, match="vmap"):
+        torch.func.vmap(lambda x: SF.linear_cross_entropy(x, w, t[:1]))(x[:, None])
