@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 import stablelosses.functional as SF
 from stablelosses._bench import peak_memory
+from stablelosses.functional._linear import default_chunk_size
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
@@ -118,9 +119,12 @@ def test_memory(case):
     fused, (n, h, v, size) = make_call(case, "stable")
     unfused, _ = make_call(case, "torch")
     nv_bytes = n * v * 4  # the logits in float32 (the compute dtype)
+    # The largest buffers the fused path may hold: one chunk's logits, the float32 gradient of
+    # the weight (V, H) and of the input (N, H).
+    allowed = max(default_chunk_size(v, torch.float32) * v, v * h, n * h) * 4
     largest_fused = max(allocations(fused))
     assert max(allocations(unfused)) >= n * v * size  # the check can see an (N, V) buffer
-    assert largest_fused < nv_bytes // 8, f"fused path allocated {largest_fused} bytes at once"
+    assert largest_fused <= allowed < nv_bytes, f"fused path allocated {largest_fused} bytes at once"
     peak_fused, peak_unfused = peak_memory(fused, "cpu"), peak_memory(unfused, "cpu")
     print(f"\n{case}: peak fused {peak_fused / 2**20:.0f} MiB, unfused {peak_unfused / 2**20:.0f} MiB, "
           f"ratio {peak_fused / peak_unfused:.3f}; largest fused allocation {largest_fused / 2**20:.1f} MiB")
