@@ -33,6 +33,8 @@ from stablelosses.losses import (
     CrossEntropyLoss,
     FocalLoss,
     KLDivLoss,
+    LinearCrossEntropyLoss,
+    LinearFocalLoss,
     LogCoshLoss,
     RMSELoss,
     SigmoidFocalLoss,
@@ -62,5 +64,7 @@ __all__ = [
     "entropy",
     "InfoNCELoss",
     "DiceLoss",
+    "LinearCrossEntropyLoss",
+    "LinearFocalLoss",
     "__version__",
 ]

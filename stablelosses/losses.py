@@ -323,3 +323,129 @@ class DiceLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dims={self.dims}, smooth={self.smooth}, reduction={self.reduction!r}"
+class LinearCrossEntropyLoss(nn.Module):
+    r"""Fused output layer + cross-entropy that never holds the ``(N, V)`` logits.
+
+    Holds the configuration only; called as ``loss_fn(input, weight, target, bias=None)`` with
+    the output layer's ``weight`` (and ``bias``). See
+    [`linear_cross_entropy`][stablelosses.functional.linear_cross_entropy].
+
+    Args:
+        ignore_index: target value that is ignored. Default: ``-100``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        label_smoothing: smoothing in ``[0, 1]`` over the unmasked classes. Default: ``0.0``.
+        z_loss: coefficient of ``logsumexp(logits)²`` per kept row. Default: ``0.0``.
+        softcap: ``c`` of ``c·tanh(logits / c)``, or ``None``. Default: ``None``.
+        chunk_size: rows per chunk, or ``None`` (automatic). Default: ``None``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> head = torch.nn.Linear(8, 100)
+        >>> h = torch.randn(16, 8)
+        >>> loss_fn = sl.LinearCrossEntropyLoss(z_loss=1e-4)
+        >>> loss = loss_fn(h, head.weight, torch.randint(0, 100, (16,)), head.bias)
+        >>> loss.backward()
+        >>> head.weight.grad.shape
+        torch.Size([100, 8])
+    """
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        softcap: float | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        check_reduction("LinearCrossEntropyLoss", reduction)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.chunk_size = chunk_size
+
+    def forward(self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+        return SF.linear_cross_entropy(
+            input,
+            weight,
+            target,
+            bias,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss,
+            softcap=self.softcap,
+            chunk_size=self.chunk_size,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}, "
+            f"chunk_size={self.chunk_size}"
+        )
+
+
+class LinearFocalLoss(nn.Module):
+    r"""Fused output layer + multi-class focal loss that never holds the ``(N, V)`` logits.
+
+    Called as ``loss_fn(input, weight, target, bias=None)``. See
+    [`linear_focal_loss`][stablelosses.functional.linear_focal_loss].
+
+    Args:
+        gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
+        ignore_index: target value that is ignored. Default: ``-100``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        z_loss: coefficient of ``logsumexp(logits)²`` per kept row. Default: ``0.0``.
+        softcap: ``c`` of ``c·tanh(logits / c)``, or ``None``. Default: ``None``.
+        chunk_size: rows per chunk, or ``None`` (automatic). Default: ``None``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> W = torch.randn(50, 8, requires_grad=True)
+        >>> sl.LinearFocalLoss(gamma=0.5)(torch.randn(4, 8), W, torch.tensor([1, 2, 3, 4])).backward()
+        >>> bool(torch.isfinite(W.grad).all())
+        True
+    """
+
+    def __init__(
+        self,
+        gamma: float = 2.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        z_loss: float = 0.0,
+        softcap: float | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        check_reduction("LinearFocalLoss", reduction)
+        check_nonnegative("LinearFocalLoss", "gamma", gamma)
+        self.gamma = gamma
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.chunk_size = chunk_size
+
+    def forward(self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+        return SF.linear_focal_loss(
+            input,
+            weight,
+            target,
+            bias,
+            gamma=self.gamma,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            z_loss=self.z_loss,
+            softcap=self.softcap,
+            chunk_size=self.chunk_size,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"gamma={self.gamma}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"z_loss={self.z_loss}, softcap={self.softcap}, chunk_size={self.chunk_size}"
+        )

@@ -8,6 +8,7 @@ from stablelosses._autograd import cache_forward_signatures
 from stablelosses.functional._classification import cross_entropy, focal_loss
 from stablelosses.functional._detection import sigmoid_focal_loss
 from stablelosses.functional._divergence import kl_div
+from stablelosses.functional._linear import linear_cross_entropy, linear_focal_loss
 from stablelosses.functional._ops import (
     log_softmax,
     logsumexp,
@@ -45,4 +46,6 @@ __all__ = [
     "entropy",
     "info_nce_loss",
     "dice_loss",
+    "linear_cross_entropy",
+    "linear_focal_loss",
 ]

@@ -1,0 +1,169 @@
+"""Fused linear cross-entropy against ``F.cross_entropy(F.linear(x, W), t)``: time and peak memory.
+
+``pytest benchmarks/test_bench_linear.py`` times forward+backward (``torch.autograd.grad`` with
+respect to ``x`` and ``W``) of both variants (ids ``torch``, ``stable``) and records the peak
+memory of one call in ``extra_info['peak_bytes']``; ``test_memory`` (not timed) checks with
+``torch.profiler``'s allocation events that the fused path never allocates an ``(N, V)``
+buffer and that its peak is at most 1/4 of the unfused one.
+
+Default case: ``N=4096, H=1024, V=32000`` float32 (the issue's target shape).
+``STABLELOSSES_BENCH_FULL=1`` adds ``V=128256`` (``N=2048``, to fit a shared machine's memory)
+and bfloat16 input and weights. ``STABLELOSSES_BENCH_ROUNDS`` (default 3) sets the rounds.
+
+``python benchmarks/test_bench_linear.py [--full] [--repeats R]`` measures both variants
+*interleaved* (torch, stable, torch, stable, ...) and prints medians, the time ratio and the
+peak-memory ratio: the fairer comparison on a machine whose load changes during the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stablelosses.functional as SF
+from stablelosses._bench import peak_memory
+from stablelosses.functional._linear import default_chunk_size
+
+FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
+ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
+HAS_CUDA = torch.cuda.is_available()
+
+# (label, N, H, V, dtype of input and weight, tier)
+CASES = [
+    ("4096x1024x32000-float32", 4096, 1024, 32000, torch.float32, "default"),
+    ("2048x1024x128256-float32", 2048, 1024, 128256, torch.float32, "full"),
+    ("4096x1024x32000-bfloat16", 4096, 1024, 32000, torch.bfloat16, "full"),
+]
+
+
+def _params(with_variant: bool) -> list[Any]:
+    out = []
+    for label, *_, tier in CASES:
+        for dev in ("cpu", "cuda"):
+            marks = []
+            if tier == "full" and not FULL:
+                marks.append(pytest.mark.skip(reason="large case: set STABLELOSSES_BENCH_FULL=1"))
+            if dev == "cuda" and not HAS_CUDA:
+                marks.append(pytest.mark.skip(reason="needs CUDA"))
+            cid = f"{label}-{dev}"
+            for v in ("torch", "stable") if with_variant else (None,):
+                vid = cid if v is None else f"{cid}-{v}"
+                args = (cid, v) if with_variant else (cid,)
+                out.append(pytest.param(*args, marks=marks, id=vid))
+    return out
+
+
+def make_call(cid: str, variant: str) -> tuple[Callable[[], Any], tuple[int, int, int, int]]:
+    """Inputs of case ``cid`` and the forward+backward callable of ``variant``."""
+    label, dev = cid.rsplit("-", 1)
+    _, n, h, v, dtype, _ = next(c for c in CASES if c[0] == label)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, h, generator=g).to(dev, dtype).requires_grad_(True)
+    w = (torch.randn(v, h, generator=g) * h**-0.5).to(dev, dtype).requires_grad_(True)
+    t = torch.randint(0, v, (n,), generator=g).to(dev)
+    t[::17] = -100
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+    if variant == "torch":
+        def call() -> Any:
+            out = torch.autograd.grad(F.cross_entropy(F.linear(x, w), t), (x, w))
+            sync()
+            return out
+    else:
+        def call() -> Any:
+            out = torch.autograd.grad(SF.linear_cross_entropy(x, w, t), (x, w))
+            sync()
+            return out
+    return call, (n, h, v, torch.finfo(dtype).bits // 8)
+
+
+@pytest.mark.parametrize("case,variant", _params(True))
+def test_fwdbwd(benchmark, case, variant):
+    call, (n, h, v, size) = make_call(case, variant)
+    benchmark.group = "linear_cross_entropy " + case
+    benchmark.extra_info.update(fn="linear_cross_entropy", case=case, variant=variant, mode="fwdbwd",
+                                shape=[n, h, v], threads=torch.get_num_threads())
+    result = benchmark.pedantic(call, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    benchmark.extra_info["peak_bytes"] = peak_memory(call, case.rsplit("-", 1)[1])
+    assert all(torch.isfinite(r).all() for r in result)
+
+
+def allocations(call: Callable[[], Any]) -> list[int]:
+    """Sizes of the CPU allocations (positive events) that ``torch.profiler`` records in one call."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        res = call()
+        del res
+    sizes = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation and node.extra_fields.alloc_size > 0:
+            sizes.append(node.extra_fields.alloc_size)
+    return sizes
+
+
+@pytest.mark.parametrize("case", [p for p in _params(False) if "cuda" not in p.id])
+def test_memory(case):
+    """No ``(N, V)`` logits buffer in the fused path, and peak ≤ 1/4 of the unfused path's."""
+    fused, (n, h, v, size) = make_call(case, "stable")
+    unfused, _ = make_call(case, "torch")
+    nv_bytes = n * v * 4  # the logits in float32 (the compute dtype)
+    # The largest buffers the fused path may hold: one chunk's logits, the float32 gradient of
+    # the weight (V, H) and of the input (N, H).
+    allowed = max(default_chunk_size(v, torch.float32) * v, v * h, n * h) * 4
+    largest_fused = max(allocations(fused))
+    assert max(allocations(unfused)) >= n * v * size  # the check can see an (N, V) buffer
+    assert largest_fused <= allowed < nv_bytes, f"fused path allocated {largest_fused} bytes at once"
+    peak_fused, peak_unfused = peak_memory(fused, "cpu"), peak_memory(unfused, "cpu")
+    print(f"\n{case}: peak fused {peak_fused / 2**20:.0f} MiB, unfused {peak_unfused / 2**20:.0f} MiB, "
+          f"ratio {peak_fused / peak_unfused:.3f}; largest fused allocation {largest_fused / 2**20:.1f} MiB")
+    assert peak_fused <= peak_unfused / 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--full", action="store_true", help="also the large cases")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--only", default="", help="run the cases whose label contains this")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for label, *_, tier in CASES:
+        if (tier == "full" and not args.full) or args.only not in label:
+            continue
+        cid = f"{label}-{args.device}"
+        calls = {v: make_call(cid, v)[0] for v in ("torch", "stable")}
+        times: dict[str, list[float]] = {v: [] for v in calls}
+        for c in calls.values():  # warm-up
+            c()
+        for _ in range(args.repeats):
+            for v, c in calls.items():
+                t0 = time.perf_counter()
+                c()
+                times[v].append(time.perf_counter() - t0)
+        med = {v: statistics.median(ts) for v, ts in times.items()}
+        best = {v: min(ts) for v, ts in times.items()}
+        peaks = {v: peak_memory(c, args.device) for v, c in calls.items()}
+        print(f"{cid} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats)")
+        for v in calls:
+            print(f"  {v:6s} median {med[v]:7.3f} s  (all: {', '.join(f'{s:.2f}' for s in times[v])})  "
+                  f"peak {peaks[v] / 2**20:7.1f} MiB")
+        print(f"  time ratio stable/torch: median {med['stable'] / med['torch']:.3f}, "
+              f"min {best['stable'] / best['torch']:.3f}, "
+              f"peak ratio {peaks['stable'] / peaks['torch']:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,559 @@
+"""linear_cross_entropy / linear_focal_loss: parity with the unfused torch path, masks, z-loss,
+softcap, reductions, gradcheck, low precision, transforms, argument errors, no (N, V) tensor."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import stablelosses as sl
+import stablelosses.functional as SF
+from stablelosses.functional._linear import CHUNK_BYTES, default_chunk_size
+
+INF = float("inf")
+N, H, V = 32, 6, 11
+CHUNKS = [None, 1, 7, 32, 50]  # 7 does not divide N; 50 > N
+
+
+def _data(n=N, h=H, v=V, dtype=torch.float64, bias=True, scale=1.5):
+    x = torch.randn(n, h, dtype=dtype) * scale
+    w = torch.randn(v, h, dtype=dtype)
+    b = torch.randn(v, dtype=dtype) if bias else None
+    t = torch.randint(0, v, (n,))
+    return x, w, b, t
+
+
+def _grads(loss, tensors, go=None):
+    tensors = [t for t in tensors if t is not None]
+    return torch.autograd.grad(loss, tensors, go if go is not None else torch.ones_like(loss))
+
+
+def _leaves(*ts):
+    return [None if t is None else t.detach().clone().requires_grad_(True) for t in ts]
+
+
+def ref_loss(x, w, t, b=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+             z_loss=0.0, softcap=None, gamma=None):
+    """float64 reference from torch ops, written from the definition (not from our kernel).
+
+    Masked (-inf) logits get no smoothing mass; rows whose logits are all -inf or whose target
+    is ignore_index count as ignored. Rows that are ignored are replaced by zeros before the
+    log-softmax so that their (unused) NaN does not reach the gradient.
+    """
+    u = F.linear(x.double(), w.double(), None if b is None else b.double())
+    if softcap is not None:
+        u = torch.where(u == -INF, -INF, softcap * torch.tanh(u / softcap))
+    kept = t != ignore_index
+    all_masked = (u == -INF).all(1)
+    valid = kept & ~all_masked
+    u = torch.where(all_masked[:, None], torch.zeros_like(u), u)
+    logp = torch.log_softmax(u, 1)
+    ts = torch.where(kept, t, 0)
+    lpt = logp.gather(1, ts[:, None]).squeeze(1)
+    if gamma is None:
+        unmasked = u != -INF
+        k = unmasked.sum(1)
+        smooth = -torch.where(unmasked, logp, torch.zeros_like(logp)).sum(1) / k
+        loss = (1 - label_smoothing) * (-lpt) + label_smoothing * smooth
+    else:
+        loss = (1 - lpt.exp()) ** gamma * (-lpt)
+    if z_loss:
+        loss = loss + z_loss * torch.logsumexp(u, 1) ** 2
+    loss = torch.where(valid, loss, torch.zeros_like(loss))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / valid.sum()
+
+
+def _assert_parity(ours_fn, ref_fn, tensors, reduction, rtol=1e-10, atol=1e-12):
+    a, b = _leaves(*tensors), _leaves(*tensors)
+    la, lb = ours_fn(*a), ref_fn(*b)
+    torch.testing.assert_close(la, lb.to(la.dtype), rtol=rtol, atol=atol, equal_nan=True)
+    go = torch.randn_like(lb) if reduction == "none" else None
+    ga = _grads(la, a, None if go is None else go.to(la.dtype))
+    gb = _grads(lb, b, go)
+    for p, q in zip(ga, gb):
+        torch.testing.assert_close(p, q.to(p.dtype), rtol=rtol, atol=atol)
+
+
+# --- parity with torch's unfused path ------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_unfused_torch(chunk, reduction, bias):
+    x, w, b, t = _data(bias=bias)
+    t[[2, 9]] = -100
+    _assert_parity(
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, reduction=reduction, chunk_size=chunk),
+        lambda x, w, b: F.cross_entropy(F.linear(x, w, b), t, reduction=reduction),
+        (x, w, b), reduction,
+    )
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+@pytest.mark.parametrize("eps", [0.1, 0.5, 1.0])
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+def test_label_smoothing_and_ignore_index_match_torch(chunk, eps, ignore_index):
+    x, w, b, t = _data()
+    t[::5] = ignore_index
+    _assert_parity(
+        lambda x, w, b: SF.linear_cross_entropy(
+            x, w, t, b, ignore_index=ignore_index, label_smoothing=eps, chunk_size=chunk),
+        lambda x, w, b: F.cross_entropy(F.linear(x, w, b), t, ignore_index=ignore_index, label_smoothing=eps),
+        (x, w, b), "mean",
+    )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_softcap_matches_torch(reduction):
+    x, w, b, t = _data(scale=4.0)
+    c = 3.0
+    _assert_parity(
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, softcap=c, reduction=reduction, chunk_size=6),
+        lambda x, w, b: F.cross_entropy(c * torch.tanh(F.linear(x, w, b) / c), t, reduction=reduction),
+        (x, w, b), reduction,
+    )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_z_loss_matches_torch(reduction):
+    x, w, b, t = _data()
+    t[4] = -100
+    z = 1e-2
+
+    def torch_path(x, w, b):
+        logits = F.linear(x, w, b)
+        kept = (t != -100).to(x.dtype)
+        rows = F.cross_entropy(logits, t, reduction="none") + z * torch.logsumexp(logits, 1) ** 2 * kept
+        if reduction == "none":
+            return rows
+        return rows.sum() if reduction == "sum" else rows.sum() / kept.sum()
+
+    _assert_parity(
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, z_loss=z, reduction=reduction, chunk_size=5),
+        torch_path, (x, w, b), reduction,
+    )
+
+
+def test_float32_against_float64_torch():
+    x, w, b, t = _data(n=40, h=16, v=300, dtype=torch.float32)
+    a = _leaves(x, w, b)
+    loss = SF.linear_cross_entropy(*a[:2], t, a[2], chunk_size=16, label_smoothing=0.1)
+    r = _leaves(x.double(), w.double(), b.double())
+    ref = F.cross_entropy(F.linear(*r), t, label_smoothing=0.1)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), ref, rtol=2e-6, atol=1e-6)
+    for p, q in zip(_grads(loss, a), _grads(ref, r)):
+        assert p.dtype == torch.float32
+        torch.testing.assert_close(p.double(), q, rtol=1e-4, atol=1e-6)
+
+
+def test_leading_dims_flatten():
+    x, w, b, t = _data(n=12)
+    x3, t3 = x.reshape(3, 4, H), t.reshape(3, 4)
+    out = SF.linear_cross_entropy(x3, w, t3, b, reduction="none", chunk_size=5)
+    assert out.shape == (3, 4)
+    torch.testing.assert_close(out, F.cross_entropy(F.linear(x3, w, b).transpose(1, 2), t3, reduction="none"))
+    torch.testing.assert_close(
+        SF.linear_cross_entropy(x3, w, t3, b), F.cross_entropy(F.linear(x, w, b), t))
+
+
+def test_uint8_target():
+    x, w, b, t = _data()
+    torch.testing.assert_close(
+        SF.linear_cross_entropy(x, w, t.to(torch.uint8), b), F.cross_entropy(F.linear(x, w, b), t))
+
+
+# --- masks, ignored rows, the defined values ----------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_batch(reduction):
+    x, w, b, t = _data()
+    t[:] = -100
+    a = _leaves(x, w, b)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], reduction=reduction, z_loss=0.1, label_smoothing=0.1)
+    expected = F.cross_entropy(F.linear(x, w, b), t, reduction=reduction)
+    torch.testing.assert_close(loss, expected, equal_nan=True)  # 'mean': NaN, as torch
+    for g in _grads(loss, a):
+        assert torch.equal(g, torch.zeros_like(g))  # zero gradients, not NaN
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.2])
+@pytest.mark.parametrize("z", [0.0, 1e-2])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_inf_bias_masks_vocab_entries(eps, z, softcap):
+    x, w, b, t = _data()
+    masked = torch.tensor([1, 4, 8])
+    b[masked] = -INF
+    t = torch.where(torch.isin(t, masked), 0, t)  # no target is masked
+    kw = dict(label_smoothing=eps, z_loss=z, softcap=softcap)
+    _assert_parity(
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, chunk_size=7, **kw),
+        lambda x, w, b: ref_loss(x, w, t, b, **kw),
+        (x, w, b), "mean",
+    )
+    a = _leaves(x, w, b)
+    gx, gw, gb = _grads(SF.linear_cross_entropy(a[0], a[1], t, a[2], chunk_size=7, **kw), a)
+    assert torch.equal(gw[masked], torch.zeros_like(gw[masked]))  # exactly 0, not tiny
+    assert torch.equal(gb[masked], torch.zeros_like(gb[masked]))
+    assert torch.isfinite(gx).all() and torch.isfinite(gw).all()
+
+
+def test_masked_without_smoothing_matches_torch():
+    x, w, b, t = _data()
+    b[[0, 5]] = -INF
+    t = torch.where((t == 0) | (t == 5), 1, t)
+    _assert_parity(
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, chunk_size=4),
+        lambda x, w, b: F.cross_entropy(F.linear(x, w, b), t),
+        (x, w, b), "mean",
+    )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fully_masked_rows_are_ignored(reduction):
+    # Row 3 has logits all -inf: x_3 = (-inf, 0, ...) against a positive first column of W.
+    x, w, b, t = _data(bias=False)
+    w[:, 0] = w[:, 0].abs() + 0.1
+    x[3] = 0.0
+    x[3, 0] = -INF
+    xa, xr = _leaves(x, x)
+    kw = dict(label_smoothing=0.1, z_loss=1e-3, reduction=reduction)
+    loss = SF.linear_cross_entropy(xa, w, t, chunk_size=5, **kw)
+    ref = ref_loss(xr, w, t, label_smoothing=0.1, z_loss=1e-3, reduction=reduction)
+    torch.testing.assert_close(loss, ref)
+    (ga,), (gr,) = _grads(loss, [xa]), _grads(ref, [xr])
+    torch.testing.assert_close(ga, gr)
+    assert torch.equal(ga[3], torch.zeros(H, dtype=ga.dtype))
+    if reduction == "mean":  # the denominator is the 31 other rows
+        rows = ref_loss(xr, w, t, label_smoothing=0.1, z_loss=1e-3, reduction="none")
+        torch.testing.assert_close(loss, rows.sum() / (N - 1))
+
+
+def test_all_masked_vocab_gives_nan_mean_and_zero_grads():
+    x, w, b, t = _data()
+    b[:] = -INF
+    a = _leaves(x, w, b)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], label_smoothing=0.1)
+    assert loss.isnan()  # no valid row: 0 / 0, as torch's empty mean
+    for g in _grads(loss, a):
+        assert torch.equal(g, torch.zeros_like(g))
+
+
+def test_finfo_min_is_an_ordinary_logit():
+    x, w, _, t = _data(dtype=torch.float32, scale=0.1)
+    b = torch.full((V,), torch.finfo(torch.float32).min)
+    loss = SF.linear_cross_entropy(x, w, t, b)
+    expected = F.cross_entropy(F.linear(x, w, b), t)  # every logit rounds to finfo.min: log V
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(loss, torch.tensor(math.log(V)))
+
+
+def test_plus_inf_bias_gives_the_limit():
+    x, w, _, _ = _data(dtype=torch.float32)
+    b = torch.zeros(V)
+    b[:2] = INF
+    t = torch.zeros(N, dtype=torch.long)
+    a = _leaves(x, w)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, b)
+    torch.testing.assert_close(loss, torch.tensor(math.log(2.0)))  # uniform over the +inf entries
+    assert all(torch.isfinite(g).all() for g in _grads(loss, a))
+
+
+def test_nan_in_nan_out():
+    x, w, b, t = _data()
+    x[5, 1] = float("nan")
+    assert SF.linear_cross_entropy(x, w, t, b).isnan()
+    out = SF.linear_cross_entropy(x, w, t, b, reduction="none")
+    assert out[5].isnan() and not out[:5].isnan().any()
+
+
+# --- focal -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_focal_matches_reference(gamma, reduction, softcap):
+    x, w, b, t = _data()
+    t[[0, 7]] = -100
+    b[3] = -INF
+    t = torch.where(t == 3, 2, t)
+    kw = dict(gamma=gamma, reduction=reduction, softcap=softcap, z_loss=1e-2)
+    _assert_parity(
+        lambda x, w, b: SF.linear_focal_loss(x, w, t, b, chunk_size=9, **kw),
+        lambda x, w, b: ref_loss(x, w, t, b, **kw),
+        (x, w, b), reduction,
+    )
+
+
+def test_focal_gamma0_equals_cross_entropy():
+    x, w, b, t = _data()
+    torch.testing.assert_close(
+        SF.linear_focal_loss(x, w, t, b, gamma=0.0, reduction="none"),
+        SF.linear_cross_entropy(x, w, t, b, reduction="none"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("margin", [15.0, 17.0, 25.0, 30.0])
+def test_focal_exact_tail_float32(margin):
+    x = torch.tensor([[margin, 0.0]])
+    loss = SF.linear_focal_loss(x, torch.eye(2), torch.tensor([0]), gamma=2.0)
+    mpmath.mp.dps = 50
+    p = 1 / (1 + mpmath.e ** (-margin))
+    exact = float((1 - p) ** 2 * (-mpmath.log(p)))
+    assert abs(loss.item() - exact) <= 1e-5 * exact
+
+
+@pytest.mark.parametrize("margin", [20.0, 40.0])
+def test_cross_entropy_exact_tail_float32(margin):
+    x = torch.tensor([[margin, 0.0, -1.0]])
+    loss = SF.linear_cross_entropy(x, torch.eye(3), torch.tensor([0]))
+    exact = float(mpmath.log1p(mpmath.e ** (-margin) + mpmath.e ** (-margin - 1)))
+    assert abs(loss.item() - exact) <= 1e-6 * exact
+
+
+# --- gradcheck, dtypes, transforms ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("focal", [False, True])
+def test_gradcheck(reduction, focal):
+    x, w, b, t = _data(n=7, h=3, v=5)
+    t[2] = -100
+    kw = dict(reduction=reduction, z_loss=0.05, softcap=2.5, chunk_size=3)
+    if focal:
+        fn = lambda x, w, b: SF.linear_focal_loss(x, w, t, b, gamma=1.5, **kw)  # noqa: E731
+    else:
+        fn = lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, label_smoothing=0.2, **kw)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, tuple(_leaves(x, w, b)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_computed_in_float32(dtype):
+    x, w, b, t = _data(n=24, h=16, v=200, dtype=dtype, scale=0.5)
+    a = _leaves(x, w, b)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], chunk_size=5, z_loss=1e-3)
+    assert loss.dtype == dtype
+    # float32 reference on the same (rounded) numbers.
+    r = _leaves(x.float(), w.float(), b.float())
+    ref = ref_loss(*r[:2], t, r[2], z_loss=1e-3)
+    rtol = torch.finfo(dtype).eps  # one rounding of a float32 result to dtype: half an ulp
+    torch.testing.assert_close(loss.float(), ref.float(), rtol=rtol, atol=0)
+    for g, q in zip(_grads(loss, a), _grads(ref, r)):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), q.double(), rtol=rtol, atol=1e-7)
+
+
+def test_autocast_returns_float32_and_param_dtype_grads():
+    x, w, b, t = _data(n=16, h=8, v=40, dtype=torch.float32)
+    a = _leaves(x, w.bfloat16(), b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = SF.linear_cross_entropy(a[0], a[1], t, a[2])
+    assert loss.dtype == torch.float32
+    ref = F.cross_entropy(F.linear(x.double(), w.bfloat16().double(), b.double()), t)
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)  # logits not in bf16
+    gx, gw, gb = _grads(loss, a)
+    assert gx.dtype == torch.float32 and gw.dtype == torch.bfloat16 and gb.dtype == torch.float32
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_func_grad_matches_autograd(reduction):
+    x, w, b, t = _data()
+    kw = dict(z_loss=1e-2, reduction=reduction)
+    got = torch.func.grad(lambda x, w: SF.linear_cross_entropy(x, w, t, b, chunk_size=5, **kw).sum(),
+                          argnums=(0, 1))(x, w)
+    expected = torch.func.grad(lambda x, w: ref_loss(x, w, t, b, **kw).sum(), argnums=(0, 1))(x, w)
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_double_backward_raises(reduction):
+    x, w, b, t = _data()
+    a = _leaves(x, w, b)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], reduction=reduction).sum()
+    gx, gw, _ = torch.autograd.grad(loss, a, create_graph=True)
+    r = _leaves(x, w, b)
+    ref = _grads(F.cross_entropy(F.linear(*r), t, reduction=reduction).sum(), r)
+    torch.testing.assert_close(gx.detach(), ref[0])  # the first order is right under create_graph
+    with pytest.raises(RuntimeError, match="linear_cross_entropy: differentiating its gradient"):
+        (gw.square().sum() + gx.sum()).backward()
+
+
+def test_retain_graph_backward_twice():
+    x, w, b, t = _data()
+    a = _leaves(x, w, b)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2])
+    g1 = torch.autograd.grad(loss, a, retain_graph=True)
+    g2 = torch.autograd.grad(loss * 2, a)
+    for p, q in zip(g1, g2):
+        torch.testing.assert_close(2 * p, q)
+
+
+def test_only_weight_requires_grad():
+    x, w, b, t = _data()
+    (wa,) = _leaves(w)
+    (gw,) = _grads(SF.linear_cross_entropy(x, wa, t, b, chunk_size=3), [wa])
+    (wr,) = _leaves(w)
+    (ref,) = _grads(F.cross_entropy(F.linear(x, wr, b), t), [wr])
+    torch.testing.assert_close(gw, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compile_fullgraph(reduction):
+    x, w, b, t = _data(dtype=torch.float32)
+    kw = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3, softcap=5.0, chunk_size=12)
+    f = torch.compile(lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, **kw), fullgraph=True)
+    a, e = _leaves(x, w, b), _leaves(x, w, b)
+    la, le = f(*a), SF.linear_cross_entropy(*e[:2], t, e[2], **kw)
+    torch.testing.assert_close(la, le)
+    for p, q in zip(_grads(la, a), _grads(le, e)):
+        torch.testing.assert_close(p, q)
+
+
+# --- memory: no (N, V) tensor ---------------------------------------------------------------------
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                self.largest = max(self.largest, o.numel())
+        return out
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("focal", [False, True])
+def test_no_n_by_v_tensor_is_created(reduction, focal):
+    n, h, v, chunk = 64, 3, 50, 16
+    x, w, b, t = _data(n=n, h=h, v=v, dtype=torch.float32)
+    a = _leaves(x, w, b)
+    fn = SF.linear_focal_loss if focal else SF.linear_cross_entropy
+    kw = {} if focal else {"label_smoothing": 0.1}
+    with _LargestTensor() as mode:
+        loss = fn(a[0], a[1], t, a[2], reduction=reduction, chunk_size=chunk, z_loss=1e-3, softcap=3.0, **kw)
+        _grads(loss, a)
+    assert mode.largest == chunk * v  # one chunk's logits, never n * v
+    with _LargestTensor() as mode:  # the unfused path does allocate it (the check can fail)
+        _grads(F.cross_entropy(F.linear(*a), t), a)
+    assert mode.largest >= n * v
+
+
+def test_default_chunk_size_splits_large_problems():
+    for v in (32000, 128256, 262144):
+        for dt in (torch.float32, torch.float64):
+            rows = default_chunk_size(v, dt)
+            assert rows >= 1 and rows * v * torch.finfo(dt).bits // 8 <= CHUNK_BYTES < 100 * 2**20
+    assert default_chunk_size(32000, torch.float32) == 512
+    assert default_chunk_size(128256, torch.float32) == 128
+    assert default_chunk_size(2**40, torch.float32) == 1
+
+
+# --- modules and argument errors ----------------------------------------------------------------
+
+
+def test_modules_equal_functions():
+    x, w, b, t = _data()
+    m = sl.LinearCrossEntropyLoss(label_smoothing=0.1, z_loss=1e-3, softcap=4.0, chunk_size=5)
+    assert torch.equal(m(x, w, t, b), SF.linear_cross_entropy(x, w, t, b, label_smoothing=0.1, z_loss=1e-3,
+                                                              softcap=4.0, chunk_size=5))
+    f = sl.LinearFocalLoss(gamma=0.5, reduction="sum")
+    assert torch.equal(f(x, w, t), SF.linear_focal_loss(x, w, t, gamma=0.5, reduction="sum"))
+    assert "z_loss=0.001" in repr(m) and "gamma=0.5" in repr(f)
+    with pytest.raises(ValueError, match="LinearCrossEntropyLoss: reduction"):
+        sl.LinearCrossEntropyLoss(reduction="avg")
+    with pytest.raises(ValueError, match="LinearFocalLoss: gamma"):
+        sl.LinearFocalLoss(gamma=-1.0)
+
+
+_X, _W, _B, _T = _data(n=4, h=3, v=5, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(reduction="avg"), ValueError, "reduction must be 'none', 'mean' or 'sum', got 'avg'"),
+        (dict(input=_X.long()), TypeError, "input must be a floating-point tensor"),
+        (dict(weight=_W.long()), TypeError, "weight must be a floating-point tensor"),
+        (dict(bias=_B.long()), TypeError, "bias must be a floating-point tensor"),
+        (dict(target=[0, 1]), TypeError, "target must be a torch.Tensor"),
+        (dict(input=torch.tensor(1.0)), ValueError, "input must have shape"),
+        (dict(weight=_W[:, :2]), RuntimeError, r"weight must have shape \(V, H\)"),
+        (dict(weight=_W[0]), RuntimeError, r"weight must have shape \(V, H\)"),
+        (dict(bias=_B[:3]), RuntimeError, r"bias must have shape \(5,\)"),
+        (dict(target=_T.float()), RuntimeError, "target must hold class indices"),
+        (dict(target=_T[:3]), ValueError, r"target must have shape \[4\]"),
+        (dict(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
+        (dict(z_loss=-1.0), ValueError, "z_loss must be >= 0"),
+        (dict(z_loss=INF), ValueError, "z_loss must be finite"),
+        (dict(z_loss="a"), TypeError, "z_loss must be a float"),
+        (dict(softcap=0.0), ValueError, "softcap must be None or a finite number > 0"),
+        (dict(softcap=INF), ValueError, "softcap must be None or a finite number > 0"),
+        (dict(softcap="1"), TypeError, "softcap must be a float"),
+        (dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
+        (dict(chunk_size=2.0), TypeError, "chunk_size must be an int or None"),
+        (dict(label_smoothing=1.5), RuntimeError, "label_smoothing must be between 0.0 and 1.0"),
+        (dict(label_smoothing="x"), TypeError, "label_smoothing must be a float"),
+        (dict(target=torch.tensor([0, 1, 7, 2])), RuntimeError, "out of bounds"),
+    ],
+)
+def test_argument_errors(kwargs, exc, match):
+    args = dict(input=_X, weight=_W, target=_T, bias=_B)
+    args.update(kwargs)
+    with pytest.raises(exc, match="linear_cross_entropy: " + match if "bounds" not in match else match):
+        SF.linear_cross_entropy(**args)
+
+
+@pytest.mark.parametrize("gamma, exc", [(-1.0, ValueError), (INF, ValueError), (float("nan"), ValueError),
+                                        ("2", TypeError)])
+def test_focal_gamma_errors(gamma, exc):
+    with pytest.raises(exc, match="linear_focal_loss: gamma"):
+        SF.linear_focal_loss(_X, _W, _T, gamma=gamma)
+
+
+def test_single_row_and_empty_batch():
+    x, w, b, t = _data(n=1)
+    out = SF.linear_cross_entropy(x[0], w, t[0], b, reduction="none")
+    assert out.shape == ()
+    torch.testing.assert_close(out, F.cross_entropy(F.linear(x[0], w, b), t[0], reduction="none"))
+    xe = torch.zeros(0, H, dtype=torch.float64, requires_grad=True)
+    empty_t = torch.zeros(0, dtype=torch.long)
+    loss = SF.linear_cross_entropy(xe, w, empty_t, b)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(xe, w, b), empty_t), equal_nan=True)  # NaN
+    assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="sum").item() == 0.0
+    assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="none").shape == (0,)
+
+
+def test_smoothing_no_intermediate_overflow_float32():
+    # Logits near ±1e37 (issue 9 item 6): the exact smoothed loss is representable in float32.
+    x, w, _, _ = _data(n=4, dtype=torch.float32, scale=0.1)
+    b = torch.zeros(V)
+    b[0], b[1] = 1e37, -1e37
+    t = torch.tensor([0, 2, 3, 0])
+    loss = SF.linear_cross_entropy(x, w, t, b, label_smoothing=0.1, reduction="none")
+    ref = ref_loss(x, w, t, b, label_smoothing=0.1, reduction="none")
+    assert torch.isfinite(loss).all()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=0)
+
+
+def test_forward_mode_and_vmap_raise_clearly():
+    x, w, _, t = _data(n=4)
+    with pytest.raises(NotImplementedError, match="jvp"):
+        torch.func.jvp(lambda x: SF.linear_cross_entropy(x, w, t), (x,), (x,))
+    with pytest.raises(RuntimeError, match="vmap"):
+        torch.func.vmap(lambda x: SF.linear_cross_entropy(x, w, t[:1]))(x[:, None])
