@@ -2,13 +2,14 @@ r"""Softmax classification losses: ``cross_entropy`` and ``focal_loss``."""
 
 from __future__ import annotations
 
+import math
+from numbers import Real
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.cross_entropy import _CrossEntropyIndex, _CrossEntropyProb
-from stablelosses._autograd.focal import _FocalLoss
+from stablelosses._autograd.cross_entropy import IndexResult, ProbResult, _IndexLoss, _ProbLoss
 from stablelosses._utils import (
     check_floating,
     check_nonnegative,
@@ -55,12 +56,51 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
         )
 
 
+def _check_ignore_index(fn: str, ignore_index: object) -> int:
+    if not isinstance(ignore_index, int):
+        raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    return int(ignore_index)
+
+
+def _check_label_smoothing(fn: str, label_smoothing: object) -> float:
+    if not isinstance(label_smoothing, Real):
+        raise TypeError(f"{fn}: label_smoothing must be a float, got {type(label_smoothing).__name__}")
+    eps = float(label_smoothing)
+    if not 0.0 <= eps <= 1.0:
+        raise RuntimeError(f"{fn}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    return eps
+
+
 def _reduce(loss: Tensor, denom: Tensor, reduction: str) -> Tensor:
+    """The one place the class losses reduce: ``Σ ℓ`` or ``Σ ℓ / Σ denom`` as torch.
+
+    Where ``Σ ℓ`` overflows but the mean does not (smoothed logits near ``±1e37``), the mean
+    is ``Σ (ℓ / Σ denom)`` instead (an N-sized fallback, no sync)."""
     if reduction == "sum":
         return loss.sum()
     if reduction == "mean":
-        return loss.sum() / denom.sum()
+        total = denom.sum()
+        out = loss.sum() / total
+        scaled = (loss / torch.where(total == 0, 1.0, total)).sum()
+        return torch.where(torch.isinf(out) & (total != 0), scaled, out)
     return loss
+
+
+def _index_loss(
+    x: Tensor, target: Tensor, w: Optional[Tensor], ignore_index: int, gamma: float, eps: float,
+    cdim: int, reduction: str,
+) -> Tensor:
+    """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
+    ``w``, so ``weight.grad`` is the gradient of the reduced loss."""
+    target = target.long()
+    res = IndexResult(*_IndexLoss.apply(x, target, w, ignore_index, gamma, eps, cdim))
+    if reduction != "mean":
+        return _reduce(res.loss, res.valid, reduction)
+    if w is None:
+        denom = res.valid.to(x.dtype)
+    else:
+        denom = torch.where(res.valid, w[torch.where(target != ignore_index, target, 0)], 0.0)
+    return _reduce(res.loss, denom, reduction)
 
 
 def cross_entropy(
@@ -161,26 +201,33 @@ def cross_entropy(
     check_reduction(fn, reduction)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise RuntimeError(f"{fn}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    eps = _check_label_smoothing(fn, label_smoothing)
+    ignore_index = _check_ignore_index(fn, ignore_index)
     cdim = _class_dim(fn, input)
-    x = upcast(input)
-    w = _check_weight(fn, weight, input, x.dtype)
-    out_dtype = loss_out_dtype(input)
-    eps = float(label_smoothing)
     if target.shape == input.shape:
         if not target.is_floating_point():
             raise RuntimeError(
                 f"{fn}: expected floating point type for target with class probabilities, "
                 f"got {target.dtype}"
             )
-        loss, _, valid = _CrossEntropyProb.apply(x, target.to(x.dtype), w, eps, cdim)
-        out = _reduce(loss, valid.to(x.dtype), reduction)
-    else:
-        _check_index_target(fn, input, target, cdim)
-        loss, _, denom, _, _ = _CrossEntropyIndex.apply(x, target.long(), w, int(ignore_index), eps, cdim)
-        out = _reduce(loss, denom, reduction)
-    return out.to(out_dtype)
+        if ignore_index >= 0:
+            raise RuntimeError(
+                f"{fn}: ignore_index is not supported for floating point target, got "
+                f"ignore_index={ignore_index} (use a negative value or class indices)"
+            )
+        # type promotion as torch: cross_entropy(float32, float64 probabilities) is float64
+        dtype = torch.promote_types(input.dtype, target.dtype)
+        x = upcast(input.to(dtype))
+        w = _check_weight(fn, weight, input, x.dtype)
+        res = ProbResult(*_ProbLoss.apply(x, target.to(x.dtype), w, eps, cdim))
+        out = _reduce(res.loss, res.valid.to(x.dtype), reduction)
+        out_dtype = dtype if dtype not in (torch.float16, torch.bfloat16) else loss_out_dtype(input.to(dtype))
+        return out.to(out_dtype)
+    _check_index_target(fn, input, target, cdim)
+    x = upcast(input)
+    w = _check_weight(fn, weight, input, x.dtype)
+    out = _index_loss(x, target, w, ignore_index, 0.0, eps, cdim, reduction)
+    return out.to(loss_out_dtype(input))
 
 
 def focal_loss(
@@ -256,11 +303,13 @@ def focal_loss(
     fn = "focal_loss"
     check_reduction(fn, reduction)
     gamma = check_nonnegative(fn, "gamma", gamma)
+    if not math.isfinite(gamma):
+        raise ValueError(f"{fn}: gamma must be a finite number >= 0, got {gamma}")
+    ignore_index = _check_ignore_index(fn, ignore_index)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    loss, _, _, denom, _, _, _ = _FocalLoss.apply(x, target.long(), w, gamma, int(ignore_index), cdim)
-    return _reduce(loss, denom, reduction).to(loss_out_dtype(input))
+    return _index_loss(x, target, w, ignore_index, gamma, 0.0, cdim, reduction).to(loss_out_dtype(input))
