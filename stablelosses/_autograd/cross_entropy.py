@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from stablelosses._autograd._base import applier
 from stablelosses._autograd.focal import accurate_log_pt, focal_terms, other_mass
 from stablelosses._utils import inplace_ok
 
@@ -199,6 +200,7 @@ class _IndexLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(valid, scale)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x if eps > 0.0 else None, target, weight, extra, lt, valid, scale)
+        ctx.save_for_forward(x if eps > 0.0 else None, target, weight, extra, lt, valid, scale)
         ctx.ignore_index, ctx.gamma, ctx.eps, ctx.cdim = ignore_index, gamma, eps, cdim
 
     @staticmethod
@@ -242,6 +244,39 @@ class _IndexLoss(torch.autograd.Function):
         else:
             gx = _plus(gx, softmax_backward(extra, grad_extra, cdim))
         return gx, None, gw, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, _target_t, w_t, _ii, _gamma, _eps, _cdim):
+        x, target, weight, extra, lt, valid, scale = ctx.saved_tensors
+        cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
+        idx = torch.where(target != ctx.ignore_index, target, 0).unsqueeze(cdim)
+        p = probs_from(extra, False) if gamma == 0.0 else extra
+        # zero-probability entries carry no tangent (double where: 0·inf never forms)
+        x_t = torch.zeros_like(p) if x_t is None else torch.where(p == 0, 0.0, x_t)
+        lsm_t = x_t - (p * x_t).sum(cdim, keepdim=True)  # tangent of every log p_c
+        lt_t = lsm_t.gather(cdim, idx).squeeze(cdim)
+        val = -lt if gamma == 0.0 else focal_terms(other_mass(p, idx, cdim), lt, gamma)[0]
+        val_t = -lt_t if gamma == 0.0 else -scale * lt_t
+        if weight is not None:
+            wt = weight[idx.squeeze(cdim)]
+            val_t = wt * val_t
+            if w_t is not None:
+                val_t = val_t + torch.where(w_t[idx.squeeze(cdim)] == 0, 0.0, w_t[idx.squeeze(cdim)] * val)
+        if eps > 0.0:
+            masked, k = _smoothing(x, cdim)
+            terms = lsm_t
+            if weight is not None:
+                shape = class_shape(x.dim(), cdim)
+                terms = weight.view(shape) * lsm_t
+                if w_t is not None:
+                    terms = terms + w_t.view(shape) * exact_log_softmax(x, cdim)[0]
+            val_t = (1.0 - eps) * val_t - torch.where(masked, 0.0, terms * (eps / k)).sum(cdim)
+        loss_t = torch.where(valid, val_t, 0.0)
+        extra_t = lsm_t if gamma == 0.0 else p * lsm_t
+        return loss_t, extra_t, lt_t, None, None
+
+
+_index_loss = applier(_IndexLoss)
 
 
 def _index_weight_grad(
@@ -303,6 +338,7 @@ class _ProbLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(valid)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, target, weight, lsm, valid)
+        ctx.save_for_forward(x, target, weight, lsm, valid)
         ctx.eps, ctx.cdim = eps, cdim
 
     @staticmethod
@@ -324,3 +360,28 @@ class _ProbLoss(torch.autograd.Function):
                 gw = _per_class_sum(-torch.where(qn == 0, 0.0, qn * lsm) * s, cdim)
         gx = _plus(gx, log_softmax_backward(lsm, grad_lsm, cdim))
         return gx, gt, gw, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, y_t, w_t, _eps, _cdim):
+        x, target, weight, lsm, valid = ctx.saved_tensors
+        cdim, eps = ctx.cdim, ctx.eps
+        p = probs_from(lsm, False)
+        lsm_t = torch.zeros_like(lsm)
+        if x_t is not None:
+            x_t = torch.where(p == 0, 0.0, x_t)
+            lsm_t = x_t - (p * x_t).sum(cdim, keepdim=True)
+        q = _target_dist(x, target, weight, eps, cdim)
+        terms = torch.where(q == 0, 0.0, q * lsm_t)
+        if y_t is not None:  # d q / d y = (1 − ε) w
+            q_t = (1.0 - eps) * y_t
+            if weight is not None:
+                q_t = q_t * weight.view(class_shape(x.dim(), cdim))
+            terms = terms + torch.where(q_t == 0, 0.0, q_t * lsm)
+        if w_t is not None:
+            qw = _target_dist(x, target, w_t, eps, cdim)
+            terms = terms + torch.where(qw == 0, 0.0, qw * lsm)
+        loss_t = torch.where(valid, -terms.sum(cdim), 0.0)
+        return loss_t, lsm_t, None
+
+
+_prob_loss = applier(_ProbLoss)

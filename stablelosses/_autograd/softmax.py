@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from stablelosses._autograd._base import applier
 from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
@@ -52,6 +53,7 @@ def _save_output(ctx, inputs, output):
     """setup_context of softmax and log_softmax: both differentiate from their output."""
     ctx.dim = inputs[1]
     ctx.save_for_backward(output)
+    ctx.save_for_forward(output)
 
 
 class _Softmax(torch.autograd.Function):
@@ -82,6 +84,17 @@ class _Softmax(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         (y,) = ctx.saved_tensors
         return torch._softmax_backward_data(grad, y, ctx.dim, y.dtype), None
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor, _dim_t):
+        # y ⊙ (ẋ − Σ y·ẋ): 0 where y is 0 (masked entries, all-masked slices); the tangent
+        # of an entry with y = 0 is dropped before the sum (double where: 0·inf never forms)
+        (y,) = ctx.saved_tensors
+        x_t = torch.where(y == 0, 0.0, x_t)
+        return y * (x_t - (y * x_t).sum(ctx.dim, keepdim=True))
+
+
+_softmax = applier(_Softmax)
 
 
 class _LogSoftmax(torch.autograd.Function):
@@ -115,6 +128,46 @@ class _LogSoftmax(torch.autograd.Function):
         g = grad.masked_fill(y == -_INF, 0)
         return torch._log_softmax_backward_data(g, y, ctx.dim, y.dtype), None
 
+    @staticmethod
+    def jvp(ctx, x_t: Tensor, _dim_t):
+        # ẋ − Σ softmax·ẋ; a -inf output does not move (tangent 0), and its input's tangent
+        # does not enter the sum (its probability is 0)
+        (y,) = ctx.saved_tensors
+        dead = y == -_INF
+        x_t = torch.where(dead, 0.0, x_t)
+        out = x_t - (torch.exp(y) * x_t).sum(ctx.dim, keepdim=True)
+        return torch.where(dead, 0.0, out)
+
+
+_log_softmax = applier(_LogSoftmax)
+
+
+def _lse_softmax(x: Tensor, out: Tensor, dims: tuple[int, ...], keepdim: bool) -> Tensor:
+    """The softmax of ``x`` over ``dims`` from logsumexp's output, normalised by its own sum.
+
+    ``exp(x - out)`` alone sums to 1 only where ``out`` rounds well: on a ``finfo.min`` slice
+    ``out`` rounds back to ``finfo.min`` and every term is 1. Dividing by the computed sum
+    gives the exact softmax at every magnitude. ``out = -inf``: shift by 0, every term is 0
+    (sum 1 by fiat, gradient 0). ``out = +inf``: ``x - out`` is NaN exactly at the ``+inf``
+    entries (-inf elsewhere), those terms become 1, and the sum counts them. NaN slices
+    stay NaN.
+    """
+    if not keepdim:  # the wrapper makes scalars 1-d
+        for d in sorted(dims):
+            out = out.unsqueeze(d)
+    neg_inf = out == -_INF
+    diff = x - out.masked_fill(neg_inf, 0)
+    if inplace_ok(diff, out):
+        # first order, no transforms: in place on our own buffer
+        e = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
+        total = e.sum(dims, keepdim=True)
+        # nan_to_num also zeroed the NaN slices' exponents: divide them by their NaN
+        return e.div_(torch.where(neg_inf, 1.0, torch.where(torch.isnan(out), out, total)))
+    # Double where (the NaN exponents become 0 before exp), so double backward never
+    # multiplies a zero gradient by NaN.
+    e = torch.exp(diff.masked_fill(torch.isnan(diff) & (out == _INF), 0))
+    return e / torch.where(neg_inf, 1.0, e.sum(dims, keepdim=True))
+
 
 class _LogSumExp(torch.autograd.Function):
     """``log Σ exp x`` over ``dims``; the gradient is the softmax of ``x`` with the limits above."""
@@ -131,30 +184,23 @@ class _LogSumExp(torch.autograd.Function):
         ctx.dims = tuple(dims)
         ctx.keepdim = keepdim
         ctx.save_for_backward(x, output)
+        ctx.save_for_forward(x, output)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, out = ctx.saved_tensors
-        if not ctx.keepdim:  # the wrapper makes scalars 1-d
+        if not ctx.keepdim:
             for d in sorted(ctx.dims):
-                out = out.unsqueeze(d)
                 grad = grad.unsqueeze(d)
-        # exp(x - out) is the softmax except where out is ±inf:
-        #   out = -inf: shift by 0 instead, exp(-inf) = 0 everywhere;
-        #   out = +inf: x - out is NaN exactly at the +inf entries (-inf elsewhere); those
-        #   exponents become 0 (p = 1 there) and the slice is divided by their count.
-        #   NaN slices (out is NaN) keep a NaN scale.
-        neg_inf = out == -_INF
-        pos_inf = out == _INF
-        diff = x - out.masked_fill(neg_inf, 0)
-        scale = torch.where(torch.isnan(out), out, grad)
-        if inplace_ok(diff, grad, out):
-            # first order, no transforms: three passes over our own buffer
-            p = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
-            count = p.sum(ctx.dims, keepdim=True)
-            return p.mul_(scale / torch.where(pos_inf, count, 1.0)), None, None
-        # Double where (set the NaN exponents to 0 before exp), so double backward never
-        # multiplies a zero gradient by NaN.
-        p = torch.exp(diff.masked_fill(torch.isnan(diff) & pos_inf, 0))
-        count = p.sum(ctx.dims, keepdim=True)
-        return p * (scale / torch.where(pos_inf, count, 1.0)), None, None
+        # NaN slices: the NaN in the softmax carries through
+        return _lse_softmax(x, out, ctx.dims, ctx.keepdim) * grad, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor, _dims_t, _keepdim_t):
+        x, out = ctx.saved_tensors
+        p = _lse_softmax(x, out, ctx.dims, ctx.keepdim)
+        # entries of zero probability do not move the sum (double where: 0·inf never forms)
+        return (p * torch.where(p == 0, 0.0, x_t)).sum(ctx.dims, keepdim=ctx.keepdim)
+
+
+_logsumexp = applier(_LogSumExp)

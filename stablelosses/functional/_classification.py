@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.cross_entropy import IndexResult, ProbResult, _IndexLoss, _ProbLoss
+from stablelosses._autograd.cross_entropy import IndexResult, ProbResult, _index_loss, _prob_loss
 from stablelosses._utils import (
     check_floating,
     check_nonnegative,
@@ -86,14 +86,14 @@ def _reduce(loss: Tensor, denom: Tensor, reduction: str) -> Tensor:
     return loss
 
 
-def _index_loss(
+def _index_loss_reduced(
     x: Tensor, target: Tensor, w: Optional[Tensor], ignore_index: int, gamma: float, eps: float,
     cdim: int, reduction: str,
 ) -> Tensor:
     """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
     ``w``, so ``weight.grad`` is the gradient of the reduced loss."""
     target = target.long()
-    res = IndexResult(*_IndexLoss.apply(x, target, w, ignore_index, gamma, eps, cdim))
+    res = IndexResult(*_index_loss(x, target, w, ignore_index, gamma, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, res.valid, reduction)
     if w is None:
@@ -219,14 +219,14 @@ def cross_entropy(
         dtype = torch.promote_types(input.dtype, target.dtype)
         x = upcast(input.to(dtype))
         w = _check_weight(fn, weight, input, x.dtype)
-        res = ProbResult(*_ProbLoss.apply(x, target.to(x.dtype), w, eps, cdim))
+        res = ProbResult(*_prob_loss(x, target.to(x.dtype), w, eps, cdim))
         out = _reduce(res.loss, res.valid.to(x.dtype), reduction)
         out_dtype = dtype if dtype not in (torch.float16, torch.bfloat16) else loss_out_dtype(input.to(dtype))
         return out.to(out_dtype)
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    out = _index_loss(x, target, w, ignore_index, 0.0, eps, cdim, reduction)
+    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction)
     return out.to(loss_out_dtype(input))
 
 
@@ -312,4 +312,4 @@ def focal_loss(
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    return _index_loss(x, target, w, ignore_index, gamma, 0.0, cdim, reduction).to(loss_out_dtype(input))
+    return _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction).to(loss_out_dtype(input))

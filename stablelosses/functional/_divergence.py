@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
+import torch
 from torch import Tensor
 
-from stablelosses._autograd.kl import _KLDiv
+from stablelosses._autograd.kl import _kl_div
 from stablelosses._utils import (
     check_floating,
     check_reduction,
@@ -97,8 +99,17 @@ def kl_div(
     # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
     # the result by input.size(0) afterwards (torch keeps that quirk).
     base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
-    out_dtype = loss_out_dtype(input)
-    loss = _KLDiv.apply(upcast(input), upcast(target), bool(log_target))
+    if reduction == "mean" and not torch.compiler.is_compiling():
+        warnings.warn(
+            "reduction: 'mean' divides the total loss by both the batch size and the support size."
+            "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+            "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+            stacklevel=2,
+        )
+    # type promotion as torch: kl_div(float32, float64) is float64
+    dtype = torch.promote_types(input.dtype, target.dtype)
+    out_dtype = loss_out_dtype(input.to(dtype))
+    loss = _kl_div(upcast(input.to(dtype)), upcast(target.to(dtype)), bool(log_target))
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:
         loss = loss / input.size(0)

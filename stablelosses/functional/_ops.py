@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.div import _SafeDiv
-from stablelosses._autograd.softmax import _LogSoftmax, _LogSumExp, _Softmax
+from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._autograd.sqrt import _SafeSqrt
 from stablelosses._autograd.xlogy import _XLogY
 from stablelosses._utils import check_tensor, compute_dtype, wrap_dim
@@ -137,7 +137,7 @@ def _check_softmax_args(fn: str, input: object, dim: object, mask: object, dtype
     return x, d
 
 
-def _softmax_like(fn_cls, name: str, input: Tensor, dim: int, mask: Optional[Tensor],
+def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Optional[Tensor],
                   dtype: Optional[torch.dtype]) -> Tensor:
     x, d = _check_softmax_args(name, input, dim, mask, dtype)
     out_dtype = _softmax_out_dtype(x, dtype)
@@ -145,7 +145,7 @@ def _softmax_like(fn_cls, name: str, input: Tensor, dim: int, mask: Optional[Ten
         x = x.masked_fill(~mask.to(x.device), float("-inf"))
     scalar = x.ndim == 0
     xc = x.reshape(1) if scalar else x
-    y = fn_cls.apply(xc.to(compute_dtype(xc)), d)
+    y = fn_apply(xc.to(compute_dtype(xc)), d)
     if scalar:
         y = y.reshape(())
     return y.to(out_dtype)
@@ -324,8 +324,8 @@ def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = Fal
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     out_dtype = x.dtype
     if x.ndim == 0:
-        return _LogSumExp.apply(x.reshape(1).to(compute_dtype(x)), (0,), False).to(out_dtype)
-    return _LogSumExp.apply(x.to(compute_dtype(x)), dims, keepdim).to(out_dtype)
+        return _logsumexp(x.reshape(1).to(compute_dtype(x)), (0,), False).to(out_dtype)
+    return _logsumexp(x.to(compute_dtype(x)), dims, keepdim).to(out_dtype)
 
 
 def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
@@ -370,7 +370,7 @@ def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
 
     Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
     """
-    return _softmax_like(_Softmax, "softmax", input, dim, mask, dtype)
+    return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
 
 
 def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
@@ -415,4 +415,4 @@ def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
 
     Replaces ``torch.log_softmax`` / ``F.log_softmax``.
     """
-    return _softmax_like(_LogSoftmax, "log_softmax", input, dim, mask, dtype)
+    return _softmax_like(_log_softmax, "log_softmax", input, dim, mask, dtype)
