@@ -46,14 +46,15 @@ def accurate_log_pt(rest: Tensor, lt: Tensor) -> Tensor:
 def focal_terms(m: Tensor, lt: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
     """``m^γ (−l)`` and the backward row scale ``m^γ (1 + γ p_t r)``, ``m = Σ_{j≠t} p_j``.
 
-    ``r = 1`` at ``m = 0`` (``p_t = 1``), its limit; at ``l = −inf`` the clamp keeps ``r``
-    finite, so ``p_t r = 0·r = 0``, the limit of ``−p log p / (1 − p)``. Every singular
-    operand is made safe before use (double where), so double backward stays finite.
+    ``r = 1`` at ``m = 0`` (``p_t = 1``), its limit; ``p_t r = 0`` at ``l = −inf``
+    (``p_t = 0``), the limit of ``−p log p / (1 − p)``. Every singular operand is made safe
+    before use (double where), so double backward stays finite.
     """
     zero = m == 0
+    dead = lt == -float("inf")
     m_safe = torch.where(zero, 1.0, m)
     mg = torch.where(zero, 0.0, torch.pow(m_safe, gamma))
-    neg_l = lt.neg()
-    r = torch.where(zero, 1.0, neg_l.clamp(max=torch.finfo(lt.dtype).max) / m_safe)
-    one = torch.ones((), dtype=lt.dtype, device=lt.device)
-    return mg * neg_l, mg * torch.addcmul(one, torch.exp(lt), r, value=gamma)
+    l_safe = torch.where(dead, 0.0, lt)
+    r = torch.where(zero, 1.0, -l_safe / m_safe)
+    pr = torch.where(dead, 0.0, torch.exp(l_safe) * r)
+    return mg * lt.neg(), mg * (1.0 + gamma * pr)
