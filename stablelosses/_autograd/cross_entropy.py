@@ -96,20 +96,30 @@ def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
 
 def softmax_minus_target(
     p: Tensor, row_scale: Tensor, idx: Tensor, t_scale: Tensor, cdim: int, dense: Tensor | None,
-    own_p: bool,
+    own_p: bool, rest: Tensor | None = None,
 ) -> Tensor:
-    """``p * row_scale - dense - onehot(idx) * t_scale``; ``own_p``: ``p`` may be overwritten."""
+    """``p * row_scale - dense - onehot(idx) * t_scale``; ``own_p``: ``p`` may be overwritten.
+
+    With ``rest = Σ_{j≠t} p_j`` the target entry is set to ``(row − t) − rest·row`` instead of
+    adding ``−t`` to ``p_t·row`` (which rounds ``p_t − 1`` to 0 as ``p_t → 1``). ``dense`` is
+    0 on every class where it is used with ``rest`` (no smoothing in the focal loss).
+    """
     row_scale = row_scale.unsqueeze(cdim)
     t_scale = t_scale.unsqueeze(cdim)
-    if not inplace_ok(p, row_scale, t_scale, dense):
+    t_value = None if rest is None else (row_scale - t_scale) - rest.unsqueeze(cdim) * row_scale
+    if not inplace_ok(p, row_scale, t_scale, dense, t_value):
         # double backward or a functorch transform: out of place
         g = p * row_scale
         if dense is not None:
             g = g - dense
+        if t_value is not None:
+            return g.scatter(cdim, idx, t_value)
         return g.scatter_add(cdim, idx, -t_scale)
     g = p.mul_(row_scale) if own_p else p * row_scale
     if dense is not None:
         g.sub_(dense)
+    if t_value is not None:
+        return g.scatter_(cdim, idx, t_value)
     return g.scatter_add_(cdim, idx, -t_scale)
 
 
@@ -119,13 +129,15 @@ class IndexResult(NamedTuple):
     its own) or the softmax for the focal loss (its forward needs it for ``1 − p_t``) and the
     target's log-probability, both extra outputs so that double backward differentiates the
     backward exactly; the valid mask (target not ``ignore_index``, row not fully masked); the
-    focal row scale for a first-order backward (double backward recomputes it)."""
+    focal row scale and ``1 − p_t = Σ_{j≠t} p_j`` for a first-order backward (double backward
+    recomputes them; both are zeros-free placeholders for cross-entropy)."""
 
     loss: Tensor
     lsm_or_p: Tensor
     log_pt: Tensor
     valid: Tensor
     scale: Tensor
+    rest: Tensor
 
 
 def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
@@ -167,7 +179,7 @@ class _IndexLoss(torch.autograd.Function):
             lt = torch.where(masked_row, 0.0, lt)
         extra = lsm
         if gamma == 0.0:
-            val, scale = -lt, torch.ones_like(lt)
+            val, scale, rest = -lt, torch.ones_like(lt), torch.zeros_like(lt)
         else:
             if eps == 0.0 and inplace_ok(lsm):  # lsm is not needed again: p overwrites it
                 extra = p = lsm.exp_().nan_to_num_(nan=0.0)
@@ -191,30 +203,32 @@ class _IndexLoss(torch.autograd.Function):
             val = val - torch.where(masked, 0.0, terms).sum(cdim)
         valid = kept & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
-        return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale))
+        return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale, rest))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, target, weight, ignore_index, gamma, eps, cdim = inputs
-        _, extra, lt, valid, scale = output
-        ctx.mark_non_differentiable(valid, scale)
+        _, extra, lt, valid, scale, rest = output
+        ctx.mark_non_differentiable(valid, scale, rest)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x if eps > 0.0 else None, target, weight, extra, lt, valid, scale)
+        ctx.save_for_backward(x if eps > 0.0 else None, target, weight, extra, lt, valid, scale, rest)
         ctx.save_for_forward(x if eps > 0.0 else None, target, weight, extra, lt, valid, scale)
         ctx.ignore_index, ctx.gamma, ctx.eps, ctx.cdim = ignore_index, gamma, eps, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_extra, grad_lt, _gv, _gs):
-        x, target, weight, extra, lt, valid, scale = ctx.saved_tensors
+    def backward(ctx, grad_loss, grad_extra, grad_lt, _gv, _gs, _gr):
+        x, target, weight, extra, lt, valid, scale, rest = ctx.saved_tensors
         cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
         idx = torch.where(target != ctx.ignore_index, target, 0).unsqueeze(cdim)
         gx = gw = a = row = dense = None
+        if gamma != 0.0 and torch.is_grad_enabled():
+            rest = other_mass(extra, idx, cdim)  # double backward: its own derivative
         if grad_loss is not None:
             s = torch.where(valid, grad_loss, 0.0)
             val = -lt
             if gamma != 0.0 and (torch.is_grad_enabled() or ctx.needs_input_grad[2]):
                 # double backward: the scale's own derivative; weight: the unweighted value
-                val, scale = focal_terms(other_mass(extra, idx, cdim), lt, gamma)
+                val, scale = focal_terms(rest, lt, gamma)
             a = s * scale if gamma != 0.0 else s
             if weight is not None:
                 a = a * weight[idx.squeeze(cdim)]
@@ -238,7 +252,7 @@ class _IndexLoss(torch.autograd.Function):
         if a is not None:
             fresh = gamma == 0.0 and inplace_ok(extra)
             p = probs_from(extra, fresh) if gamma == 0.0 else extra
-            gx = softmax_minus_target(p, row, idx, a, cdim, dense, own_p=fresh)
+            gx = softmax_minus_target(p, row, idx, a, cdim, dense, own_p=fresh, rest=None if gamma == 0.0 else rest)
         if gamma == 0.0:
             gx = _plus(gx, log_softmax_backward(extra, grad_extra, cdim))
         else:
@@ -273,7 +287,7 @@ class _IndexLoss(torch.autograd.Function):
             val_t = (1.0 - eps) * val_t - torch.where(masked, 0.0, terms * (eps / k)).sum(cdim)
         loss_t = torch.where(valid, val_t, 0.0)
         extra_t = lsm_t if gamma == 0.0 else p * lsm_t
-        return loss_t, extra_t, lt_t, None, None
+        return loss_t, extra_t, lt_t, None, None, None
 
 
 _index_loss = applier(_IndexLoss)
