@@ -40,9 +40,9 @@ def _fill_rows(dtype):
     """Rows built with finfo.min, the usual mask fill: all of it, all but one 0, and a mix
     of finfo.min and -inf (the -inf classes are masked, the finfo.min ones are not)."""
     fm = torch.finfo(dtype).min
-    return torch.tensor(
-        [[fm, fm, fm, fm], [fm, fm, 0.0, fm], [fm, -INF, fm, -INF]], dtype=torch.float64
-    ).to(dtype)
+    return torch.tensor([[fm, fm, fm, fm], [fm, fm, 0.0, fm], [fm, -INF, fm, -INF]], dtype=torch.float64).to(
+        dtype
+    )
 
 
 # --- item 1: a finfo.min row is an ordinary row --------------------------------------------
@@ -90,7 +90,9 @@ def test_finfo_min_rows_are_ordinary_rows(name, dtype):
     if name == "logsumexp":
         # torch's own gradient is exp(x - lse) = 1 per entry on a finfo.min row (lse rounds
         # back to finfo.min); the exact gradient is the softmax
-        g_ref = torch.softmax(x.to(ref_dtype), 1) * torch.linspace(-1.0, 1.0, len(x), dtype=ref_dtype)[:, None]
+        g_ref = (
+            torch.softmax(x.to(ref_dtype), 1) * torch.linspace(-1.0, 1.0, len(x), dtype=ref_dtype)[:, None]
+        )
     assert v.dtype == dtype
     torch.testing.assert_close(v.double(), v_ref.to(v.dtype).double(), **TOL[dtype])
     torch.testing.assert_close(g.double(), g_ref.to(g.dtype).double(), **TOL[dtype])
@@ -110,6 +112,7 @@ def test_only_all_minus_inf_rows_are_masked():
 
 # --- item 5: logsumexp's gradient is the exact softmax at every magnitude ---------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("scale", [1.0, 1e4, 1e20, 1e30, 1e38])
 def test_logsumexp_gradient_is_the_softmax(dtype, scale):
@@ -127,6 +130,7 @@ def test_logsumexp_minus_1e30_gives_one_half():
 
 # --- item 2: weight that requires grad gets its gradient --------------------------------------
 
+
 def _ref_index_loss(x, t, w, gamma, eps, ignore_index, reduction):
     """float64 reference written with torch ops: mean = Σ w_t ℓ / Σ w_t."""
     lsm = torch.log_softmax(x, 1)
@@ -143,21 +147,28 @@ def _ref_index_loss(x, t, w, gamma, eps, ignore_index, reduction):
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("fn,gamma,eps", [("ce", 0.0, 0.0), ("ce", 0.0, 0.2), ("focal", 2.0, 0.0), ("focal", 0.5, 0.0)])
+@pytest.mark.parametrize(
+    "fn,gamma,eps", [("ce", 0.0, 0.0), ("ce", 0.0, 0.2), ("focal", 2.0, 0.0), ("focal", 0.5, 0.0)]
+)
 def test_weight_gradient_class_index(fn, gamma, eps, reduction):
     x = torch.randn(6, 5, dtype=torch.float64) * 2
     t = torch.tensor([0, 4, -100, 2, 2, 1])
     w = torch.rand(5, dtype=torch.float64) + 0.3
     if fn == "ce":
-        ours = lambda xx, ww: SF.cross_entropy(xx, t, weight=ww, label_smoothing=eps, reduction=reduction)
+        ours = lambda xx, ww: SF.cross_entropy(xx, t, weight=ww, label_smoothing=eps, reduction=reduction)  # noqa: E731
     else:
-        ours = lambda xx, ww: SF.focal_loss(xx, t, gamma=gamma, weight=ww, reduction=reduction)
-    ref = lambda xx, ww: _ref_index_loss(xx, t, ww, gamma, eps, -100, reduction)
+        ours = lambda xx, ww: SF.focal_loss(xx, t, gamma=gamma, weight=ww, reduction=reduction)  # noqa: E731
+    ref = lambda xx, ww: _ref_index_loss(xx, t, ww, gamma, eps, -100, reduction)  # noqa: E731
     grads = []
     for f in (ours, ref):
         xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
         out = f(xx, ww)
-        grads.append(torch.autograd.grad((out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum(), (xx, ww)))
+        grads.append(
+            torch.autograd.grad(
+                (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum(),
+                (xx, ww),
+            )
+        )
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
 
@@ -188,6 +199,7 @@ def test_weight_gradient_gradcheck():
 
 # --- item 3: forward-mode AD -------------------------------------------------------------------
 
+
 def _jvp_pairs():
     t = torch.tensor([0, 2, 1])
     y = torch.softmax(torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)), 1)
@@ -195,10 +207,16 @@ def _jvp_pairs():
         "softmax": (lambda x: SF.softmax(x, 1), lambda x: torch.softmax(x, 1)),
         "log_softmax": (lambda x: SF.log_softmax(x, 1), lambda x: torch.log_softmax(x, 1)),
         "logsumexp": (lambda x: SF.logsumexp(x, (0, 1)), lambda x: torch.logsumexp(x, (0, 1))),
-        "cross_entropy": (lambda x: SF.cross_entropy(x, t, label_smoothing=0.1), lambda x: F.cross_entropy(x, t, label_smoothing=0.1)),
+        "cross_entropy": (
+            lambda x: SF.cross_entropy(x, t, label_smoothing=0.1),
+            lambda x: F.cross_entropy(x, t, label_smoothing=0.1),
+        ),
         "cross_entropy_probs": (lambda x: SF.cross_entropy(x, y), lambda x: F.cross_entropy(x, y)),
         "focal_gamma0": (lambda x: SF.focal_loss(x, t, gamma=0.0), lambda x: F.cross_entropy(x, t)),
-        "kl_div": (lambda x: SF.kl_div(x, y, reduction="batchmean"), lambda x: F.kl_div(x, y, reduction="batchmean")),
+        "kl_div": (
+            lambda x: SF.kl_div(x, y, reduction="batchmean"),
+            lambda x: F.kl_div(x, y, reduction="batchmean"),
+        ),
     }
 
 
@@ -229,7 +247,7 @@ def test_focal_jvp_matches_float64_reference():
     v = torch.randn(4, 3, dtype=torch.float64)
     t = torch.tensor([0, 1, 2, 1])
     w = torch.rand(3, dtype=torch.float64) + 0.5
-    ref = lambda xx: _ref_index_loss(xx, t, w, 2.0, 0.0, -100, "mean")
+    ref = lambda xx: _ref_index_loss(xx, t, w, 2.0, 0.0, -100, "mean")  # noqa: E731
     torch.testing.assert_close(
         torch.func.jvp(lambda xx: SF.focal_loss(xx, t, gamma=2.0, weight=w), (x,), (v,)),
         torch.func.jvp(ref, (x,), (v,)),
@@ -243,10 +261,16 @@ def test_gradcheck_forward_ad_cross_entropy(soft, eps):
     w = (torch.rand(4, dtype=torch.float64) + 0.5).requires_grad_()
     if soft:
         y = torch.softmax(torch.randn(3, 4, 2, dtype=torch.float64), 1).requires_grad_()
-        assert gradcheck(lambda a, b, c: SF.cross_entropy(a, b, weight=c, label_smoothing=eps), (x, y, w), check_forward_ad=True)
+        assert gradcheck(
+            lambda a, b, c: SF.cross_entropy(a, b, weight=c, label_smoothing=eps),
+            (x, y, w),
+            check_forward_ad=True,
+        )
     else:
         t = torch.tensor([[0, 3], [1, -100], [2, 2]])
-        assert gradcheck(lambda a, c: SF.cross_entropy(a, t, weight=c, label_smoothing=eps), (x, w), check_forward_ad=True)
+        assert gradcheck(
+            lambda a, c: SF.cross_entropy(a, t, weight=c, label_smoothing=eps), (x, w), check_forward_ad=True
+        )
 
 
 @pytest.mark.parametrize("gamma", [0.5, 2.0])
@@ -264,15 +288,21 @@ def test_gradcheck_forward_ad_softmax_family_and_kl(log_target):
         assert gradcheck(f, (x,), check_forward_ad=True, check_batched_grad=True)
     y = torch.softmax(torch.randn(3, 4, dtype=torch.float64), 1)
     y = (y.log() if log_target else y).requires_grad_()
-    assert gradcheck(lambda a, b: SF.kl_div(a, b, reduction="sum", log_target=log_target), (x, y), check_forward_ad=True)
+    assert gradcheck(
+        lambda a, b: SF.kl_div(a, b, reduction="sum", log_target=log_target), (x, y), check_forward_ad=True
+    )
 
 
 def test_jvp_at_hazards_is_finite():
     x = torch.tensor([[-INF, -INF, -INF], [INF, 0.0, INF], [1.0, -INF, 2.0]])
     v = torch.ones_like(x)
-    for f in (lambda z: SF.softmax(z, 1), lambda z: SF.log_softmax(z, 1), lambda z: SF.logsumexp(z, 1),
-              lambda z: SF.cross_entropy(z, torch.tensor([0, 0, 2]), reduction="none"),
-              lambda z: SF.focal_loss(z, torch.tensor([0, 0, 2]), gamma=0.5, reduction="none")):
+    for f in (
+        lambda z: SF.softmax(z, 1),
+        lambda z: SF.log_softmax(z, 1),
+        lambda z: SF.logsumexp(z, 1),
+        lambda z: SF.cross_entropy(z, torch.tensor([0, 0, 2]), reduction="none"),
+        lambda z: SF.focal_loss(z, torch.tensor([0, 0, 2]), gamma=0.5, reduction="none"),
+    ):
         _, tangent = torch.func.jvp(f, (x,), (v,))
         finite_out = torch.isfinite(f(x))
         assert torch.isfinite(tangent[finite_out]).all()
@@ -284,13 +314,16 @@ def test_compiled_fullgraph_with_jvp_functions():
     t = torch.tensor([0, 1, 2, 3])
 
     def f(z):
-        return SF.cross_entropy(z, t) + SF.focal_loss(z, t) + SF.logsumexp(z, 1).sum() + SF.softmax(z, 1)[0, 0]
+        return (
+            SF.cross_entropy(z, t) + SF.focal_loss(z, t) + SF.logsumexp(z, 1).sum() + SF.softmax(z, 1)[0, 0]
+        )
 
     out = torch.compile(f, fullgraph=True)(x)
     torch.testing.assert_close(out, f(x))
 
 
 # --- item 4: double backward is finite at the hazards and matches float64 ---------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("gamma", [0.5, 1.0, 2.0])
@@ -305,7 +338,9 @@ def test_focal_double_backward_at_pt_one(gamma, dtype):
         return g.detach(), h
 
     g, h = second(lambda z: SF.focal_loss(z, t, gamma=gamma), x)
-    g_ref, h_ref = second(lambda z: _ref_index_loss(z, t, torch.ones(2, dtype=z.dtype), gamma, 0.0, -100, "sum"), x.double())
+    g_ref, h_ref = second(
+        lambda z: _ref_index_loss(z, t, torch.ones(2, dtype=z.dtype), gamma, 0.0, -100, "sum"), x.double()
+    )
     assert torch.isfinite(g).all() and torch.isfinite(h).all()
     # the first derivative keeps full relative accuracy (the target entry is -a·Σ_{j≠t} p_j)
     torch.testing.assert_close(g.double(), g_ref, rtol=1e-4, atol=0)
@@ -326,7 +361,11 @@ def test_focal_double_backward_on_posinf_rows(gamma):
     # the limit: the first row is p_t = 1 (every derivative 0); on the second the loss is
     # 0.5^γ·log 2 at fixed mass, its derivatives come from the float64 reference at a large margin
     big = torch.tensor([[200.0, 0.0, 1.0], [200.0, 200.0, 0.0]], dtype=torch.float64, requires_grad=True)
-    (g_ref,) = torch.autograd.grad(_ref_index_loss(big, t, torch.ones(3, dtype=torch.float64), gamma, 0.0, -100, "sum"), big, create_graph=True)
+    (g_ref,) = torch.autograd.grad(
+        _ref_index_loss(big, t, torch.ones(3, dtype=torch.float64), gamma, 0.0, -100, "sum"),
+        big,
+        create_graph=True,
+    )
     (h_ref,) = torch.autograd.grad((g_ref * torch.arange(6.0, dtype=torch.float64).reshape(2, 3)).sum(), big)
     assert torch.isfinite(g).all() and torch.isfinite(h).all()
     torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-6)
@@ -334,6 +373,7 @@ def test_focal_double_backward_on_posinf_rows(gamma):
 
 
 # --- item 6: no intermediate overflow ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("weighted", [False, True])
@@ -343,7 +383,9 @@ def test_label_smoothing_near_1e37_is_finite_and_exact(reduction, weighted):
     t = torch.randint(0, 100, (8,), generator=g)
     w = torch.rand(100, generator=g) + 0.5 if weighted else None
     out = SF.cross_entropy(x, t, weight=w, label_smoothing=0.1, reduction=reduction)
-    ref = F.cross_entropy(x.double(), t, weight=None if w is None else w.double(), label_smoothing=0.1, reduction=reduction)
+    ref = F.cross_entropy(
+        x.double(), t, weight=None if w is None else w.double(), label_smoothing=0.1, reduction=reduction
+    )
     assert torch.isfinite(ref).all() and (ref.abs() < torch.finfo(torch.float32).max).all()
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=0)
@@ -351,11 +393,12 @@ def test_label_smoothing_near_1e37_is_finite_and_exact(reduction, weighted):
 
 # --- item 7: exact tails (mpmath references) ----------------------------------------------------
 
+
 def _mp_focal(margin: float, n_other: int, gamma: float) -> float:
     mpmath.mp.dps = 50
     m = mpmath.mpf(margin)
     rest = n_other * mpmath.e ** (-m) / (1 + n_other * mpmath.e ** (-m))
-    return float(rest ** gamma * -mpmath.log(1 - rest))
+    return float(rest**gamma * -mpmath.log(1 - rest))
 
 
 @pytest.mark.parametrize("gamma", [0.5, 2.0])
@@ -370,14 +413,19 @@ def test_focal_tail_full_relative_accuracy_float32(margin, gamma):
 
 # --- item 8: arguments torch rejects are rejected ----------------------------------------------
 
+
 def test_probability_target_with_nonnegative_ignore_index_raises_like_torch():
     x, y = torch.randn(2, 3), torch.softmax(torch.randn(2, 3), 1)
     with pytest.raises(RuntimeError, match="ignore_index is not supported for floating point target"):
         F.cross_entropy(x, y, ignore_index=0)
-    with pytest.raises(RuntimeError, match="cross_entropy: ignore_index is not supported for floating point target"):
+    with pytest.raises(
+        RuntimeError, match="cross_entropy: ignore_index is not supported for floating point target"
+    ):
         SF.cross_entropy(x, y, ignore_index=0)
     # a negative ignore_index is fine, as in torch
-    torch.testing.assert_close(SF.cross_entropy(x, y, ignore_index=-5), F.cross_entropy(x, y, ignore_index=-5))
+    torch.testing.assert_close(
+        SF.cross_entropy(x, y, ignore_index=-5), F.cross_entropy(x, y, ignore_index=-5)
+    )
 
 
 @pytest.mark.parametrize("fn", [SF.cross_entropy, SF.focal_loss])
@@ -416,8 +464,16 @@ def test_target_out_of_range_with_smoothing_and_spatial_dims():
 
 # --- item 9: type promotion as torch ------------------------------------------------------------
 
-@pytest.mark.parametrize("dt_in,dt_t", [(torch.float32, torch.float64), (torch.float64, torch.float32),
-                                         (torch.float16, torch.float32), (torch.bfloat16, torch.float64)])
+
+@pytest.mark.parametrize(
+    "dt_in,dt_t",
+    [
+        (torch.float32, torch.float64),
+        (torch.float64, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float64),
+    ],
+)
 def test_type_promotion_like_torch(dt_in, dt_t):
     x = torch.randn(3, 4).to(dt_in)
     y = torch.softmax(torch.randn(3, 4), 1).to(dt_t)
@@ -431,6 +487,7 @@ def test_type_promotion_like_torch(dt_in, dt_t):
 
 
 # --- item 10: kl_div(reduction='mean') warns as torch does --------------------------------------
+
 
 def test_kl_div_mean_warns_like_torch():
     x, y = torch.log_softmax(torch.randn(2, 3), 1), torch.softmax(torch.randn(2, 3), 1)

@@ -252,7 +252,8 @@ class _IndexLoss(torch.autograd.Function):
         if a is not None:
             fresh = gamma == 0.0 and inplace_ok(extra)
             p = probs_from(extra, fresh) if gamma == 0.0 else extra
-            gx = softmax_minus_target(p, row, idx, a, cdim, dense, own_p=fresh, rest=None if gamma == 0.0 else rest)
+            rest_t = None if gamma == 0.0 else rest
+            gx = softmax_minus_target(p, row, idx, a, cdim, dense, own_p=fresh, rest=rest_t)
         if gamma == 0.0:
             gx = _plus(gx, log_softmax_backward(extra, grad_extra, cdim))
         else:

@@ -14,7 +14,7 @@ A NaN anywhere in a slice makes the whole slice NaN, value and gradient, as in t
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -176,7 +176,7 @@ class _LogSumExp(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, dims: Sequence[int], keepdim: bool) -> Tensor:
-        return torch.logsumexp(x, dims, keepdim)
+        return torch.logsumexp(x, tuple(dims), keepdim)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

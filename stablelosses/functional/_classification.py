@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -29,7 +28,7 @@ def _class_dim(fn: str, input: Tensor) -> int:
     return 0 if input.dim() == 1 else 1
 
 
-def _check_weight(fn: str, weight: Optional[Tensor], input: Tensor, dtype: torch.dtype) -> Optional[Tensor]:
+def _check_weight(fn: str, weight: Tensor | None, input: Tensor, dtype: torch.dtype) -> Tensor | None:
     if weight is None:
         return None
     check_floating(fn, "weight", weight)
@@ -87,7 +86,7 @@ def _reduce(loss: Tensor, denom: Tensor, reduction: str) -> Tensor:
 
 
 def _index_loss_reduced(
-    x: Tensor, target: Tensor, w: Optional[Tensor], ignore_index: int, gamma: float, eps: float,
+    x: Tensor, target: Tensor, w: Tensor | None, ignore_index: int, gamma: float, eps: float,
     cdim: int, reduction: str,
 ) -> Tensor:
     """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
@@ -106,13 +105,13 @@ def _index_loss_reduced(
 def cross_entropy(
     input: Tensor,
     target: Tensor,
-    weight: Optional[Tensor] = None,
+    weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     *,
-    size_average: Optional[bool] = None,
-    reduce: Optional[bool] = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
 ) -> Tensor:
     r"""Cross-entropy between logits and class indices or class probabilities, masked-class safe.
 
@@ -234,7 +233,7 @@ def focal_loss(
     input: Tensor,
     target: Tensor,
     gamma: float = 2.0,
-    weight: Optional[Tensor] = None,
+    weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> Tensor:
@@ -312,4 +311,5 @@ def focal_loss(
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    return _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction).to(loss_out_dtype(input))
+    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction)
+    return out.to(loss_out_dtype(input))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -27,8 +26,8 @@ def kl_div(
     reduction: str = "mean",
     log_target: bool = False,
     *,
-    size_average: Optional[bool] = None,
-    reduce: Optional[bool] = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
 ) -> Tensor:
     r"""Kullback-Leibler divergence whose zero-probability targets contribute exactly 0.
 
