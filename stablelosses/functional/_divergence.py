@@ -66,9 +66,13 @@ def kl_div(
             (``'batchmean'`` still divides by ``input.size(0)`` afterwards, as torch does).
         reduce: deprecated (as in torch), see ``size_average``.
 
+    ``'mean'`` warns with torch's ``UserWarning`` (it divides by the number of elements, not
+    the batch size). Forward-mode AD (``torch.func.jvp``, ``jacfwd``) is supported.
+
     Returns:
-        A scalar, or the broadcast shape for ``'none'``. dtype as ``F.kl_div`` returns it
-        (the input's; float32 for half input under autocast).
+        A scalar, or the broadcast shape for ``'none'``. dtype as ``F.kl_div`` returns it:
+        ``input`` and ``target`` promoted as torch (``kl_div(float32, float64)`` is float64);
+        float32 for half input under autocast.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.

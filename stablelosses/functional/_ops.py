@@ -282,10 +282,14 @@ def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = Fal
     Same value as ``torch.logsumexp``: a slice of all ``-inf`` gives ``-inf``, a slice with a
     ``+inf`` entry gives ``+inf``, a NaN gives NaN.
 
-    **Gradient.** $\operatorname{softmax}(x)$ over ``dim``, computed from the saved output as
-    $\exp(x - \operatorname{lse})$. On an all-``-inf`` slice it is defined as $0$ (torch
-    computes $\exp(-\infty + \infty)$ = NaN); on a slice with $k$ ``+inf`` entries it is the
-    limit $1/k$ on those entries and $0$ elsewhere.
+    **Gradient.** $\operatorname{softmax}(x)$ over ``dim``: $\exp(x - \operatorname{lse})$
+    normalised by its computed sum, so it is the exact softmax at every magnitude (on a
+    ``finfo.min`` slice, or ``[-1e30, -1e30]``, torch's $\exp(x - \operatorname{lse})$ is 1 per
+    entry; here it is $1/n$). On an all-``-inf`` slice it is defined as $0$ (torch computes
+    $\exp(-\infty + \infty)$ = NaN); on a slice with $k$ ``+inf`` entries it is the limit
+    $1/k$ on those entries and $0$ elsewhere. Forward-mode AD (``torch.func.jvp``, ``jacfwd``,
+    ``hessian``) uses the same softmax. A finite fill value (``finfo.min``) is an ordinary
+    number; only ``-inf`` entries are masked.
 
     Args:
         input: floating-point (or integer, promoted) tensor.
@@ -340,7 +344,9 @@ def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
     them and 0 elsewhere (torch: NaN). NaN input gives a NaN slice.
 
     **Gradient.** $y \odot (g - \langle g, y\rangle)$ from the saved output: $0$ for masked
-    entries and for all-masked slices, finite on ``+inf`` slices.
+    entries and for all-masked slices, finite on ``+inf`` slices. Forward-mode AD
+    (``torch.func.jvp``, ``jacfwd``) uses the same formula. A slice filled with the finite
+    ``finfo.min`` is an ordinary slice (uniform), as in torch; only ``-inf`` masks.
 
     Args:
         input: floating-point tensor.
@@ -387,6 +393,8 @@ def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
     is ``-inf`` (masked entry, all-masked slice, entry dominated by ``+inf``) does not move when
     any input moves, so its incoming gradient is ignored and its input's gradient is $0$; e.g.
     label smoothing's $-\varepsilon/C$ on a masked class does not leak into the other classes.
+    Forward-mode AD is supported (the tangent of a ``-inf`` output is 0). A ``finfo.min``
+    slice is an ordinary slice ($-\log n$), as in torch.
 
     Args:
         input: floating-point tensor.
