@@ -60,8 +60,11 @@ def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     uniform row on fully masked ones. NaN rows stay NaN (``x == m`` is false there).
     """
     m = x.amax(cdim, keepdim=True)
-    z = torch.where(x == m, 0.0, x - m)
-    return torch.log_softmax(z, cdim), m
+    if not inplace_ok(x):  # transforms, double backward, compile: the where spelling
+        return torch.log_softmax(torch.where(x == m, 0.0, x - m), cdim), m
+    # eager: in place on our own buffer; nan_to_num also zeroes NaN rows, restored from m
+    z = (x - m).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
+    return torch.log_softmax(z, cdim).add_(torch.where(torch.isnan(m), m, 0.0)), m
 
 
 def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
@@ -143,8 +146,17 @@ class IndexResult(NamedTuple):
 def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     """The masked classes (logit ``-inf``, no smoothing mass) and the unmasked count K ≥ 1."""
     masked = x == -_INF
-    k = (~masked).sum(cdim, keepdim=True).clamp(min=1).to(x.dtype)
+    # an int32 count: a bool sum would first copy the mask to int64
+    k = (x.shape[cdim] - masked.sum(cdim, keepdim=True, dtype=torch.int32)).clamp(min=1).to(x.dtype)
     return masked, k
+
+
+def _smoothing_sum(terms: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int) -> Tensor:
+    """``ε/K Σ_{c unmasked} terms_c``, each term scaled before the sum: no overflow when the
+    mean over the classes is finite (terms near ``±1e37``)."""
+    t = torch.where(masked, 0.0, terms)
+    t = t.mul_(eps / k) if inplace_ok(t, k) else t * (eps / k)
+    return t.sum(cdim)
 
 
 def _per_class_sum(t: Tensor, cdim: int) -> Tensor:
@@ -194,13 +206,10 @@ class _IndexLoss(torch.autograd.Function):
             val = torch.where(w_t == 0, 0.0, w_t * val)
         if eps > 0.0:
             masked, k = _smoothing(x, cdim)
-            # eps/K applied before the sum: no overflow when the mean over classes is finite.
-            terms = lsm * (eps / k)
-            if weight is not None:
-                terms = terms * weight.view(class_shape(x.dim(), cdim))
+            terms = lsm if weight is None else lsm * weight.view(class_shape(x.dim(), cdim))
             # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
             val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
-            val = val - torch.where(masked, 0.0, terms).sum(cdim)
+            val = val - _smoothing_sum(terms, masked, k, eps, cdim)
         valid = kept & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
         return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale, rest))
@@ -242,7 +251,8 @@ class _IndexLoss(torch.autograd.Function):
                 if weight is not None:
                     smooth = smooth * weight.view(class_shape(x.dim(), cdim))
                 dense = torch.where(masked, 0.0, smooth)
-                row = row + dense.sum(cdim)
+                # Σ_c dense_c = s·ε (unweighted: K entries of s·ε/K) or s·ε/K·Σ_{unmasked} w
+                row = row + (s * eps if weight is None else dense.sum(cdim))
             if ctx.needs_input_grad[2]:
                 gw = _index_weight_grad(x, weight, idx, valid, s, val, eps, cdim)
         if grad_lt is not None:
