@@ -133,7 +133,7 @@ class IndexResult(NamedTuple):
     target's log-probability, both extra outputs so that double backward differentiates the
     backward exactly; the valid mask (target not ``ignore_index``, row not fully masked); the
     focal row scale and ``1 − p_t = Σ_{j≠t} p_j`` for a first-order backward (double backward
-    recomputes them; both are zeros-free placeholders for cross-entropy)."""
+    recomputes them; for cross-entropy they are placeholders of ones and zeros)."""
 
     loss: Tensor
     lsm_or_p: Tensor
