@@ -142,8 +142,9 @@ class _LogSoftmax(torch.autograd.Function):
 _log_softmax = applier(_LogSoftmax)
 
 
-def _lse_softmax(x: Tensor, out: Tensor, dims: tuple[int, ...], keepdim: bool) -> Tensor:
-    """The softmax of ``x`` over ``dims`` from logsumexp's output, normalised by its own sum.
+def _lse_softmax(x: Tensor, out: Tensor, dims: tuple[int, ...], keepdim: bool, grad: Tensor | None = None) -> Tensor:
+    """The softmax of ``x`` over ``dims`` from logsumexp's output, normalised by its own sum,
+    times ``grad`` (broadcast over ``dims``) when given.
 
     ``exp(x - out)`` alone sums to 1 only where ``out`` rounds well: on a ``finfo.min`` slice
     ``out`` rounds back to ``finfo.min`` and every term is 1. Dividing by the computed sum
@@ -155,18 +156,21 @@ def _lse_softmax(x: Tensor, out: Tensor, dims: tuple[int, ...], keepdim: bool) -
     if not keepdim:  # the wrapper makes scalars 1-d
         for d in sorted(dims):
             out = out.unsqueeze(d)
+            grad = None if grad is None else grad.unsqueeze(d)
     neg_inf = out == -_INF
     diff = x - out.masked_fill(neg_inf, 0)
-    if inplace_ok(diff, out):
-        # first order, no transforms: in place on our own buffer
+    if inplace_ok(diff, out, grad):
+        # first order, no transforms: in place on our own buffer, the scale folded in
         e = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
-        total = e.sum(dims, keepdim=True)
         # nan_to_num also zeroed the NaN slices' exponents: divide them by their NaN
-        return e.div_(torch.where(neg_inf, 1.0, torch.where(torch.isnan(out), out, total)))
+        total = torch.where(torch.isnan(out), out, e.sum(dims, keepdim=True))
+        total = torch.where(neg_inf, 1.0, total)
+        return e.mul_(total.reciprocal() if grad is None else grad / total)
     # Double where (the NaN exponents become 0 before exp), so double backward never
     # multiplies a zero gradient by NaN.
     e = torch.exp(diff.masked_fill(torch.isnan(diff) & (out == _INF), 0))
-    return e / torch.where(neg_inf, 1.0, e.sum(dims, keepdim=True))
+    p = e / torch.where(neg_inf, 1.0, e.sum(dims, keepdim=True))
+    return p if grad is None else p * grad
 
 
 class _LogSumExp(torch.autograd.Function):
@@ -189,11 +193,8 @@ class _LogSumExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, out = ctx.saved_tensors
-        if not ctx.keepdim:
-            for d in sorted(ctx.dims):
-                grad = grad.unsqueeze(d)
         # NaN slices: the NaN in the softmax carries through
-        return _lse_softmax(x, out, ctx.dims, ctx.keepdim) * grad, None, None
+        return _lse_softmax(x, out, ctx.dims, ctx.keepdim, grad), None, None
 
     @staticmethod
     def jvp(ctx, x_t: Tensor, _dims_t, _keepdim_t):
