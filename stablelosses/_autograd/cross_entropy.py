@@ -174,21 +174,20 @@ class _IndexLoss(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, target, weight, ignore_index, gamma, eps, cdim):
+    def forward(x, target, idx, weight, ignore_index, gamma, eps, cdim):
+        # idx: the target with ignore_index replaced by 0 (the wrapper needs it too)
         lsm, m = (exact_log_softmax if eps > 0.0 else fast_log_softmax)(x, cdim)
         # nll_loss is the gather: 0 on ignored targets and torch's own IndexError
         # ("Target 3 is out of bounds.") for the others out of range.
         lt = F.nll_loss(lsm, target, ignore_index=ignore_index, reduction="none").neg()
-        kept = target != ignore_index
-        idx = torch.where(kept, target, 0).unsqueeze(cdim)
+        idx = idx.unsqueeze(cdim)
         m_row = m.squeeze(cdim)
         masked_row = m_row == -_INF
         if eps == 0.0:
             # On +inf rows only the +inf entries have probability > 0; fully masked rows
-            # (NaN here) get a finite log p_t, their loss and gradient are dropped.
+            # (NaN here) get log p_t = -inf too: their loss and gradient are dropped.
             x_t = x.gather(cdim, idx).squeeze(cdim)
-            lt = torch.where((m_row == _INF) & (x_t != _INF), -_INF, lt)
-            lt = torch.where(masked_row, 0.0, lt)
+            lt = torch.where(masked_row | ((m_row == _INF) & (x_t != _INF)), -_INF, lt)
         extra = lsm
         if gamma == 0.0:
             val, scale, rest = -lt, torch.ones_like(lt), torch.zeros_like(lt)
@@ -210,40 +209,40 @@ class _IndexLoss(torch.autograd.Function):
             # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
             val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
             val = val - _smoothing_sum(terms, masked, k, eps, cdim)
-        valid = kept & ~masked_row
+        valid = (target != ignore_index) & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
         return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale, rest))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, weight, ignore_index, gamma, eps, cdim = inputs
+        x, _target, idx, weight, _ignore_index, gamma, eps, cdim = inputs
         _, extra, lt, valid, scale, rest = output
         ctx.mark_non_differentiable(valid, scale, rest)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x if eps > 0.0 else None, target, weight, extra, lt, valid, scale, rest)
-        ctx.save_for_forward(x if eps > 0.0 else None, target, weight, extra, lt, valid, scale)
-        ctx.ignore_index, ctx.gamma, ctx.eps, ctx.cdim = ignore_index, gamma, eps, cdim
+        ctx.save_for_backward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale, rest)
+        ctx.save_for_forward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale)
+        ctx.gamma, ctx.eps, ctx.cdim = gamma, eps, cdim
 
     @staticmethod
     def backward(ctx, grad_loss, grad_extra, grad_lt, _gv, _gs, _gr):
-        x, target, weight, extra, lt, valid, scale, rest = ctx.saved_tensors
+        x, idx, weight, extra, lt, valid, scale, rest = ctx.saved_tensors
         cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
-        idx = torch.where(target != ctx.ignore_index, target, 0).unsqueeze(cdim)
+        idx = idx.unsqueeze(cdim)
         gx = gw = a = row = dense = None
         if gamma != 0.0 and torch.is_grad_enabled():
             rest = other_mass(extra, idx, cdim)  # double backward: its own derivative
         if grad_loss is not None:
             s = torch.where(valid, grad_loss, 0.0)
             val = -lt
-            if gamma != 0.0 and (torch.is_grad_enabled() or ctx.needs_input_grad[2]):
+            if gamma != 0.0 and (torch.is_grad_enabled() or ctx.needs_input_grad[3]):
                 # double backward: the scale's own derivative; weight: the unweighted value
                 val, scale = focal_terms(rest, lt, gamma)
             a = s * scale if gamma != 0.0 else s
             if weight is not None:
                 a = a * weight[idx.squeeze(cdim)]
-            # 0 on invalid rows even where the scale is not finite; NaN on NaN rows
-            a = torch.where(valid, a, 0.0)
-            a = torch.where(torch.isnan(lt), lt, a)
+            if gamma != 0.0:  # 0 on invalid rows even where the focal scale is not finite
+                a = torch.where(valid, a, 0.0)
+            a = torch.where(torch.isnan(lt), lt, a)  # NaN rows: NaN gradient
             row = a = (1.0 - eps) * a if eps > 0.0 else a
             if eps > 0.0:
                 masked, k = _smoothing(x, cdim)
@@ -253,7 +252,7 @@ class _IndexLoss(torch.autograd.Function):
                 dense = torch.where(masked, 0.0, smooth)
                 # Σ_c dense_c = s·ε (unweighted: K entries of s·ε/K) or s·ε/K·Σ_{unmasked} w
                 row = row + (s * eps if weight is None else dense.sum(cdim))
-            if ctx.needs_input_grad[2]:
+            if ctx.needs_input_grad[3]:
                 gw = _index_weight_grad(x, weight, idx, valid, s, val, eps, cdim)
         if grad_lt is not None:
             # d log p_t / dx = onehot(t) − softmax
@@ -268,13 +267,13 @@ class _IndexLoss(torch.autograd.Function):
             gx = _plus(gx, log_softmax_backward(extra, grad_extra, cdim))
         else:
             gx = _plus(gx, softmax_backward(extra, grad_extra, cdim))
-        return gx, None, gw, None, None, None, None
+        return gx, None, None, gw, None, None, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, _target_t, w_t, _ii, _gamma, _eps, _cdim):
-        x, target, weight, extra, lt, valid, scale = ctx.saved_tensors
+    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _gamma, _eps, _cdim):
+        x, idx, weight, extra, lt, valid, scale = ctx.saved_tensors
         cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
-        idx = torch.where(target != ctx.ignore_index, target, 0).unsqueeze(cdim)
+        idx = idx.unsqueeze(cdim)
         p = probs_from(extra, False) if gamma == 0.0 else extra
         # zero-probability entries carry no tangent (double where: 0·inf never forms)
         x_t = torch.zeros_like(p) if x_t is None else torch.where(p == 0, 0.0, x_t)

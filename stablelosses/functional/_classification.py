@@ -70,16 +70,18 @@ def _check_label_smoothing(fn: str, label_smoothing: object) -> float:
     return eps
 
 
-def _reduce(loss: Tensor, denom: Tensor, reduction: str) -> Tensor:
+def _reduce(loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool) -> Tensor:
     """The one place the class losses reduce: ``Σ ℓ`` or ``Σ ℓ / Σ denom`` as torch.
 
-    Where ``Σ ℓ`` overflows but the mean does not (smoothed logits near ``±1e37``), the mean
-    is ``Σ (ℓ / Σ denom)`` instead (an N-sized fallback, no sync)."""
+    ``overflow_safe`` (label smoothing): where ``Σ ℓ`` overflows but the mean does not
+    (logits near ``±1e37``), the mean is ``Σ (ℓ / Σ denom)`` instead (N-sized, no sync)."""
     if reduction == "sum":
         return loss.sum()
     if reduction == "mean":
         total = denom.sum()
         out = loss.sum() / total
+        if not overflow_safe:
+            return out
         scaled = (loss / torch.where(total == 0, 1.0, total)).sum()
         return torch.where(torch.isinf(out) & (total != 0), scaled, out)
     return loss
@@ -92,14 +94,12 @@ def _index_loss_reduced(
     """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
     ``w``, so ``weight.grad`` is the gradient of the reduced loss."""
     target = target.long()
-    res = IndexResult(*_index_loss(x, target, w, ignore_index, gamma, eps, cdim))
+    idx = torch.where(target != ignore_index, target, 0)
+    res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
     if reduction != "mean":
-        return _reduce(res.loss, res.valid, reduction)
-    if w is None:
-        denom = res.valid.to(x.dtype)
-    else:
-        denom = torch.where(res.valid, w[torch.where(target != ignore_index, target, 0)], 0.0)
-    return _reduce(res.loss, denom, reduction)
+        return _reduce(res.loss, res.valid, reduction, False)
+    denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
+    return _reduce(res.loss, denom, reduction, eps > 0.0)
 
 
 def cross_entropy(
@@ -238,7 +238,7 @@ def cross_entropy(
         x = upcast(input.to(dtype))
         w = _check_weight(fn, weight, input, x.dtype)
         res = ProbResult(*_prob_loss(x, target.to(x.dtype), w, eps, cdim))
-        out = _reduce(res.loss, res.valid.to(x.dtype), reduction)
+        out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0)
         out_dtype = dtype if dtype not in (torch.float16, torch.bfloat16) else loss_out_dtype(input.to(dtype))
         return out.to(out_dtype)
     _check_index_target(fn, input, target, cdim)
