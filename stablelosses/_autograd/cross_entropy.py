@@ -28,6 +28,13 @@ from torch import Tensor
 
 from stablelosses._autograd._base import applier
 from stablelosses._autograd.focal import accurate_log_pt, focal_terms, other_mass
+from stablelosses._autograd.softmax import (
+    exact_log_softmax,
+    fast_log_softmax,
+    log_softmax_backward,
+    probs_from,
+    softmax_backward,
+)
 from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
@@ -38,57 +45,6 @@ def class_shape(ndim: int, cdim: int) -> list[int]:
     shape = [1] * ndim
     shape[cdim] = -1
     return shape
-
-
-def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
-    """torch's ``log_softmax`` of ``x`` with ``+inf`` clamped to ``finfo.max``, and the row max.
-
-    The clamp is the identity on every row with a finite maximum (``finfo.min`` rows
-    included) and on ``-inf`` entries; on a ``+inf`` row it leaves the ``+inf`` entries far
-    above the rest (all but ``finfo.max`` itself), so their probability is uniform. Fully
-    masked rows come out NaN: the caller reads them off ``m == -inf``.
-    """
-    m = x.amax(cdim, keepdim=True)
-    return torch.log_softmax(x.clamp(max=torch.finfo(x.dtype).max), cdim), m
-
-
-def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
-    """``log_softmax`` that is ``-inf`` exactly where the probability is 0, and the row max.
-
-    ``x - m`` is NaN only where ``x == m == ±inf`` (and on NaN rows); setting those entries
-    to 0 gives the limit on ``+inf`` rows (the finite entries are ``-inf``) and a finite
-    uniform row on fully masked ones. NaN rows stay NaN (``x == m`` is false there).
-    """
-    m = x.amax(cdim, keepdim=True)
-    if not inplace_ok(x):  # transforms, double backward, compile: the where spelling
-        return torch.log_softmax(torch.where(x == m, 0.0, x - m), cdim), m
-    # eager: in place on our own buffer; nan_to_num also zeroes NaN rows, restored from m
-    z = (x - m).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
-    return torch.log_softmax(z, cdim).add_(torch.where(torch.isnan(m), m, 0.0)), m
-
-
-def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
-    """``exp(lsm)``, 0 where ``lsm`` is NaN on a fully masked row of the fast path (a NaN
-    row's gradient is made NaN through its row scale). ``fresh``: the result may be written
-    in place (the caller's own first-order buffer)."""
-    if fresh:
-        return lsm.exp().nan_to_num_(nan=0.0)
-    # double where: exp never sees the NaN, so double backward stays finite there
-    return torch.exp(torch.where(torch.isnan(lsm), -_INF, lsm))
-
-
-def log_softmax_backward(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> Tensor | None:
-    """Gradient through the extra log-softmax output: ``g − softmax · Σ g``."""
-    if grad_lsm is None:
-        return None
-    return grad_lsm - probs_from(lsm, False) * grad_lsm.sum(cdim, keepdim=True)
-
-
-def softmax_backward(p: Tensor, grad_p: Tensor | None, cdim: int) -> Tensor | None:
-    """Gradient through the extra softmax output: ``p ⊙ (g − Σ g·p)``."""
-    if grad_p is None:
-        return None
-    return p * (grad_p - (grad_p * p).sum(cdim, keepdim=True))
 
 
 def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
