@@ -499,3 +499,17 @@ def test_kl_div_mean_warns_like_torch():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SF.kl_div(x, y, reduction="batchmean")
+
+
+def _mp_logsumexp(values: list[float]) -> float:
+    mpmath.mp.dps = 50
+    return float(mpmath.log(mpmath.fsum(mpmath.e ** mpmath.mpf(v) for v in values)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("values", [[0.0, -20.0], [0.0, -30.0, -40.0], [1e-3, -17.0], [-0.5, -25.0, -0.5 - 40.0]])
+def test_logsumexp_tail_correctly_rounded(values, dtype):
+    out = SF.logsumexp(torch.tensor(values, dtype=dtype), 0).item()
+    ref = _mp_logsumexp(values)
+    # a few ulp of the result (torch's log Σ exp rounds 1 + δ to 1 in float32: 0 for [0, -20])
+    assert abs(out - ref) <= 4 * torch.finfo(dtype).eps * abs(ref)

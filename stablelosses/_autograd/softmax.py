@@ -178,6 +178,24 @@ def _lse_softmax(
     return p if grad is None else p * grad
 
 
+def _lse_one_dim(x: Tensor, dim: int, keepdim: bool) -> Tensor:
+    """``m + log1p(Σ_{j≠argmax} e^{x_j − m})``: correctly rounded also where ``log Σ`` would
+    round ``1 + δ`` to 1 (``[0, -20]`` gives ``2.06e-9``, torch's ``logsumexp`` 0).
+
+    ``±inf`` and NaN maxima give ``m`` itself, as ``torch.logsumexp``.
+    """
+    m, am = x.max(dim, keepdim=True)
+    finite = torch.isfinite(m)
+    diff = x - torch.where(finite, m, 0.0)
+    # the argmax's own term is exactly 1: leave it out of the sum and add it as the 1 of log1p
+    if inplace_ok(diff):
+        e = diff.exp_().scatter_(dim, am, 0.0)
+    else:
+        e = torch.exp(diff).scatter(dim, am, 0.0)
+    out = torch.where(finite, m + torch.log1p(e.sum(dim, keepdim=True)), m)
+    return out if keepdim else out.squeeze(dim)
+
+
 class _LogSumExp(torch.autograd.Function):
     """``log Σ exp x`` over ``dims``; the gradient is the softmax of ``x`` with the limits above."""
 
@@ -185,7 +203,9 @@ class _LogSumExp(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, dims: Sequence[int], keepdim: bool) -> Tensor:
-        return torch.logsumexp(x, tuple(dims), keepdim)
+        if len(dims) != 1 or x.shape[dims[0]] == 0:
+            return torch.logsumexp(x, tuple(dims), keepdim)
+        return _lse_one_dim(x, dims[0], keepdim)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -280,7 +280,9 @@ def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = Fal
     $$ \operatorname{logsumexp}(x)_i = \log \sum_j \exp(x_{ij}) $$
 
     Same value as ``torch.logsumexp``: a slice of all ``-inf`` gives ``-inf``, a slice with a
-    ``+inf`` entry gives ``+inf``, a NaN gives NaN.
+    ``+inf`` entry gives ``+inf``, a NaN gives NaN. Over one dimension it is computed as
+    $m + \operatorname{log1p}(\sum_{j \ne \arg\max} e^{x_j - m})$, correctly rounded also
+    where $\log \sum$ rounds $1 + \delta$ to 1 (``[0, -20]`` gives ``2.06e-9``; torch: 0).
 
     **Gradient.** $\operatorname{softmax}(x)$ over ``dim``: $\exp(x - \operatorname{lse})$
     normalised by its computed sum, so it is the exact softmax at every magnitude (on a
