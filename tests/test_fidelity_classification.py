@@ -507,7 +507,9 @@ def _mp_logsumexp(values: list[float]) -> float:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("values", [[0.0, -20.0], [0.0, -30.0, -40.0], [1e-3, -17.0], [-0.5, -25.0, -0.5 - 40.0]])
+@pytest.mark.parametrize(
+    "values", [[0.0, -20.0], [0.0, -30.0, -40.0], [1e-3, -17.0], [-0.5, -25.0, -0.5 - 40.0]]
+)
 def test_logsumexp_tail_correctly_rounded(values, dtype):
     out = SF.logsumexp(torch.tensor(values, dtype=dtype), 0).item()
     ref = _mp_logsumexp(values)
