@@ -1,248 +1,367 @@
-"""Cross-entropy on logits as fused autograd Functions with an analytic backward.
+"""Cross-entropy and focal loss on logits as fused autograd Functions with an analytic backward.
 
-The forward runs torch's ``log_softmax`` on the logits clamped to ``±finfo.max``. The clamp
-is the identity on every finite logit; it maps ``+inf`` to the largest float (so a row with
-``+inf`` logits gives the limit distribution, uniform over the ``+inf`` entries, instead of
-``inf - inf = NaN``) and ``-inf`` to the most negative float (so a fully masked row gives a
-finite, uniform row that the loss then ignores). A log-probability at or below ``-finfo.max``
-is read back as ``-inf``: its probability is ``exp(-finfo.max) = 0`` either way.
+Hazard rows are read off the row maximum ``m`` (a reduced, N-sized quantity), never off a
+value a finite logit can take:
 
-Backward of ``-sum_c q_c log p_c`` with respect to the logits is ``p * sum(q) - q``
-(softmax minus the target distribution). ``p`` is ``exp`` of the saved log-probabilities,
-which the Function returns as an extra output so that double backward is exact.
+* ``m == -inf``: every logit is ``-inf`` (a fully masked row); the row counts as ignored.
+* ``m == +inf``: the limit distribution, uniform over the ``+inf`` entries.
+* any finite ``m``, ``finfo.min`` rows included: an ordinary row, exactly torch's numbers.
+
+Class-index targets run torch's ``log_softmax`` on the logits clamped per row (the identity
+on rows with a finite maximum; ``+inf → finfo.max`` on ``+inf`` rows; 0 on fully masked rows,
+so that their probabilities stay finite and get a zero gradient). Smoothing and probability
+targets need every log-probability, so they use the exact shift ``x - m`` (0 where
+``x == m == ±inf``), whose log-softmax is ``-inf`` exactly at the zero-probability classes.
+
+The backward of ``-Σ_c q_c log p_c`` with respect to the logits is ``p · Σq − q`` (softmax
+minus the target distribution). ``p`` is an extra output of the forward (so double backward
+differentiates it exactly); its incoming gradient adds the softmax backward.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from stablelosses._autograd._base import applier
+from stablelosses._autograd.focal import accurate_log_pt, focal_terms, other_mass
+from stablelosses._autograd.softmax import (
+    exact_log_softmax,
+    fast_log_softmax,
+    log_softmax_backward,
+    probs_from,
+    softmax_backward,
+)
 from stablelosses._utils import inplace_ok
 
-
-def _lsm_prelude(x: Tensor, cdim: int) -> Tuple[Tensor, Tensor, float]:
-    """``log_softmax`` of the logits clamped to ``±finfo.max``, the logsumexp read off class 0."""
-    fmax = torch.finfo(x.dtype).max
-    # clamp(±inf) = ±finfo.max; the identity on finite logits and NaN.
-    xc = x.clamp(-fmax, fmax)
-    lsm = torch.log_softmax(xc, cdim)
-    # log p_c = x_c - lse for every c; class 0 is a view, no gather.
-    lse = (xc.narrow(cdim, 0, 1) - lsm.narrow(cdim, 0, 1)).squeeze(cdim)
-    return lsm, lse, fmax
+_INF = float("inf")
 
 
-def _exact_log_prob(lp: Tensor) -> Tensor:
-    """Read a log-probability at or below ``-finfo.max`` back as ``-inf``: its probability
-    ``exp(-finfo.max)`` is 0 either way."""
-    return torch.where(lp <= -torch.finfo(lp.dtype).max, -float("inf"), lp)
-
-
-def index_forward(
-    x: Tensor, target: Tensor, ignore_index: int, cdim: int
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """log-softmax, the target's log-probability, the valid-row mask and the safe index.
-
-    A row is valid when its target is not ``ignore_index`` and its logits are not all
-    ``-inf``. A fully masked row is constant ``-fmax`` after the clamp, so its logsumexp,
-    read off any class as ``x_c - log p_c``, rounds to ``-fmax`` (``log C`` is far below one
-    ulp there); a row with a finite logit has a logsumexp above ``-fmax``.
-    """
-    lsm, lse, fmax = _lsm_prelude(x, cdim)
-    kept = target != ignore_index
-    idx = torch.where(kept, target, 0).unsqueeze(cdim)
-    lt = lsm.gather(cdim, idx).squeeze(cdim)
-    valid = (lse != -fmax) & kept
-    # log p_t <= -finfo.max means p_t underflowed to exactly 0: log p_t = -inf.
-    lt = _exact_log_prob(lt)
-    return lsm, lt, valid, idx
-
-
-def smoothing_terms(
-    x: Tensor, lsm: Tensor, weight: Optional[Tensor], cdim: int, wshape
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """``masked`` (logit is -inf), the unmasked-class count K (>= 1) and sum_c w_c over them."""
-    masked = x == -float("inf")
-    unmasked = (~masked).to(x.dtype)
-    k = unmasked.sum(cdim).clamp(min=1.0)
-    if weight is None:
-        wsum = k
-    else:
-        wsum = (unmasked * weight.view(wshape)).sum(cdim)
-    return masked, k, wsum
-
-
-def _wshape(ndim: int, cdim: int):
+def class_shape(ndim: int, cdim: int) -> list[int]:
+    """The shape that broadcasts a per-class vector along ``cdim``."""
     shape = [1] * ndim
     shape[cdim] = -1
     return shape
 
 
-def _add_lsm_grad(g: Tensor, lsm: Tensor, grad_lsm: Optional[Tensor], cdim: int) -> Tensor:
-    """Gradient through the extra log-softmax output: ``dl - p * sum(dl)``."""
-    if grad_lsm is None:
-        return g
-    return g + grad_lsm - torch.exp(lsm) * grad_lsm.sum(cdim, keepdim=True)
+def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def softmax_minus_target(
-    lsm: Tensor, row_scale: Tensor, idx: Tensor, t_scale: Tensor, cdim: int,
-    dense: Optional[Tensor] = None,
+    p: Tensor, row_scale: Tensor, idx: Tensor, t_scale: Tensor, cdim: int, dense: Tensor | None,
+    own_p: bool, rest: Tensor | None = None,
 ) -> Tensor:
-    """``exp(lsm) * row_scale - dense - onehot(idx) * t_scale`` in few full passes."""
+    """``p * row_scale - dense - onehot(idx) * t_scale``; ``own_p``: ``p`` may be overwritten.
+
+    With ``rest = Σ_{j≠t} p_j`` the target entry is set to ``(row − t) − rest·row`` instead of
+    adding ``−t`` to ``p_t·row`` (which rounds ``p_t − 1`` to 0 as ``p_t → 1``). ``dense`` is
+    0 on every class where it is used with ``rest`` (no smoothing in the focal loss).
+    """
     row_scale = row_scale.unsqueeze(cdim)
     t_scale = t_scale.unsqueeze(cdim)
-    if not inplace_ok(lsm, row_scale, t_scale, dense):
-        # Double backward needs exp's saved result intact: out-of-place.
-        g = torch.exp(lsm) * row_scale
+    t_value = None if rest is None else (row_scale - t_scale) - rest.unsqueeze(cdim) * row_scale
+    if not inplace_ok(p, row_scale, t_scale, dense, t_value):
+        # double backward or a functorch transform: out of place
+        g = p * row_scale
         if dense is not None:
             g = g - dense
+        if t_value is not None:
+            return g.scatter(cdim, idx, t_value)
         return g.scatter_add(cdim, idx, -t_scale)
-    g = torch.exp(lsm)
-    g.mul_(row_scale)
+    g = p.mul_(row_scale) if own_p else p * row_scale
     if dense is not None:
         g.sub_(dense)
+    if t_value is not None:
+        return g.scatter_(cdim, idx, t_value)
     return g.scatter_add_(cdim, idx, -t_scale)
 
 
-class _CrossEntropyIndex(torch.autograd.Function):
-    """Cross-entropy with class-index targets, optional weight and label smoothing.
+class IndexResult(NamedTuple):
+    """What ``_IndexLoss`` returns: the per-element loss (0 on invalid elements); the
+    log-softmax for cross-entropy (``γ = 0``: the backward takes its ``exp`` in a buffer of
+    its own) or the softmax for the focal loss (its forward needs it for ``1 − p_t``) and the
+    target's log-probability, both extra outputs so that double backward differentiates the
+    backward exactly; the valid mask (target not ``ignore_index``, row not fully masked); the
+    focal row scale and ``1 − p_t = Σ_{j≠t} p_j`` for a first-order backward (double backward
+    recomputes them; for cross-entropy they are placeholders of ones and zeros)."""
 
-    Outputs: per-element loss (0 on invalid rows), log-probabilities (extra output for
-    double backward), the mean's per-row denominator weight and the valid-row mask.
+    loss: Tensor
+    lsm_or_p: Tensor
+    log_pt: Tensor
+    valid: Tensor
+    scale: Tensor
+    rest: Tensor
+
+
+def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
+    """The masked classes (logit ``-inf``, no smoothing mass) and the unmasked count K ≥ 1."""
+    masked = x == -_INF
+    # an int32 count: a bool sum would first copy the mask to int64
+    k = (x.shape[cdim] - masked.sum(cdim, keepdim=True, dtype=torch.int32)).clamp(min=1).to(x.dtype)
+    return masked, k
+
+
+def _smoothing_sum(terms: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int) -> Tensor:
+    """``ε/K Σ_{c unmasked} terms_c``, each term scaled before the sum: no overflow when the
+    mean over the classes is finite (terms near ``±1e37``)."""
+    t = torch.where(masked, 0.0, terms)
+    t = t.mul_(eps / k) if inplace_ok(t, k) else t * (eps / k)
+    return t.sum(cdim)
+
+
+def _per_class_sum(t: Tensor, cdim: int) -> Tensor:
+    """Sum over every dimension but the class dimension."""
+    return t.movedim(cdim, -1).reshape(-1, t.shape[cdim]).sum(0)
+
+
+class _IndexLoss(torch.autograd.Function):
+    """Class-index cross-entropy (``gamma == 0``) or focal loss, with weight and smoothing.
+
+    Per element ``(1 − ε) w_t f_γ(log p_t) + ε/K Σ_{c unmasked} w_c (−log p_c)`` with
+    ``f_γ(l) = (1 − p_t)^γ (−l)``; the public focal loss has ``ε = 0``.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, target, weight, ignore_index, label_smoothing, cdim):
-        lsm, lt, valid, idx = index_forward(x, target, ignore_index, cdim)
-        nll = -lt
-        w_t = None
+    def forward(x, target, idx, weight, ignore_index, gamma, eps, cdim):
+        # idx: the target with ignore_index replaced by 0 (the wrapper needs it too)
+        lsm, m = (exact_log_softmax if eps > 0.0 else fast_log_softmax)(x, cdim)
+        # nll_loss is the gather: 0 on ignored targets and torch's own IndexError
+        # ("Target 3 is out of bounds.") for the others out of range.
+        lt = F.nll_loss(lsm, target, ignore_index=ignore_index, reduction="none").neg()
+        idx = idx.unsqueeze(cdim)
+        m_row = m.squeeze(cdim)
+        masked_row = m_row == -_INF
+        if eps == 0.0:
+            # On +inf rows only the +inf entries have probability > 0; fully masked rows
+            # (NaN here) get log p_t = -inf too: their loss and gradient are dropped.
+            x_t = x.gather(cdim, idx).squeeze(cdim)
+            lt = torch.where(masked_row | ((m_row == _INF) & (x_t != _INF)), -_INF, lt)
+        extra = lsm
+        if gamma == 0.0:
+            val, scale, rest = -lt, torch.ones_like(lt), torch.zeros_like(lt)
+        else:
+            if eps == 0.0 and inplace_ok(lsm):  # lsm is not needed again: p overwrites it
+                extra = p = lsm.exp_().nan_to_num_(nan=0.0)
+            else:
+                extra = p = probs_from(lsm, False)
+            rest = other_mass(p, idx, cdim, inplace=True)
+            lt = accurate_log_pt(rest, lt)
+            val, scale = focal_terms(rest, lt, gamma)
         if weight is not None:
             w_t = weight[idx.squeeze(cdim)]
-        coef = w_t if label_smoothing == 0.0 else (1.0 - label_smoothing) * (1.0 if w_t is None else w_t)
-        if isinstance(coef, Tensor):
-            # 0 * (-log 0) = 0: a target term with zero weight contributes nothing.
-            nll = torch.where(coef == 0, 0.0, coef * nll)
-        elif coef == 0.0:
-            nll = torch.zeros_like(nll)
-        elif coef is not None:
-            nll = coef * nll
-        if label_smoothing > 0.0:
-            wshape = _wshape(x.dim(), cdim)
-            masked, k, _ = smoothing_terms(x, lsm, weight, cdim, wshape)
-            # masked classes carry no smoothing mass: 0 * (-inf) = 0.
-            term = torch.where(masked, torch.zeros_like(lsm), lsm)
-            if weight is not None:
-                term = term * weight.view(wshape)
-            smooth = -term.sum(cdim)
-            nll = nll + (label_smoothing / k) * smooth
-        loss = torch.where(valid, nll, 0.0)
-        denom = valid.to(x.dtype) if w_t is None else torch.where(valid, w_t, 0.0)
-        return loss, lsm, denom, valid, idx
+            # 0 · inf = 0: a zero class weight removes the term.
+            val = torch.where(w_t == 0, 0.0, w_t * val)
+        if eps > 0.0:
+            masked, k = _smoothing(x, cdim)
+            terms = lsm if weight is None else lsm * weight.view(class_shape(x.dim(), cdim))
+            # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
+            val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
+            val = val - _smoothing_sum(terms, masked, k, eps, cdim)
+        valid = (target != ignore_index) & ~masked_row
+        # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
+        return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale, rest))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, weight, ignore_index, label_smoothing, cdim = inputs
-        _, lsm, denom, valid, idx = output
-        ctx.mark_non_differentiable(denom, valid, idx)
+        x, _target, idx, weight, _ignore_index, gamma, eps, cdim = inputs
+        _, extra, lt, valid, scale, rest = output
+        ctx.mark_non_differentiable(valid, scale, rest)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, weight, lsm, valid, idx)
-        ctx.ignore_index = ignore_index
-        ctx.label_smoothing = label_smoothing
-        ctx.cdim = cdim
+        ctx.save_for_backward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale, rest)
+        ctx.save_for_forward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale)
+        ctx.gamma, ctx.eps, ctx.cdim = gamma, eps, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lsm, _gd, _gv, _gi):
-        x, weight, lsm, valid, idx = ctx.saved_tensors
-        cdim, eps = ctx.cdim, ctx.label_smoothing
-        if grad_loss is None and grad_lsm is None:
-            return None, None, None, None, None, None
-        if grad_loss is None:
-            g = _add_lsm_grad(torch.zeros_like(lsm), lsm, grad_lsm, cdim)
-            return g, None, None, None, None, None
-        s = torch.where(valid, grad_loss, 0.0)
-        t_scale = s if weight is None else s * weight[idx.squeeze(cdim)]
-        if eps > 0.0:
-            wshape = _wshape(x.dim(), cdim)
-            masked, k, wsum = smoothing_terms(x, lsm, weight, cdim, wshape)
-            t_scale = (1.0 - eps) * t_scale
-            smooth_scale = s * (eps / k)
-            # sum_c q_c = (1 - eps) w_t + eps / K * sum_{unmasked} w_c
-            row_scale = t_scale + smooth_scale * wsum
-            dense = smooth_scale.unsqueeze(cdim)
+    def backward(ctx, grad_loss, grad_extra, grad_lt, _gv, _gs, _gr):
+        x, idx, weight, extra, lt, valid, scale, rest = ctx.saved_tensors
+        cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
+        idx = idx.unsqueeze(cdim)
+        gx = gw = a = row = dense = None
+        if gamma != 0.0 and torch.is_grad_enabled():
+            rest = other_mass(extra, idx, cdim)  # double backward: its own derivative
+        if grad_loss is not None:
+            s = torch.where(valid, grad_loss, 0.0)
+            val = -lt
+            if gamma != 0.0 and (torch.is_grad_enabled() or ctx.needs_input_grad[3]):
+                # double backward: the scale's own derivative; weight: the unweighted value
+                val, scale = focal_terms(rest, lt, gamma)
+            a = s * scale if gamma != 0.0 else s
             if weight is not None:
-                dense = dense * weight.view(wshape)
-            dense = torch.where(masked, torch.zeros_like(lsm), dense.expand_as(lsm))
-            g = softmax_minus_target(lsm, row_scale, idx, t_scale, cdim, dense)
+                a = a * weight[idx.squeeze(cdim)]
+            if gamma != 0.0:  # 0 on invalid rows even where the focal scale is not finite
+                a = torch.where(valid, a, 0.0)
+            a = torch.where(torch.isnan(lt), lt, a)  # NaN rows: NaN gradient
+            row = a = (1.0 - eps) * a if eps > 0.0 else a
+            if eps > 0.0:
+                masked, k = _smoothing(x, cdim)
+                smooth = s.unsqueeze(cdim) * (eps / k)
+                if weight is not None:
+                    smooth = smooth * weight.view(class_shape(x.dim(), cdim))
+                dense = torch.where(masked, 0.0, smooth)
+                # Σ_c dense_c = s·ε (unweighted: K entries of s·ε/K) or s·ε/K·Σ_{unmasked} w
+                row = row + (s * eps if weight is None else dense.sum(cdim))
+            if ctx.needs_input_grad[3]:
+                gw = _index_weight_grad(x, weight, idx, valid, s, val, eps, cdim)
+        if grad_lt is not None:
+            # d log p_t / dx = onehot(t) − softmax
+            a = -grad_lt if a is None else a - grad_lt
+            row = -grad_lt if row is None else row - grad_lt
+        if a is not None:
+            fresh = gamma == 0.0 and inplace_ok(extra)
+            p = probs_from(extra, fresh) if gamma == 0.0 else extra
+            rest_t = None if gamma == 0.0 else rest
+            gx = softmax_minus_target(p, row, idx, a, cdim, dense, own_p=fresh, rest=rest_t)
+        if gamma == 0.0:
+            gx = _plus(gx, log_softmax_backward(extra, grad_extra, cdim))
         else:
-            g = softmax_minus_target(lsm, t_scale, idx, t_scale, cdim)
-        g = _add_lsm_grad(g, lsm, grad_lsm, cdim)
-        return g, None, None, None, None, None
+            gx = _plus(gx, softmax_backward(extra, grad_extra, cdim))
+        return gx, None, None, gw, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _gamma, _eps, _cdim):
+        x, idx, weight, extra, lt, valid, scale = ctx.saved_tensors
+        cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
+        idx = idx.unsqueeze(cdim)
+        p = probs_from(extra, False) if gamma == 0.0 else extra
+        # zero-probability entries carry no tangent (double where: 0·inf never forms)
+        x_t = torch.zeros_like(p) if x_t is None else torch.where(p == 0, 0.0, x_t)
+        lsm_t = x_t - (p * x_t).sum(cdim, keepdim=True)  # tangent of every log p_c
+        lt_t = lsm_t.gather(cdim, idx).squeeze(cdim)
+        val = -lt if gamma == 0.0 else focal_terms(other_mass(p, idx, cdim), lt, gamma)[0]
+        val_t = -lt_t if gamma == 0.0 else -scale * lt_t
+        if weight is not None:
+            wt = weight[idx.squeeze(cdim)]
+            val_t = wt * val_t
+            if w_t is not None:
+                val_t = val_t + torch.where(w_t[idx.squeeze(cdim)] == 0, 0.0, w_t[idx.squeeze(cdim)] * val)
+        if eps > 0.0:
+            masked, k = _smoothing(x, cdim)
+            terms = lsm_t
+            if weight is not None:
+                shape = class_shape(x.dim(), cdim)
+                terms = weight.view(shape) * lsm_t
+                if w_t is not None:
+                    terms = terms + w_t.view(shape) * exact_log_softmax(x, cdim)[0]
+            val_t = (1.0 - eps) * val_t - torch.where(masked, 0.0, terms * (eps / k)).sum(cdim)
+        loss_t = torch.where(valid, val_t, 0.0)
+        extra_t = lsm_t if gamma == 0.0 else p * lsm_t
+        return loss_t, extra_t, lt_t, None, None, None
 
 
-class _CrossEntropyProb(torch.autograd.Function):
-    """Cross-entropy with class-probability targets, optional weight and label smoothing.
+_index_loss = applier(_IndexLoss)
 
-    Outputs: per-element loss (0 on fully masked rows), log-probabilities (extra output)
-    and the valid-row mask (the mean divides by the number of valid rows).
-    """
+
+def _index_weight_grad(
+    x: Tensor | None, weight: Tensor, idx: Tensor, valid: Tensor, s: Tensor, val: Tensor, eps: float,
+    cdim: int,
+) -> Tensor:
+    """d/dw_c of Σ g·ℓ: the elements whose target is c, plus every element's smoothing term."""
+    contrib = torch.where(valid, (1.0 - eps) * s * val, 0.0)
+    gw = torch.zeros_like(weight).index_add(0, idx.flatten(), contrib.flatten())
+    if eps > 0.0:
+        assert x is not None
+        masked, k = _smoothing(x, cdim)
+        lsm = exact_log_softmax(x, cdim)[0]
+        per = torch.where(masked, 0.0, lsm * (s.unsqueeze(cdim) * (eps / k)))
+        gw = gw - _per_class_sum(per, cdim)
+    return gw
+
+
+class ProbResult(NamedTuple):
+    """What ``_ProbLoss`` returns: per-row loss (0 on fully masked rows), the log-softmax
+    (extra output for double backward) and the valid-row mask (the mean divides by the
+    number of valid rows)."""
+
+    loss: Tensor
+    lsm: Tensor
+    valid: Tensor
+
+
+def _target_dist(x: Tensor, target: Tensor, weight: Tensor | None, eps: float, cdim: int) -> Tensor:
+    """``w ⊙ q``, ``q = (1 − ε) y + ε/K`` on the unmasked classes (none on masked ones)."""
+    q = target
+    if eps > 0.0:
+        masked, k = _smoothing(x, cdim)
+        q = (1.0 - eps) * target + torch.where(masked, 0.0, eps / k)
+    if weight is not None:
+        q = q * weight.view(class_shape(x.dim(), cdim))
+    return q
+
+
+class _ProbLoss(torch.autograd.Function):
+    """Cross-entropy with class-probability targets, optional weight and label smoothing:
+    ``−Σ_c w_c q_c log p_c`` per row, a term with ``q_c = 0`` counting as 0."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def _target_dist(x, lsm, target, weight, label_smoothing, cdim):
-        q = target
-        masked = None
-        if label_smoothing > 0.0:
-            wshape = _wshape(x.dim(), cdim)
-            masked, k, _ = smoothing_terms(x, lsm, weight, cdim, wshape)
-            # eps / K on each unmasked class, nothing on masked ones.
-            spread = torch.where(masked, torch.zeros_like(lsm), (label_smoothing / k).unsqueeze(cdim).expand_as(lsm))
-            q = (1.0 - label_smoothing) * target + spread
-        if weight is not None:
-            q = q * weight.view(_wshape(x.dim(), cdim))
-        return q
-
-    @staticmethod
-    def forward(x, target, weight, label_smoothing, cdim):
-        lsm, lse, fmax = _lsm_prelude(x, cdim)
-        q = _CrossEntropyProb._target_dist(x, lsm, target, weight, label_smoothing, cdim)
-        logp = _exact_log_prob(lsm)
-        # 0 * log 0 = 0: classes without target mass contribute nothing.
-        terms = torch.where(q == 0, torch.zeros_like(lsm), q * logp)
-        loss = -terms.sum(cdim)
-        valid = lse != -fmax
-        loss = torch.where(valid, loss, 0.0)
-        return loss, lsm, valid
+    def forward(x, target, weight, eps, cdim):
+        lsm, m = exact_log_softmax(x, cdim)
+        q = _target_dist(x, target, weight, eps, cdim)
+        # 0 · log 0 = 0: classes without target mass contribute nothing.
+        loss = -torch.where(q == 0, 0.0, q * lsm).sum(cdim)
+        valid = m.squeeze(cdim) != -_INF
+        return tuple(ProbResult(torch.where(valid, loss, 0.0), lsm, valid))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, weight, label_smoothing, cdim = inputs
+        x, target, weight, eps, cdim = inputs
         _, lsm, valid = output
         ctx.mark_non_differentiable(valid)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, target, weight, lsm, valid)
-        ctx.label_smoothing = label_smoothing
-        ctx.cdim = cdim
+        ctx.save_for_forward(x, target, weight, lsm, valid)
+        ctx.eps, ctx.cdim = eps, cdim
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lsm, _gv):
         x, target, weight, lsm, valid = ctx.saved_tensors
-        cdim, eps = ctx.cdim, ctx.label_smoothing
-        gx = gt = None
+        cdim, eps = ctx.cdim, ctx.eps
+        gx = gt = gw = None
         if grad_loss is not None:
-            s = torch.where(valid, grad_loss, torch.zeros_like(grad_loss)).unsqueeze(cdim)
-            q = _CrossEntropyProb._target_dist(x, lsm, target, weight, eps, cdim)
+            s = torch.where(valid, grad_loss, 0.0).unsqueeze(cdim)
+            q = _target_dist(x, target, weight, eps, cdim)
             if ctx.needs_input_grad[0]:
-                gx = torch.exp(lsm) * (q.sum(cdim, keepdim=True) * s) - q * s
+                gx = probs_from(lsm, False) * (q.sum(cdim, keepdim=True) * s) - q * s
             if ctx.needs_input_grad[1]:
-                gt = -(1.0 - eps) * _exact_log_prob(lsm) * s
+                gt = -(1.0 - eps) * lsm * s
                 if weight is not None:
-                    gt = gt * weight.view(_wshape(x.dim(), cdim))
-        if grad_lsm is not None:
-            base = gx if gx is not None else torch.zeros_like(lsm)
-            gx = _add_lsm_grad(base, lsm, grad_lsm, cdim)
-        return gx, gt, None, None, None
+                    gt = gt * weight.view(class_shape(x.dim(), cdim))
+            if ctx.needs_input_grad[2]:
+                qn = _target_dist(x, target, None, eps, cdim)
+                gw = _per_class_sum(-torch.where(qn == 0, 0.0, qn * lsm) * s, cdim)
+        gx = _plus(gx, log_softmax_backward(lsm, grad_lsm, cdim))
+        return gx, gt, gw, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, y_t, w_t, _eps, _cdim):
+        x, target, weight, lsm, valid = ctx.saved_tensors
+        cdim, eps = ctx.cdim, ctx.eps
+        p = probs_from(lsm, False)
+        lsm_t = torch.zeros_like(lsm)
+        if x_t is not None:
+            x_t = torch.where(p == 0, 0.0, x_t)
+            lsm_t = x_t - (p * x_t).sum(cdim, keepdim=True)
+        q = _target_dist(x, target, weight, eps, cdim)
+        terms = torch.where(q == 0, 0.0, q * lsm_t)
+        if y_t is not None:  # d q / d y = (1 − ε) w
+            q_t = (1.0 - eps) * y_t
+            if weight is not None:
+                q_t = q_t * weight.view(class_shape(x.dim(), cdim))
+            terms = terms + torch.where(q_t == 0, 0.0, q_t * lsm)
+        if w_t is not None:
+            qw = _target_dist(x, target, w_t, eps, cdim)
+            terms = terms + torch.where(qw == 0, 0.0, qw * lsm)
+        loss_t = torch.where(valid, -terms.sum(cdim), 0.0)
+        return loss_t, lsm_t, None
+
+
+_prob_loss = applier(_ProbLoss)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from stablelosses._autograd._base import applier
 from stablelosses._utils import sum_to
 
 
@@ -32,6 +33,7 @@ class _KLDiv(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         input, target, log_target = inputs
         ctx.save_for_backward(input, target)
+        ctx.save_for_forward(input, target)
         ctx.log_target = log_target
 
     @staticmethod
@@ -62,3 +64,32 @@ class _KLDiv(torch.autograd.Function):
                 g = torch.where(zero, 0.0, torch.log(t_safe) + 1 - x_safe)
                 grad_target = sum_to(g * grad_output, target.shape)
         return grad_input, grad_target, None
+
+    @staticmethod
+    def jvp(ctx, input_t, target_t, _log_target_t):
+        # the same derivatives as backward, times the tangents; 0 at zero-probability terms
+        input, target = ctx.saved_tensors
+        out = None
+        if ctx.log_target:
+            zero = target == -math.inf
+            p = torch.exp(target)
+            if input_t is not None:
+                out = torch.where(zero, 0.0, -p * input_t)
+            if target_t is not None:
+                t_safe = torch.where(zero, 0.0, target)
+                x_safe = torch.where(zero, 0.0, input)
+                d = torch.where(zero, 0.0, p * (t_safe - x_safe + 1) * target_t)
+                out = d if out is None else out + d
+        else:
+            zero = target == 0
+            if input_t is not None:
+                out = torch.where(zero, 0.0, -target * input_t)
+            if target_t is not None:
+                t_safe = torch.where(zero, 1.0, target)
+                x_safe = torch.where(zero, 0.0, input)
+                d = torch.where(zero, 0.0, (torch.log(t_safe) + 1 - x_safe) * target_t)
+                out = d if out is None else out + d
+        return out
+
+
+_kl_div = applier(_KLDiv)

@@ -10,15 +10,19 @@ subtraction is ``inf - inf`` = NaN, which is where ``torch.softmax`` and the gra
   ``+inf`` entries (``softmax → 1/k`` there, 0 elsewhere), with finite gradients.
 
 A NaN anywhere in a slice makes the whole slice NaN, value and gradient, as in torch.
+
+The module ends with the log-softmax helpers the class losses (``cross_entropy.py``) build
+on: hazard rows read off the row max, ``finfo.min`` rows ordinary.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from stablelosses._autograd._base import applier
 from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
@@ -52,6 +56,7 @@ def _save_output(ctx, inputs, output):
     """setup_context of softmax and log_softmax: both differentiate from their output."""
     ctx.dim = inputs[1]
     ctx.save_for_backward(output)
+    ctx.save_for_forward(output)
 
 
 class _Softmax(torch.autograd.Function):
@@ -82,6 +87,17 @@ class _Softmax(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         (y,) = ctx.saved_tensors
         return torch._softmax_backward_data(grad, y, ctx.dim, y.dtype), None
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor, _dim_t):
+        # y ⊙ (ẋ − Σ y·ẋ): 0 where y is 0 (masked entries, all-masked slices); the tangent
+        # of an entry with y = 0 is dropped before the sum (double where: 0·inf never forms)
+        (y,) = ctx.saved_tensors
+        x_t = torch.where(y == 0, 0.0, x_t)
+        return y * (x_t - (y * x_t).sum(ctx.dim, keepdim=True))
+
+
+_softmax = applier(_Softmax)
 
 
 class _LogSoftmax(torch.autograd.Function):
@@ -115,6 +131,70 @@ class _LogSoftmax(torch.autograd.Function):
         g = grad.masked_fill(y == -_INF, 0)
         return torch._log_softmax_backward_data(g, y, ctx.dim, y.dtype), None
 
+    @staticmethod
+    def jvp(ctx, x_t: Tensor, _dim_t):
+        # ẋ − Σ softmax·ẋ; a -inf output does not move (tangent 0), and its input's tangent
+        # does not enter the sum (its probability is 0)
+        (y,) = ctx.saved_tensors
+        dead = y == -_INF
+        x_t = torch.where(dead, 0.0, x_t)
+        out = x_t - (torch.exp(y) * x_t).sum(ctx.dim, keepdim=True)
+        return torch.where(dead, 0.0, out)
+
+
+_log_softmax = applier(_LogSoftmax)
+
+
+def _lse_softmax(
+    x: Tensor, out: Tensor, dims: tuple[int, ...], keepdim: bool, grad: Tensor | None = None
+) -> Tensor:
+    """The softmax of ``x`` over ``dims`` from logsumexp's output, normalised by its own sum,
+    times ``grad`` (broadcast over ``dims``) when given.
+
+    ``exp(x - out)`` alone sums to 1 only where ``out`` rounds well: on a ``finfo.min`` slice
+    ``out`` rounds back to ``finfo.min`` and every term is 1. Dividing by the computed sum
+    gives the exact softmax at every magnitude. ``out = -inf``: shift by 0, every term is 0
+    (sum 1 by fiat, gradient 0). ``out = +inf``: ``x - out`` is NaN exactly at the ``+inf``
+    entries (-inf elsewhere), those terms become 1, and the sum counts them. NaN slices
+    stay NaN.
+    """
+    if not keepdim:  # the wrapper makes scalars 1-d
+        for d in sorted(dims):
+            out = out.unsqueeze(d)
+            grad = None if grad is None else grad.unsqueeze(d)
+    neg_inf = out == -_INF
+    diff = x - out.masked_fill(neg_inf, 0)
+    if inplace_ok(diff, out, grad):
+        # first order, no transforms: in place on our own buffer, the scale folded in
+        e = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
+        # nan_to_num also zeroed the NaN slices' exponents: divide them by their NaN
+        total = torch.where(torch.isnan(out), out, e.sum(dims, keepdim=True))
+        total = torch.where(neg_inf, 1.0, total)
+        return e.mul_(total.reciprocal() if grad is None else grad / total)
+    # Double where (the NaN exponents become 0 before exp), so double backward never
+    # multiplies a zero gradient by NaN.
+    e = torch.exp(diff.masked_fill(torch.isnan(diff) & (out == _INF), 0))
+    p = e / torch.where(neg_inf, 1.0, e.sum(dims, keepdim=True))
+    return p if grad is None else p * grad
+
+
+def _lse_one_dim(x: Tensor, dim: int, keepdim: bool) -> Tensor:
+    """``m + log1p(Σ_{j≠argmax} e^{x_j − m})``: correctly rounded also where ``log Σ`` would
+    round ``1 + δ`` to 1 (``[0, -20]`` gives ``2.06e-9``, torch's ``logsumexp`` 0).
+
+    ``±inf`` and NaN maxima give ``m`` itself, as ``torch.logsumexp``.
+    """
+    m, am = x.max(dim, keepdim=True)
+    finite = torch.isfinite(m)
+    diff = x - torch.where(finite, m, 0.0)
+    # the argmax's own term is exactly 1: leave it out of the sum and add it as the 1 of log1p
+    if inplace_ok(diff):
+        e = diff.exp_().scatter_(dim, am, 0.0)
+    else:
+        e = torch.exp(diff).scatter(dim, am, 0.0)
+    out = torch.where(finite, m + torch.log1p(e.sum(dim, keepdim=True)), m)
+    return out if keepdim else out.squeeze(dim)
+
 
 class _LogSumExp(torch.autograd.Function):
     """``log Σ exp x`` over ``dims``; the gradient is the softmax of ``x`` with the limits above."""
@@ -123,7 +203,9 @@ class _LogSumExp(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, dims: Sequence[int], keepdim: bool) -> Tensor:
-        return torch.logsumexp(x, dims, keepdim)
+        if len(dims) != 1 or x.shape[dims[0]] == 0:
+            return torch.logsumexp(x, tuple(dims), keepdim)
+        return _lse_one_dim(x, dims[0], keepdim)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -131,30 +213,74 @@ class _LogSumExp(torch.autograd.Function):
         ctx.dims = tuple(dims)
         ctx.keepdim = keepdim
         ctx.save_for_backward(x, output)
+        ctx.save_for_forward(x, output)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, out = ctx.saved_tensors
-        if not ctx.keepdim:  # the wrapper makes scalars 1-d
-            for d in sorted(ctx.dims):
-                out = out.unsqueeze(d)
-                grad = grad.unsqueeze(d)
-        # exp(x - out) is the softmax except where out is ±inf:
-        #   out = -inf: shift by 0 instead, exp(-inf) = 0 everywhere;
-        #   out = +inf: x - out is NaN exactly at the +inf entries (-inf elsewhere); those
-        #   exponents become 0 (p = 1 there) and the slice is divided by their count.
-        #   NaN slices (out is NaN) keep a NaN scale.
-        neg_inf = out == -_INF
-        pos_inf = out == _INF
-        diff = x - out.masked_fill(neg_inf, 0)
-        scale = torch.where(torch.isnan(out), out, grad)
-        if inplace_ok(diff, grad, out):
-            # first order, no transforms: three passes over our own buffer
-            p = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
-            count = p.sum(ctx.dims, keepdim=True)
-            return p.mul_(scale / torch.where(pos_inf, count, 1.0)), None, None
-        # Double where (set the NaN exponents to 0 before exp), so double backward never
-        # multiplies a zero gradient by NaN.
-        p = torch.exp(diff.masked_fill(torch.isnan(diff) & pos_inf, 0))
-        count = p.sum(ctx.dims, keepdim=True)
-        return p * (scale / torch.where(pos_inf, count, 1.0)), None, None
+        # NaN slices: the NaN in the softmax carries through
+        return _lse_softmax(x, out, ctx.dims, ctx.keepdim, grad), None, None
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor, _dims_t, _keepdim_t):
+        x, out = ctx.saved_tensors
+        p = _lse_softmax(x, out, ctx.dims, ctx.keepdim)
+        # entries of zero probability do not move the sum (double where: 0·inf never forms)
+        return (p * torch.where(p == 0, 0.0, x_t)).sum(ctx.dims, keepdim=ctx.keepdim)
+
+
+_logsumexp = applier(_LogSumExp)
+
+
+# --- the log-softmax the class losses build on ---------------------------------------------
+
+
+def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
+    """torch's ``log_softmax`` of ``x`` with ``+inf`` clamped to ``finfo.max``, and the row max.
+
+    The clamp is the identity on every row with a finite maximum (``finfo.min`` rows
+    included) and on ``-inf`` entries; on a ``+inf`` row it leaves the ``+inf`` entries far
+    above the rest (all but ``finfo.max`` itself), so their probability is uniform. Fully
+    masked rows come out NaN: the caller reads them off ``m == -inf``.
+    """
+    m = x.amax(cdim, keepdim=True)
+    return torch.log_softmax(x.clamp(max=torch.finfo(x.dtype).max), cdim), m
+
+
+def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
+    """``log_softmax`` that is ``-inf`` exactly where the probability is 0, and the row max.
+
+    ``x - m`` is NaN only where ``x == m == ±inf`` (and on NaN rows); setting those entries
+    to 0 gives the limit on ``+inf`` rows (the finite entries are ``-inf``) and a finite
+    uniform row on fully masked ones. NaN rows stay NaN (``x == m`` is false there).
+    """
+    m = x.amax(cdim, keepdim=True)
+    if not inplace_ok(x):  # transforms, double backward, compile: the where spelling
+        return torch.log_softmax(torch.where(x == m, 0.0, x - m), cdim), m
+    # eager: in place on our own buffer; nan_to_num also zeroes NaN rows, restored from m
+    z = (x - m).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
+    return torch.log_softmax(z, cdim).add_(torch.where(torch.isnan(m), m, 0.0)), m
+
+
+def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
+    """``exp(lsm)``, 0 where ``lsm`` is NaN on a fully masked row of the fast path (a NaN
+    row's gradient is made NaN through its row scale). ``fresh``: the result may be written
+    in place (the caller's own first-order buffer)."""
+    if fresh:
+        return lsm.exp().nan_to_num_(nan=0.0)
+    # double where: exp never sees the NaN, so double backward stays finite there
+    return torch.exp(torch.where(torch.isnan(lsm), -_INF, lsm))
+
+
+def log_softmax_backward(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> Tensor | None:
+    """Gradient through the extra log-softmax output: ``g − softmax · Σ g``."""
+    if grad_lsm is None:
+        return None
+    return grad_lsm - probs_from(lsm, False) * grad_lsm.sum(cdim, keepdim=True)
+
+
+def softmax_backward(p: Tensor, grad_p: Tensor | None, cdim: int) -> Tensor | None:
+    """Gradient through the extra softmax output: ``p ⊙ (g − Σ g·p)``."""
+    if grad_p is None:
+        return None
+    return p * (grad_p - (grad_p * p).sum(cdim, keepdim=True))

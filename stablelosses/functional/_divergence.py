@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import warnings
 
+import torch
 from torch import Tensor
 
-from stablelosses._autograd.kl import _KLDiv
+from stablelosses._autograd.kl import _kl_div
 from stablelosses._utils import (
     check_floating,
     check_reduction,
@@ -25,8 +26,8 @@ def kl_div(
     reduction: str = "mean",
     log_target: bool = False,
     *,
-    size_average: Optional[bool] = None,
-    reduce: Optional[bool] = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
 ) -> Tensor:
     r"""Kullback-Leibler divergence whose zero-probability targets contribute exactly 0.
 
@@ -65,9 +66,13 @@ def kl_div(
             (``'batchmean'`` still divides by ``input.size(0)`` afterwards, as torch does).
         reduce: deprecated (as in torch), see ``size_average``.
 
+    ``'mean'`` warns with torch's ``UserWarning`` (it divides by the number of elements, not
+    the batch size). Forward-mode AD (``torch.func.jvp``, ``jacfwd``) is supported.
+
     Returns:
-        A scalar, or the broadcast shape for ``'none'``. dtype as ``F.kl_div`` returns it
-        (the input's; float32 for half input under autocast).
+        A scalar, or the broadcast shape for ``'none'``. dtype as ``F.kl_div`` returns it:
+        ``input`` and ``target`` promoted as torch (``kl_div(float32, float64)`` is float64);
+        float32 for half input under autocast.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -97,8 +102,17 @@ def kl_div(
     # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
     # the result by input.size(0) afterwards (torch keeps that quirk).
     base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
-    out_dtype = loss_out_dtype(input)
-    loss = _KLDiv.apply(upcast(input), upcast(target), bool(log_target))
+    if reduction == "mean" and not torch.compiler.is_compiling():
+        warnings.warn(
+            "reduction: 'mean' divides the total loss by both the batch size and the support size."
+            "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+            "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+            stacklevel=2,
+        )
+    # type promotion as torch: kl_div(float32, float64) is float64
+    dtype = torch.promote_types(input.dtype, target.dtype)
+    out_dtype = loss_out_dtype(input.to(dtype))
+    loss = _kl_div(upcast(input.to(dtype)), upcast(target.to(dtype)), bool(log_target))
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:
         loss = loss / input.size(0)

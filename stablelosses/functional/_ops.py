@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.div import _safe_div
-from stablelosses._autograd.softmax import _LogSoftmax, _LogSumExp, _Softmax
+from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._autograd.sqrt import _safe_sqrt
 from stablelosses._autograd.xlogy import _xlogy
 from stablelosses._utils import check_tensor, compute_dtype, wrap_dim
@@ -143,7 +143,7 @@ def _check_softmax_args(fn: str, input: object, dim: object, mask: object, dtype
     return x, d
 
 
-def _softmax_like(fn_cls, name: str, input: Tensor, dim: int, mask: Optional[Tensor],
+def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Optional[Tensor],
                   dtype: Optional[torch.dtype]) -> Tensor:
     x, d = _check_softmax_args(name, input, dim, mask, dtype)
     out_dtype = _softmax_out_dtype(x, dtype)
@@ -151,7 +151,7 @@ def _softmax_like(fn_cls, name: str, input: Tensor, dim: int, mask: Optional[Ten
         x = x.masked_fill(~mask.to(x.device), float("-inf"))
     scalar = x.ndim == 0
     xc = x.reshape(1) if scalar else x
-    y = fn_cls.apply(xc.to(compute_dtype(xc)), d)
+    y = fn_apply(xc.to(compute_dtype(xc)), d)
     if scalar:
         y = y.reshape(())
     return y.to(out_dtype)
@@ -292,12 +292,18 @@ def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = Fal
     $$ \operatorname{logsumexp}(x)_i = \log \sum_j \exp(x_{ij}) $$
 
     Same value as ``torch.logsumexp``: a slice of all ``-inf`` gives ``-inf``, a slice with a
-    ``+inf`` entry gives ``+inf``, a NaN gives NaN.
+    ``+inf`` entry gives ``+inf``, a NaN gives NaN. Over one dimension it is computed as
+    $m + \operatorname{log1p}(\sum_{j \ne \arg\max} e^{x_j - m})$, correctly rounded also
+    where $\log \sum$ rounds $1 + \delta$ to 1 (``[0, -20]`` gives ``2.06e-9``; torch: 0).
 
-    **Gradient.** $\operatorname{softmax}(x)$ over ``dim``, computed from the saved output as
-    $\exp(x - \operatorname{lse})$. On an all-``-inf`` slice it is defined as $0$ (torch
-    computes $\exp(-\infty + \infty)$ = NaN); on a slice with $k$ ``+inf`` entries it is the
-    limit $1/k$ on those entries and $0$ elsewhere.
+    **Gradient.** $\operatorname{softmax}(x)$ over ``dim``: $\exp(x - \operatorname{lse})$
+    normalised by its computed sum, so it is the exact softmax at every magnitude (on a
+    ``finfo.min`` slice, or ``[-1e30, -1e30]``, torch's $\exp(x - \operatorname{lse})$ is 1 per
+    entry; here it is $1/n$). On an all-``-inf`` slice it is defined as $0$ (torch computes
+    $\exp(-\infty + \infty)$ = NaN); on a slice with $k$ ``+inf`` entries it is the limit
+    $1/k$ on those entries and $0$ elsewhere. Forward-mode AD (``torch.func.jvp``, ``jacfwd``,
+    ``hessian``) uses the same softmax. A finite fill value (``finfo.min``) is an ordinary
+    number; only ``-inf`` entries are masked.
 
     Args:
         input: floating-point (or integer, promoted) tensor.
@@ -336,8 +342,8 @@ def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = Fal
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     out_dtype = x.dtype
     if x.ndim == 0:
-        return _LogSumExp.apply(x.reshape(1).to(compute_dtype(x)), (0,), False).to(out_dtype)
-    return _LogSumExp.apply(x.to(compute_dtype(x)), dims, keepdim).to(out_dtype)
+        return _logsumexp(x.reshape(1).to(compute_dtype(x)), (0,), False).to(out_dtype)
+    return _logsumexp(x.to(compute_dtype(x)), dims, keepdim).to(out_dtype)
 
 
 def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
@@ -352,7 +358,9 @@ def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
     them and 0 elsewhere (torch: NaN). NaN input gives a NaN slice.
 
     **Gradient.** $y \odot (g - \langle g, y\rangle)$ from the saved output: $0$ for masked
-    entries and for all-masked slices, finite on ``+inf`` slices.
+    entries and for all-masked slices, finite on ``+inf`` slices. Forward-mode AD
+    (``torch.func.jvp``, ``jacfwd``) uses the same formula. A slice filled with the finite
+    ``finfo.min`` is an ordinary slice (uniform), as in torch; only ``-inf`` masks.
 
     Args:
         input: floating-point tensor.
@@ -382,7 +390,7 @@ def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
 
     Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
     """
-    return _softmax_like(_Softmax, "softmax", input, dim, mask, dtype)
+    return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
 
 
 def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
@@ -399,6 +407,8 @@ def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
     is ``-inf`` (masked entry, all-masked slice, entry dominated by ``+inf``) does not move when
     any input moves, so its incoming gradient is ignored and its input's gradient is $0$; e.g.
     label smoothing's $-\varepsilon/C$ on a masked class does not leak into the other classes.
+    Forward-mode AD is supported (the tangent of a ``-inf`` output is 0). A ``finfo.min``
+    slice is an ordinary slice ($-\log n$), as in torch.
 
     Args:
         input: floating-point tensor.
@@ -427,4 +437,4 @@ def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
 
     Replaces ``torch.log_softmax`` / ``F.log_softmax``.
     """
-    return _softmax_like(_LogSoftmax, "log_softmax", input, dim, mask, dtype)
+    return _softmax_like(_log_softmax, "log_softmax", input, dim, mask, dtype)
