@@ -6,7 +6,8 @@ tensor values, so it costs no host sync and traces under ``torch.compile(fullgra
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -73,6 +74,14 @@ def check_nonnegative(fn: str, name: str, value: object) -> float:
     return float(value)
 
 
+def check_gamma(fn: str, gamma: object) -> float:
+    """Raise ``TypeError``/``ValueError`` unless ``gamma`` is a finite real number ``>= 0``."""
+    g = check_nonnegative(fn, "gamma", gamma)
+    if g == math.inf:  # a comparison, not math.isinf: Dynamo traces it on a SymFloat
+        raise ValueError(f"{fn}: gamma must be finite and >= 0, got {g}")
+    return g
+
+
 def is_low_precision(t: Tensor) -> bool:
     return t.dtype in _LOW_PRECISION
 
@@ -133,7 +142,7 @@ def legacy_reduction(size_average: object, reduce: object, reduction: str) -> st
     return "mean" if size_average else "sum"
 
 
-def inplace_ok(*tensors: Optional[Tensor]) -> bool:
+def inplace_ok(*tensors: Tensor | None) -> bool:
     """In-place updates of a fresh tensor are safe: no double backward, no vmap wrappers.
 
     Under vmap (also the batched-gradient vmap of gradcheck) the row scale may be batched

@@ -6,9 +6,12 @@ the losses live in `stablelosses.losses` (and at the top level).
 
 from stablelosses._autograd import cache_forward_signatures
 from stablelosses.functional._classification import cross_entropy, focal_loss
+from stablelosses.functional._contrastive import info_nce_loss
 from stablelosses.functional._detection import sigmoid_focal_loss
 from stablelosses.functional._divergence import kl_div
 from stablelosses.functional._linear import linear_cross_entropy, linear_focal_loss
+from stablelosses.functional._logaddexp import logaddexp
+from stablelosses.functional._masked import entropy, masked_mean
 from stablelosses.functional._ops import (
     log_softmax,
     logsumexp,
@@ -18,11 +21,8 @@ from stablelosses.functional._ops import (
     xlogy,
 )
 from stablelosses.functional._regression import log_cosh_loss, rmse_loss
-from stablelosses.functional._logaddexp import logaddexp
-from stablelosses.functional._masked import entropy, masked_mean
-from stablelosses.functional._vector import cosine_similarity, normalize
 from stablelosses.functional._segmentation import dice_loss
-from stablelosses.functional._contrastive import info_nce_loss
+from stablelosses.functional._vector import cosine_similarity, normalize
 
 cache_forward_signatures()
 

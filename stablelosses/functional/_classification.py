@@ -2,7 +2,6 @@ r"""Softmax classification losses: ``cross_entropy`` and ``focal_loss``."""
 
 from __future__ import annotations
 
-import math
 from numbers import Real
 
 import torch
@@ -11,7 +10,7 @@ from torch import Tensor
 from stablelosses._autograd.cross_entropy import IndexResult, ProbResult, _index_loss, _prob_loss
 from stablelosses._utils import (
     check_floating,
-    check_nonnegative,
+    check_gamma,
     check_reduction,
     check_tensor,
     legacy_reduction,
@@ -49,9 +48,13 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
         )
     expected = input.shape[:cdim] + input.shape[cdim + 1 :]
     if target.shape != expected:
-        raise ValueError(
+        # torch: a batch-size mismatch is a ValueError, any other shape a RuntimeError
+        batch = cdim == 1 and target.dim() >= 1 and target.shape[0] != input.shape[0]
+        error = ValueError if batch else RuntimeError
+        raise error(
             f"{fn}: target of class indices must have shape {list(expected)} for input of "
-            f"shape {list(input.shape)}, got {list(target.shape)}"
+            f"shape {list(input.shape)}, got {list(target.shape)} (Expected target size "
+            f"{list(expected)}, got {list(target.shape)})"
         )
 
 
@@ -189,9 +192,10 @@ def cross_entropy(
         autocast, as the built-in).
 
     Raises:
-        ValueError: `reduction` is not `'none'`, `'mean'` or `'sum'`; index target of the
-            wrong shape.
-        RuntimeError: `weight` not of shape $(C)$; target of the wrong dtype; `label_smoothing`
+        ValueError: `reduction` is not `'none'`, `'mean'` or `'sum'`; index target whose
+            batch size differs from the input's (as torch).
+        RuntimeError: index target of another wrong shape (as torch); `weight` not of shape
+            $(C)$; target of the wrong dtype; `label_smoothing`
             outside $[0, 1]$; probability targets with `ignore_index >= 0` (as torch).
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
         TypeError: `input` not a floating-point tensor; `ignore_index` not an int;
@@ -308,10 +312,11 @@ def focal_loss(
 
     Raises:
         ValueError: `reduction` not `'none'`, `'mean'` or `'sum'`; `gamma` negative, infinite
-            or NaN; target of the wrong shape.
+            or NaN; target whose batch size differs from the input's.
         TypeError: `gamma` not a number; `ignore_index` not an int; `input` not floating
             point.
-        RuntimeError: `weight` not of shape $(C)$; target not int64/uint8.
+        RuntimeError: target of another wrong shape; `weight` not of shape $(C)$; target not
+            int64/uint8.
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
 
     Example:
@@ -330,9 +335,7 @@ def focal_loss(
     """
     fn = "focal_loss"
     check_reduction(fn, reduction)
-    gamma = check_nonnegative(fn, "gamma", gamma)
-    if not math.isfinite(gamma):
-        raise ValueError(f"{fn}: gamma must be a finite number >= 0, got {gamma}")
+    gamma = check_gamma(fn, gamma)
     ignore_index = _check_ignore_index(fn, ignore_index)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)

@@ -11,7 +11,7 @@ from stablelosses._utils import (
     REDUCTION_MODE,
     REDUCTIONS,
     check_floating,
-    check_nonnegative,
+    check_gamma,
     loss_out_dtype,
     upcast,
 )
@@ -26,9 +26,7 @@ def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -
         raise ValueError(
             f"{fn}: Invalid reduction: reduction must be 'none', 'mean' or 'sum', got {reduction!r}"
         )
-    gamma_f = check_nonnegative(fn, "gamma", gamma)
-    if gamma_f == math.inf:  # comparisons, not math.isinf: Dynamo traces them on a SymFloat
-        raise ValueError(f"{fn}: gamma must be finite and >= 0, got {gamma_f}")
+    gamma_f = check_gamma(fn, gamma)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
     if not -math.inf < alpha < math.inf:  # also NaN

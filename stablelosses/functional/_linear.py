@@ -11,6 +11,7 @@ from stablelosses._autograd.linear import LinearLossConfig, _LinearLossReduced, 
 from stablelosses._utils import (
     autocast_to_float32,
     check_floating,
+    check_gamma,
     check_nonnegative,
     check_reduction,
     check_tensor,
@@ -288,8 +289,6 @@ def linear_focal_loss(
     z, cap, chunk = _check_args(
         fn, input, weight, target, bias, ignore_index, reduction, z_loss, softcap, chunk_size
     )
-    g = check_nonnegative(fn, "gamma", gamma)
-    if not math.isfinite(g):
-        raise ValueError(f"{fn}: gamma must be finite, got {gamma}")
+    g = check_gamma(fn, gamma)
     return _linear_loss(fn, input, weight, target, bias, ignore_index, reduction, 0.0, z, cap, g, chunk)
 

@@ -5,8 +5,8 @@ gradients at their singular points.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from numbers import Number
-from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -50,7 +50,7 @@ def _result_type(a: object, b: object) -> torch.dtype:
             groups[2].append(torch.int64)
         else:
             groups[2].append(torch.get_default_dtype())
-    result: Optional[torch.dtype] = None
+    result: torch.dtype | None = None
     for dtypes in groups:
         if not dtypes:
             continue
@@ -103,7 +103,7 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     return ta, tb, out_dtype
 
 
-def _softmax_out_dtype(x: Tensor, dtype: Optional[torch.dtype]) -> torch.dtype:
+def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
     """softmax/log_softmax are on CUDA autocast's float32 list (not on CPU's)."""
     if dtype is not None:
         return dtype
@@ -143,8 +143,8 @@ def _check_softmax_args(fn: str, input: object, dim: object, mask: object, dtype
     return x, d
 
 
-def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Optional[Tensor],
-                  dtype: Optional[torch.dtype]) -> Tensor:
+def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Tensor | None,
+                  dtype: torch.dtype | None) -> Tensor:
     x, d = _check_softmax_args(name, input, dim, mask, dtype)
     out_dtype = _softmax_out_dtype(x, dtype)
     if mask is not None:
@@ -196,7 +196,7 @@ def safe_sqrt(input: Tensor) -> Tensor:
     return _safe_sqrt(x.to(compute_dtype(x))).to(out_dtype)
 
 
-def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: float = 0.0) -> Tensor:
+def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0) -> Tensor:
     r"""Division that returns ``fill`` where the divisor is 0, with zero gradients there.
 
     $$ \operatorname{safe\_div}(a, b) = \begin{cases} a / b & b \ne 0 \\ \text{fill} & b = 0 \end{cases} $$
@@ -246,7 +246,7 @@ def safe_div(input: Union[Tensor, float], other: Union[Tensor, float], *, fill: 
     return _safe_div(a, b, float(fill)).to(out_dtype)
 
 
-def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
+def xlogy(input: Tensor | float, other: Tensor | float) -> Tensor:
     r"""``input · log(other)``, 0 where ``input == 0``, with finite gradients at 0 · log 0.
 
     $$ \operatorname{xlogy}(x, y) = \begin{cases} 0 & x = 0,\ y \text{ not NaN} \\ x \log y & \text{otherwise} \end{cases} $$
@@ -286,7 +286,7 @@ def xlogy(input: Union[Tensor, float], other: Union[Tensor, float]) -> Tensor:
     return _xlogy(x, y).to(out_dtype)
 
 
-def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = False) -> Tensor:
+def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
     r"""``log Σ exp(input)`` over ``dim``, with defined gradients on ``±inf`` slices.
 
     $$ \operatorname{logsumexp}(x)_i = \log \sum_j \exp(x_{ij}) $$
@@ -346,8 +346,8 @@ def logsumexp(input: Tensor, dim: Union[int, Sequence[int]], keepdim: bool = Fal
     return _logsumexp(x.to(compute_dtype(x)), dims, keepdim).to(out_dtype)
 
 
-def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
-            dtype: Optional[torch.dtype] = None) -> Tensor:
+def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
+            dtype: torch.dtype | None = None) -> Tensor:
     r"""Softmax over ``dim`` with an optional boolean ``mask``, exact on masked and ``±inf`` slices.
 
     $$ \operatorname{softmax}(x)_{ij} = \frac{\exp(x_{ij})}{\sum_k \exp(x_{ik})} $$
@@ -393,8 +393,8 @@ def softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
     return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
 
 
-def log_softmax(input: Tensor, dim: int, *, mask: Optional[Tensor] = None,
-                dtype: Optional[torch.dtype] = None) -> Tensor:
+def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
+                dtype: torch.dtype | None = None) -> Tensor:
     r"""Log-softmax over ``dim`` with an optional boolean ``mask``; masked entries are ``-inf``.
 
     $$ \operatorname{log\_softmax}(x)_{ij} = x_{ij} - \log \sum_k \exp(x_{ik}) $$
