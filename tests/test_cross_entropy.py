@@ -7,12 +7,13 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, strategies as st
+from conftest import tol
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import logits_with_masks
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from tests.conftest import tol
-from tests.strategies import logits_with_masks
 
 INF = float("inf")
 SHAPES = [(5,), (4, 5), (3, 5, 2, 2), (0, 5)]

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tol
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import finite_floats, tensors, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from strategies import finite_floats, tensors
-from strategies import value_and_grads
-from conftest import tol
 
 REDUCTIONS = ["none", "batchmean", "mean", "sum"]
 INF = float("inf")

@@ -16,6 +16,7 @@ from torch.autograd import gradcheck, gradgradcheck
 
 import stablelosses as sl
 import stablelosses.functional as SF
+from stablelosses import naive as naive_formulas
 
 INF = float("inf")
 NAN = float("nan")
@@ -37,7 +38,7 @@ def grad_of(fn, *inputs, weight=None):
 
 def test_regression_sqrt_of_mse_of_zero_residual():
     x = torch.randn(8, requires_grad=True)
-    naive = torch.sqrt(F.mse_loss(x * 0, torch.zeros(8)))
+    naive = naive_formulas.sqrt_mse(x * 0, torch.zeros(8))
     (g_naive,) = torch.autograd.grad(naive, x)
     assert torch.isnan(g_naive).all()  # the bug being fixed
     ours = SF.safe_sqrt(F.mse_loss(x * 0, torch.zeros(8)))
@@ -48,7 +49,7 @@ def test_regression_sqrt_of_mse_of_zero_residual():
 
 def test_regression_exp_over_sum_of_exp():
     z = torch.tensor([92.0, 1.0], requires_grad=True)
-    naive = torch.exp(z) / torch.exp(z).sum()
+    naive = naive_formulas.exp_softmax(z, 0)
     assert torch.isnan(naive).any()
     ours = SF.softmax(z, 0)
     ref = torch.softmax(z.detach().double(), 0)
@@ -83,7 +84,7 @@ def test_regression_fully_neg_inf_row():
 def test_regression_where_division_idiom():
     a = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     b = torch.tensor([0.0, 4.0, 0.0], requires_grad=True)
-    naive = torch.where(b != 0, a / b, 0)
+    naive = naive_formulas.where_div(a, b)
     g_naive = torch.autograd.grad(naive.sum(), (a, b))
     assert torch.isnan(g_naive[0]).any()
     out = SF.safe_div(a, b)

@@ -15,14 +15,16 @@ from strategies import broadcast_pair, shaped_tensor, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
+from stablelosses import naive as naive_formulas
 
 REDUCTIONS = ["none", "mean", "sum"]
 
 
 def naive(x, y, reduction="mean", eps=0.0):
+    """``torch.sqrt(F.mse_loss(...) + eps)`` from stablelosses.naive, without its broadcast warning."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return torch.sqrt(F.mse_loss(x, y, reduction=reduction) + eps)
+        return naive_formulas.sqrt_mse(x, y, reduction, eps)
 
 
 SHAPES = [((), ()), ((0,), (0,)), ((5,), (5,)), ((2, 3), (2, 3)), ((2, 3), (3,)), ((3,), (2, 1))]

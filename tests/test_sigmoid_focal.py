@@ -13,24 +13,12 @@ from strategies import finite_floats, saturated_logits, tensors, value_and_grads
 
 import stablelosses as sl
 import stablelosses.functional as SF
+from stablelosses import naive as naive_formulas
 
 REDUCTIONS = ["none", "mean", "sum"]
 
 
-def torchvision_formula(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
-    """torchvision.ops.sigmoid_focal_loss, written out from its published formula."""
-    p = torch.sigmoid(inputs)
-    ce_loss = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
-    p_t = p * targets + (1 - p) * (1 - targets)
-    loss = ce_loss * ((1 - p_t) ** gamma)
-    if alpha >= 0:
-        alpha_t = alpha * targets + (1 - alpha) * (1 - targets)
-        loss = alpha_t * loss
-    if reduction == "mean":
-        loss = loss.mean()
-    elif reduction == "sum":
-        loss = loss.sum()
-    return loss
+torchvision_formula = naive_formulas.torchvision_sigmoid_focal
 
 
 def mp_reference(x, t, alpha, gamma):
