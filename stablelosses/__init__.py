@@ -14,24 +14,25 @@ from stablelosses import _torch_import  # noqa: F401 - first: torch without its 
 
 # isort: split
 from stablelosses import functional
+from stablelosses._autograd import cache_forward_signatures as _cache_forward_signatures
 from stablelosses.functional import (
+    cosine_similarity,
+    entropy,
     log_softmax,
+    logaddexp,
     logsumexp,
+    masked_mean,
+    normalize,
     safe_div,
     safe_sqrt,
     softmax,
     xlogy,
 )
-from stablelosses.functional import (
-    cosine_similarity,
-    entropy,
-    logaddexp,
-    masked_mean,
-    normalize,
-)
 from stablelosses.losses import (
     CrossEntropyLoss,
+    DiceLoss,
     FocalLoss,
+    InfoNCELoss,
     KLDivLoss,
     LinearCrossEntropyLoss,
     LinearFocalLoss,
@@ -39,9 +40,12 @@ from stablelosses.losses import (
     RMSELoss,
     SigmoidFocalLoss,
 )
-from stablelosses.losses import DiceLoss, InfoNCELoss
 
-__version__ = "0.1.0"
+# Every Function is defined by now: cache the signatures Function.apply binds on each call
+# (the paths that do not go through applier's direct C++ apply: torch.func transforms).
+_cache_forward_signatures()
+
+__version__ = "0.2.0"
 
 __all__ = [
     "functional",

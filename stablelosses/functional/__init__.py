@@ -4,7 +4,6 @@
 the losses live in `stablelosses.losses` (and at the top level).
 """
 
-from stablelosses._autograd import cache_forward_signatures
 from stablelosses.functional._classification import cross_entropy, focal_loss
 from stablelosses.functional._contrastive import info_nce_loss
 from stablelosses.functional._detection import sigmoid_focal_loss
@@ -23,8 +22,6 @@ from stablelosses.functional._ops import (
 from stablelosses.functional._regression import log_cosh_loss, rmse_loss
 from stablelosses.functional._segmentation import dice_loss
 from stablelosses.functional._vector import cosine_similarity, normalize
-
-cache_forward_signatures()
 
 __all__ = [
     "safe_sqrt",
