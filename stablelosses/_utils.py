@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from stablelosses._compat import functorch_transforms_active, is_transform_wrapped
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 REDUCTIONS = ("none", "mean", "sum")
 # The same reductions as the ints the autograd Functions take.
@@ -150,11 +152,6 @@ def inplace_ok(*tensors: Tensor | None) -> bool:
     """
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False  # compiled: functionalized and fused anyway
-    fc = getattr(torch._C, "_functorch", None)
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    if fc is None or active is None or active():
+    if functorch_transforms_active():
         return False
-    for t in tensors:
-        if t is not None and (fc.is_functorch_wrapped_tensor(t) or fc.is_legacy_batchedtensor(t)):
-            return False
-    return True
+    return not any(t is not None and is_transform_wrapped(t) for t in tensors)

@@ -12,10 +12,12 @@ is all torch.compile supports through custom Functions anyway.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch._functorch.utils import unwrap_dead_wrappers
+
+from stablelosses._compat import direct_apply, functorch_transforms_active
 
 
 def applier(cls: Any) -> Callable[..., Any]:
@@ -33,16 +35,16 @@ def applier(cls: Any) -> Callable[..., Any]:
         {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__},
     )
 
-    c_apply = super(torch.autograd.Function, cls).apply  # type: ignore[misc]  # _C._FunctionBase.apply
+    fast = direct_apply(cls)
 
     def apply(*args: Any) -> Any:
         if torch.compiler.is_compiling():
             return twin.apply(*args)
-        if torch._C._are_functorch_transforms_active():
+        if functorch_transforms_active():
             return cls.apply(*args)
         # Function.apply would bind *args to forward's signature (inspect, ~40 µs a call) to
         # fill in defaults for setup_context; every argument is passed positionally here.
-        return c_apply(*unwrap_dead_wrappers(args))
+        return fast(*args)
 
     apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
     return apply
