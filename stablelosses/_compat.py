@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (re-ex
 _functorch = getattr(torch._C, "_functorch", None)
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 _current_node = getattr(torch._C, "_current_autograd_node", None)
+_unwrap_dead_wrappers: Any
 try:
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
 except ImportError:  # pragma: no cover - other torch versions

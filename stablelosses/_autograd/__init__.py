@@ -21,4 +21,4 @@ def cache_forward_signatures() -> None:
         if cls.__module__.startswith("stablelosses.") and "forward" in vars(cls):
             fwd = cls.forward
             if getattr(fwd, "__signature__", None) is None:
-                fwd.__signature__ = inspect.signature(fwd)
+                fwd.__signature__ = inspect.signature(fwd)  # type: ignore[attr-defined]
