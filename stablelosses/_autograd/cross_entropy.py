@@ -214,7 +214,7 @@ class _IndexLoss(torch.autograd.Function):
             # d log p_t / dx = onehot(t) − softmax
             a = -grad_lt if a is None else a - grad_lt
             row = -grad_lt if row is None else row - grad_lt
-        if a is not None:
+        if a is not None and row is not None:
             fresh = gamma == 0.0 and inplace_ok(extra)
             p = probs_from(extra, fresh) if gamma == 0.0 else extra
             rest_t = None if gamma == 0.0 else rest

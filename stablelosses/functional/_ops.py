@@ -112,7 +112,9 @@ def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return x.dtype
 
 
-def _check_softmax_args(fn: str, input: object, dim: object, mask: object, dtype: object) -> tuple[Tensor, int]:
+def _check_softmax_args(
+    fn: str, input: object, dim: object, mask: object, dtype: object
+) -> tuple[Tensor, int]:
     x = check_tensor(fn, "input", input)
     if dtype is not None:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
