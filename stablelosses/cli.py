@@ -12,7 +12,7 @@ Bad arguments print one line to stderr and exit 2.
 Example:
     >>> from stablelosses.cli import main
     >>> main(["--version"])
-    stablelosses 0.1.0
+    stablelosses 0.2.0
     0
 """
 
