@@ -17,6 +17,7 @@ from stablelosses._utils import (
     loss_out_dtype,
     upcast,
 )
+from stablelosses.functional._masked import check_mask
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
@@ -73,15 +74,20 @@ def _check_label_smoothing(fn: str, label_smoothing: object) -> float:
     return eps
 
 
-def _reduce(loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool) -> Tensor:
+def _reduce(
+    loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool, empty_zero: bool = False
+) -> Tensor:
     """The one place the class losses reduce: ``Σ ℓ`` or ``Σ ℓ / Σ denom`` as torch.
 
     ``overflow_safe`` (label smoothing): where ``Σ ℓ`` overflows but the mean does not
-    (logits near ``±1e37``), the mean is ``Σ (ℓ / Σ denom)`` instead (N-sized, no sync)."""
+    (logits near ``±1e37``), the mean is ``Σ (ℓ / Σ denom)`` instead (N-sized, no sync).
+    ``empty_zero`` (a ``mask`` was given): a zero denominator gives 0, as ``masked_mean``."""
     if reduction == "sum":
         return loss.sum()
     if reduction == "mean":
         total = denom.sum()
+        if empty_zero:
+            total = torch.where(total == 0, 1.0, total)
         out = loss.sum() / total
         if not overflow_safe:
             return out
@@ -92,17 +98,28 @@ def _reduce(loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool) ->
 
 def _index_loss_reduced(
     x: Tensor, target: Tensor, w: Tensor | None, ignore_index: int, gamma: float, eps: float,
-    cdim: int, reduction: str,
+    cdim: int, reduction: str, mask: Tensor | None = None,
 ) -> Tensor:
     """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
-    ``w``, so ``weight.grad`` is the gradient of the reduced loss."""
+    ``w``, so ``weight.grad`` is the gradient of the reduced loss. A masked-out row (``mask``
+    expanded to the target's shape) is an ignored row."""
     target = target.long()
+    if mask is not None:
+        target = torch.where(mask, target, ignore_index)
     idx = torch.where(target != ignore_index, target, 0)
     res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, res.valid, reduction, False)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
-    return _reduce(res.loss, denom, reduction, eps > 0.0)
+    return _reduce(res.loss, denom, reduction, eps > 0.0, mask is not None)
+
+
+def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
+    """The row mask expanded to the unreduced loss's shape, and ``x`` with its masked-out rows
+    replaced by 0 (select, do not multiply: a NaN there is never read)."""
+    shape = x.shape[:cdim] + x.shape[cdim + 1 :]
+    m = check_mask(fn, mask, shape, "the unreduced loss").to(x.device).expand(shape)
+    return m, torch.where(m.unsqueeze(cdim), x, 0.0)
 
 
 def cross_entropy(
@@ -115,6 +132,7 @@ def cross_entropy(
     *,
     size_average: bool | None = None,
     reduce: bool | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy between logits and class indices or class probabilities, masked-class safe.
 
@@ -241,14 +259,26 @@ def cross_entropy(
         dtype = torch.promote_types(input.dtype, target.dtype)
         x = upcast(input.to(dtype))
         w = _check_weight(fn, weight, input, x.dtype)
-        res = ProbResult(*_prob_loss(x, target.to(x.dtype), w, eps, cdim))
-        out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0)
+        y = target.to(x.dtype)
+        if mask is None:
+            res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
+            out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0)
+        else:
+            m, x = _mask_rows(fn, mask, x, cdim)
+            y = torch.where(m.unsqueeze(cdim), y, 0.0)
+            res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
+            kept = res.valid & m
+            loss = torch.where(m, res.loss, 0.0)
+            out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True)
         out_dtype = dtype if dtype not in (torch.float16, torch.bfloat16) else loss_out_dtype(input.to(dtype))
         return out.to(out_dtype)
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction)
+    m = None
+    if mask is not None:
+        m, x = _mask_rows(fn, mask, x, cdim)
+    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction, m)
     return out.to(loss_out_dtype(input))
 
 
@@ -259,6 +289,8 @@ def focal_loss(
     weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    *,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Multi-class focal loss on logits, with a finite gradient for every $\gamma \ge 0$.
 
@@ -343,5 +375,8 @@ def focal_loss(
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction)
+    m = None
+    if mask is not None:
+        m, x = _mask_rows(fn, mask, x, cdim)
+    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction, m)
     return out.to(loss_out_dtype(input))

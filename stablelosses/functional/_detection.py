@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
 from stablelosses._utils import (
+    NONE,
     REDUCTION_MODE,
     REDUCTIONS,
     check_floating,
@@ -15,6 +17,7 @@ from stablelosses._utils import (
     loss_out_dtype,
     upcast,
 )
+from stablelosses.functional._masked import check_mask, reduce_masked
 
 
 def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -> tuple[float, float]:
@@ -42,6 +45,8 @@ def sigmoid_focal_loss(
     alpha: float = 0.25,
     gamma: float = 2.0,
     reduction: str = "none",
+    *,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Sigmoid focal loss of RetinaNet, finite for every $\gamma \ge 0$ and every finite logit.
 
@@ -130,5 +135,10 @@ def sigmoid_focal_loss(
             f"{fn}: target size ({target.size()}) must be the same as input size ({input.size()})"
         )
     out_dtype = loss_out_dtype(input)
+    if mask is not None:
+        m = check_mask(fn, mask, input.shape).to(input.device)
+        # select, do not multiply: a NaN at a False entry is never read
+        x, t = torch.where(m, upcast(input), 0.0), torch.where(m, upcast(target), 0.0)
+        return reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction).to(out_dtype)
     loss = _sigmoid_focal(upcast(input), upcast(target), alpha_f, gamma_f, REDUCTION_MODE[reduction])
     return loss.to(out_dtype)

@@ -16,6 +16,7 @@ from stablelosses._utils import (
     check_reduction,
     check_tensor,
 )
+from stablelosses.functional._masked import check_mask
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
 CHUNK_BYTES = 64 * 2**20
@@ -84,7 +85,7 @@ def _check_args(
 def _linear_loss(
     fn: str, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int,
     reduction: str, label_smoothing: float, z_loss: float, softcap: float | None, gamma: float | None,
-    chunk_size: int,
+    chunk_size: int, mask: Tensor | None = None,
 ) -> Tensor:
     tensors = (input, weight) if bias is None else (input, weight, bias)
     cd = torch.float64 if any(v.dtype == torch.float64 for v in tensors) else torch.float32
@@ -92,6 +93,14 @@ def _linear_loss(
     cfg = LinearLossConfig(fn, int(ignore_index), label_smoothing, z_loss, softcap, gamma, chunk)
     x = input.reshape(-1, input.shape[-1])
     t = target.reshape(-1).long()
+    kept = None
+    if mask is not None:
+        # a masked-out row is an ignored row whose hidden state is never read (select, no multiply)
+        m = check_mask(fn, mask, target.shape, "the per-row loss").to(x.device)
+        m = m.expand(target.shape).reshape(-1)
+        x = torch.where(m[:, None], x, 0.0)
+        t = torch.where(m, t, int(ignore_index))
+        kept = (t != int(ignore_index)).any() if reduction == "mean" else None
     out_dtype = input.dtype
     for v in tensors[1:]:
         out_dtype = torch.promote_types(out_dtype, v.dtype)
@@ -106,6 +115,8 @@ def _linear_loss(
         grad_on and bias is not None and bias.requires_grad,
     )
     loss = _LinearLossReduced.apply(x, weight, bias, t, cfg, reduction == "mean", needs, cd)[0]
+    if kept is not None:
+        loss = torch.where(kept, loss, 0.0)  # no kept row: 0 (masked_mean), not 0 / 0
     return loss.to(out_dtype)
 
 
@@ -121,6 +132,7 @@ def linear_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear layer's logits, computed chunk by chunk: the $(N, V)$ logits never exist.
 
@@ -214,7 +226,9 @@ def linear_cross_entropy(
     eps = _check_real(fn, "label_smoothing", label_smoothing)
     if not 0.0 <= eps <= 1.0:
         raise RuntimeError(f"{fn}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
-    return _linear_loss(fn, input, weight, target, bias, ignore_index, reduction, eps, z, cap, None, chunk)
+    return _linear_loss(
+        fn, input, weight, target, bias, ignore_index, reduction, eps, z, cap, None, chunk, mask
+    )
 
 
 def linear_focal_loss(
@@ -229,6 +243,7 @@ def linear_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Focal loss of a linear layer's logits, chunked like `linear_cross_entropy`.
 
@@ -290,5 +305,7 @@ def linear_focal_loss(
         fn, input, weight, target, bias, ignore_index, reduction, z_loss, softcap, chunk_size
     )
     g = check_gamma(fn, gamma)
-    return _linear_loss(fn, input, weight, target, bias, ignore_index, reduction, 0.0, z, cap, g, chunk)
+    return _linear_loss(
+        fn, input, weight, target, bias, ignore_index, reduction, 0.0, z, cap, g, chunk, mask
+    )
 

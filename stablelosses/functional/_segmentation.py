@@ -13,10 +13,10 @@ from stablelosses._utils import (
     check_reduction,
     check_tensor,
     loss_out_dtype,
-    reduce,
     upcast,
     wrap_dim,
 )
+from stablelosses.functional._masked import check_mask, reduce_masked
 
 _FN = "dice_loss"
 
@@ -38,6 +38,19 @@ def _dice_dims(dims: object, ndim: int) -> tuple[int, ...]:
     return out
 
 
+def _mask_samples(
+    mask: object, p: Tensor, t: Tensor, reduce_dims: tuple[int, ...]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The sample mask (checked against the per-sample loss's shape) and ``p``, ``t`` with the
+    masked-out samples replaced by 0 (select, do not multiply: a NaN there is never read)."""
+    shape = torch.Size(n for d, n in enumerate(p.shape) if d not in reduce_dims)
+    m = check_mask(_FN, mask, shape, "the per-sample loss").to(p.device).expand(shape)
+    m_in = m
+    for d in sorted(reduce_dims):
+        m_in = m_in.unsqueeze(d)
+    return m, torch.where(m_in, p, 0.0), torch.where(m_in, t, 0.0)
+
+
 def dice_loss(
     input: Tensor,
     target: Tensor,
@@ -45,6 +58,7 @@ def dice_loss(
     dims: int | Sequence[int] | None = None,
     smooth: float = 0.0,
     reduction: str = "mean",
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Soft Dice loss on probabilities; prediction and target both empty gives 0 with gradient 0.
 
@@ -128,10 +142,13 @@ def dice_loss(
     work = torch.promote_types(p.dtype, upcast(t).dtype) if t.is_floating_point() else p.dtype
     p = p.to(work)
     tt = t.to(device=x.device, dtype=work).expand(x.shape)
+    m = None
+    if mask is not None:
+        m, p, tt = _mask_samples(mask, p, tt, reduce_dims)
     # Σ(p(1−t) + t(1−p)) = Σp + Σt − 2Σpt, term by term, without the cancellation.
     diff = (p * (1 - tt) + tt * (1 - p)).sum(reduce_dims)
     denom = (p.sum(reduce_dims) + tt.sum(reduce_dims)) + s
     empty = denom == 0
     # Double where: a safe divisor, then the defined 0 on both-empty samples.
     loss = torch.where(empty, 0.0, diff / torch.where(empty, 1.0, denom))
-    return reduce(loss, reduction).to(out_dtype)
+    return reduce_masked(loss, m, reduction).to(out_dtype)
