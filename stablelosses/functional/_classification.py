@@ -159,7 +159,8 @@ def cross_entropy(
     $$
 
     where a row is valid unless it is ignored or fully masked; an empty (or fully ignored)
-    batch gives `nan` for `'mean'`, as torch.
+    batch gives `nan` for `'mean'`, as torch
+    (with a `mask`: 0, see **Mask**).
 
     **Gradient**: $\partial \ell_i / \partial x_{i,c} = p_{i,c} \sum_k q_{i,k} - q_{i,c}$
     (softmax minus the weighted target distribution), computed from the saved
@@ -191,6 +192,15 @@ def cross_entropy(
     supported; mixed dtypes promote as torch (float32 logits with float64 probabilities give
     float64).
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss (``input``
+    without its class dimension) drops rows: a False row is an ignored row (loss 0, gradient 0,
+    not in the denominator) whose logits and target are never read (an out-of-range index or a
+    NaN there does no harm). ``'mean'`` is $\sum_{i \in K} \ell_i / \sum_{i \in K} w_{t_i}$ over
+    the kept rows $K$ (mask True, not `ignore_index`, not fully masked), with probability
+    targets $\sum_{i \in K} \ell_i / |K|$; with a mask an empty denominator gives **0** with
+    gradient 0 (as [`masked_mean`][stablelosses.functional.masked_mean]), not torch's NaN.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: logits of shape $(C)$, $(N, C)$ or $(N, C, d_1, \dots)$; float16 and bfloat16
             are computed in float32.
@@ -203,6 +213,8 @@ def cross_entropy(
         label_smoothing: $\varepsilon \in [0, 1]$. Default: `0.0`.
         size_average: deprecated alias (as in torch); overrides `reduction` when given.
         reduce: deprecated alias (as in torch); overrides `reduction` when given.
+        mask: bool tensor, True = counts, broadcastable to the unreduced loss's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss: shape of `target` (index targets) or `input` without its class dimension
@@ -218,6 +230,9 @@ def cross_entropy(
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
         TypeError: `input` not a floating-point tensor; `ignore_index` not an int;
             `label_smoothing` not a real number.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -275,10 +290,10 @@ def cross_entropy(
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    m = None
+    rows: Tensor | None = None
     if mask is not None:
-        m, x = _mask_rows(fn, mask, x, cdim)
-    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction, m)
+        rows, x = _mask_rows(fn, mask, x, cdim)
+    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction, rows)
     return out.to(loss_out_dtype(input))
 
 
@@ -329,6 +344,11 @@ def focal_loss(
     **Weight gradient.** A `weight` that requires grad gets the gradient of the reduced loss,
     the `'mean'` denominator included. Forward-mode AD is supported.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to ``target`` drops rows exactly as in
+    `cross_entropy`: a False row is an ignored row whose logits and target are never read;
+    ``'mean'`` divides by $\sum_{i \in K} w_{t_i}$ over the kept rows and gives 0 when that is
+    empty. ``mask=None`` adds nothing to the graph.
+
     Args:
         input: logits of shape $(C)$, $(N, C)$ or $(N, C, d_1, \dots)$; float16 and bfloat16
             are computed in float32.
@@ -337,6 +357,8 @@ def focal_loss(
         weight: per-class weight of shape $(C)$. Default: `None`.
         ignore_index: target value that contributes nothing. Default: `-100`.
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
+        mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss: shape of `target` for `'none'`, else a scalar; dtype of `input` (float32 for
@@ -350,6 +372,9 @@ def focal_loss(
         RuntimeError: target of another wrong shape; `weight` not of shape $(C)$; target not
             int64/uint8.
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -375,8 +400,8 @@ def focal_loss(
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    m = None
+    rows: Tensor | None = None
     if mask is not None:
-        m, x = _mask_rows(fn, mask, x, cdim)
-    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction, m)
+        rows, x = _mask_rows(fn, mask, x, cdim)
+    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction, rows)
     return out.to(loss_out_dtype(input))

@@ -56,6 +56,12 @@ def info_nce_loss(
     **Gradient.** Autograd of the formula through the defined gradients of ``normalize`` and
     ``cross_entropy``; 0 for a zero embedding.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to $(N)$ drops pairs: a False pair
+    $i$ leaves the batch — it is no anchor, and its key (and query) is no negative for the
+    others — so ``'mean'``/``'sum'`` equal the loss of ``query[mask], key[mask]`` (0 with
+    gradient 0 for an all-False mask) and ``'none'`` is 0 at dropped pairs. Dropped rows are
+    never read: a NaN or zero embedding there does no harm. ``mask=None`` adds nothing.
+
     Args:
         query: embeddings $(N, D)$.
         key: embeddings $(N, D)$; ``key[i]`` is the positive of ``query[i]``.
@@ -63,6 +69,8 @@ def info_nce_loss(
             Default: ``0.07``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the $N$ rows. Default: ``'mean'``.
         symmetric: average the query→key and key→query losses (CLIP). Default: ``False``.
+        mask: bool tensor, True = counts, broadcastable to ``(N,)`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         ``'none'``: shape $(N,)$; else a scalar. In the inputs' dtype (float16/bfloat16
@@ -73,6 +81,9 @@ def info_nce_loss(
             wrong type.
         ValueError: shapes other than two equal $(N, D)$, ``temperature <= 0``, or a bad
             ``reduction``.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         ``query``, ``key``: $(N, D)$; output: $(N,)$ or $()$.

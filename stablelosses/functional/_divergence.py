@@ -77,6 +77,17 @@ def kl_div(
     (at a zero-probability term too); the gradients follow ``F.kl_div`` (a NaN target gives
     NaN gradients).
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
+    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
+    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
+    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
+    ``'batchmean'`` divides $\sum_{i \in M} \ell_i$ by the number of batch rows (slices along
+    dim 0) with at least one True entry (at least 1): a fully padded row counts as a row that
+    is not there (torch's batch size when every row has one).
+    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
+    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: log-probabilities, any shape; ``'batchmean'`` divides by ``input.size(0)``.
         target: probabilities (or log-probabilities), broadcastable with ``input``.
@@ -85,6 +96,8 @@ def kl_div(
         size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``
             (``'batchmean'`` still divides by ``input.size(0)`` afterwards, as torch does).
         reduce: deprecated (as in torch), see ``size_average``.
+        mask: bool tensor, True = counts, broadcastable to the broadcast shape of ``input``
+            and ``target`` (keyword-only); ``None``: every entry counts. Default: ``None``.
 
     ``'mean'`` warns with torch's ``UserWarning`` (it divides by the number of elements, not
     the batch size). Forward-mode AD (``torch.func.jvp``, ``jacfwd``) is supported.
@@ -98,6 +111,9 @@ def kl_div(
         ValueError: ``reduction`` is not one of the above.
         TypeError: ``input``/``target`` is not a floating-point tensor.
         RuntimeError: the shapes do not broadcast.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, torch.nn.functional as F

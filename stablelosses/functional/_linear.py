@@ -148,7 +148,7 @@ def linear_cross_entropy(
 
     and $\ell_i = 0$ when $t_i$ is `ignore_index` or every logit of row $i$ is $-\infty$ (such a
     row is not counted). `'mean'` divides $\sum_i \ell_i$ by the number of kept rows (NaN when
-    there is none, as torch, with zero gradients), `'sum'` sums, `'none'` returns $\ell$ with the
+    there is none, as torch, with zero gradients; 0 with a `mask`), `'sum'` sums, `'none'` returns $\ell$ with the
     shape of `target`. A finite logit such as `finfo.min` is an ordinary logit; only $-\infty$ masks.
 
     The rows are processed in chunks of `chunk_size` rows; each chunk computes its logits, loss
@@ -169,6 +169,12 @@ def linear_cross_entropy(
     the gradient (double backward, `torch.func.hessian`) raises `RuntimeError`; forward-mode AD
     is not implemented.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to ``target`` drops rows: a False
+    row becomes an ignored row (the chunked code's own path) and its hidden state is replaced
+    by 0 before the matmul, so a NaN in padding reaches no gradient (``weight``'s included).
+    ``'mean'`` divides by the kept rows; with a mask, no row kept by ``mask`` and
+    ``ignore_index`` gives **0** with gradient 0 instead of NaN. ``mask=None`` adds nothing.
+
     Args:
         input: hidden states $(N, H)$ or $(\dots, H)$, any float dtype (float16/bfloat16 are
             computed in float32).
@@ -183,6 +189,8 @@ def linear_cross_entropy(
         softcap: $c > 0$ for Gemma 2's $c \tanh(l / c)$ logit soft-capping, or `None`.
         chunk_size: rows per chunk, or `None` for a size that keeps one chunk's logits within
             64 MiB (a power of two, from $V$ and the dtype).
+        mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss: a scalar, or shape of `target` for `'none'`; dtype of `input` and `weight`
@@ -196,6 +204,9 @@ def linear_cross_entropy(
             non-number `label_smoothing`/`z_loss`/`softcap`.
         RuntimeError: `weight`/`bias` shape, `target` dtype, `label_smoothing` outside $[0, 1]$,
             a target index out of range (raised by the gather), double backward.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.
@@ -265,6 +276,9 @@ def linear_focal_loss(
     finite for every $\gamma \ge 0$; then through softcap and the linear layer as in
     `linear_cross_entropy`. First order only (double backward raises `RuntimeError`).
 
+    **Mask.** As in `linear_cross_entropy`: a False row of ``mask`` (broadcastable to
+    ``target``) is an ignored row that is never read; a masked ``'mean'`` with no kept row is 0.
+
     Args:
         input: hidden states $(\dots, H)$.
         weight: output-layer weight $(V, H)$.
@@ -276,6 +290,8 @@ def linear_focal_loss(
         z_loss: z-loss coefficient $\ge 0$. Default: `0.0`.
         softcap: logit soft-capping $c > 0$ or `None`. Default: `None`.
         chunk_size: rows per chunk or `None` (automatic). Default: `None`.
+        mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss, as `linear_cross_entropy`.
@@ -284,6 +300,9 @@ def linear_focal_loss(
         ValueError: `gamma` negative, infinite or NaN; and as `linear_cross_entropy`.
         TypeError: `gamma` not a number; and as `linear_cross_entropy`.
         RuntimeError: as `linear_cross_entropy`.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.

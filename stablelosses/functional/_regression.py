@@ -108,12 +108,28 @@ def rmse_loss(
     mode (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative (tangent 0 at a
     zero result).
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the residual $r$ selects residuals;
+    with $M$ its True entries and $n = \max(1, |M|)$:
+
+    $$
+    \text{mean: } \sqrt{\tfrac{1}{n}\textstyle\sum_{i \in M} r_i^2 + \epsilon},\qquad
+    \text{sum: } \sqrt{\textstyle\sum_{i \in M} r_i^2 + \epsilon},\qquad
+    \text{none: } [i \in M] \sqrt{r_i^2 + \epsilon} .
+    $$
+
+    An all-False mask gives $\sqrt{\epsilon}$ (0 for $\epsilon = 0$) with gradient 0.
+    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
+    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: predictions, any shape.
         target: targets, broadcastable to ``input`` (a size mismatch warns, as ``F.mse_loss``).
             At least one of the two is floating point.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
         eps: a float ``>= 0`` added under the square root. Default: ``0.0``.
+        mask: bool tensor, True = counts, broadcastable to the residual's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         A scalar for ``'mean'``/``'sum'``, else the broadcast shape. dtype: the one
@@ -125,6 +141,9 @@ def rmse_loss(
         TypeError: ``input``/``target`` is not a tensor, or ``eps`` is not a number.
         RuntimeError: the shapes do not broadcast, or neither operand is floating point
             (``F.mse_loss``: "not implemented for 'Long'").
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -179,10 +198,20 @@ def log_cosh_loss(
     point. The gradient with respect to ``target`` is the negative. Forward mode
     (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
+    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
+    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
+    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
+    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
+    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: predictions, any shape, floating point.
         target: targets, broadcastable with ``input``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        mask: bool tensor, True = counts, broadcastable to the loss's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         A scalar for ``'mean'``/``'sum'``, else the broadcast shape; dtype as ``F.mse_loss``
@@ -192,6 +221,9 @@ def log_cosh_loss(
         ValueError: ``reduction`` is not one of the above.
         TypeError: ``input``/``target`` is not a floating-point tensor.
         RuntimeError: the shapes do not broadcast.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch

@@ -83,6 +83,12 @@ def dice_loss(
     of the formula above; on a both-empty sample with ``smooth = 0`` both gradients are defined
     as **0** (a double ``where``, so double backward is finite too). NaN propagates.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the per-sample loss (``input``
+    without ``dims``) selects samples: ``'mean'`` averages the kept samples' losses (0 with
+    gradient 0 when none is kept), ``'sum'`` sums them, ``'none'`` is 0 at dropped samples.
+    A dropped sample's ``input`` and ``target`` are never read (selected away, not multiplied
+    by 0), so a NaN there reaches neither value nor gradient. ``mask=None`` adds nothing.
+
     Args:
         input: predicted probabilities (e.g. ``sigmoid`` / ``softmax`` outputs), $(N, *)$.
         target: target probabilities or a 0/1 mask (bool or integer is cast), broadcastable
@@ -90,6 +96,8 @@ def dice_loss(
         dims: dimension(s) summed per sample. Default: all but dim 0.
         smooth: added to numerator and denominator. Default: ``0.0``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        mask: bool tensor, True = counts, broadcastable to the per-sample loss's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         ``'none'``: ``input``'s shape without ``dims``; else a scalar. In the promoted dtype of
@@ -100,6 +108,9 @@ def dice_loss(
         ValueError: bad ``reduction``, ``smooth < 0``, ``dims`` empty or repeated, input without a
             batch dimension, or ``target`` does not broadcast to ``input``.
         IndexError: a dimension in ``dims`` is out of range.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         ``input``: $(N, *)$; ``target``: broadcastable to it; output: $(N,)$ for ``'none'``
