@@ -12,6 +12,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import shapes, tensors
 
 import stablelosses as sl
 import stablelosses.functional as SF
@@ -562,3 +565,66 @@ def test_masked_losses_compile_fullgraph():
     torch.testing.assert_close(got, want)
     assert torch.isfinite(want)
     torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+# --------------------------------------------------------------------------- transforms, dtypes, property
+
+def test_forward_mode_and_vmap_with_mask():
+    g = _gen(14)
+    x = torch.randn(3, 4, generator=g, dtype=D)
+    y = torch.randn(3, 4, generator=g, dtype=D)
+    v = torch.randn(3, 4, generator=g, dtype=D)
+    m = torch.rand(3, 4, generator=g) < 0.5
+    t = torch.tensor([0, 1, 3])
+    for f in (
+        lambda a: SF.rmse_loss(a, y, mask=m),
+        lambda a: SF.log_cosh_loss(a, y, mask=m),
+        lambda a: SF.cross_entropy(a, t, mask=m[:, 0]),
+        lambda a: SF.kl_div(a, y.softmax(1), "batchmean", mask=m),
+    ):
+        _, tangent = torch.func.jvp(f, (x,), (v,))
+        (gx,) = _grad(f(x.requires_grad_()), x)
+        x = x.detach()
+        torch.testing.assert_close(tangent, (gx * v).sum())
+    got = torch.vmap(lambda a, mm: SF.rmse_loss(a, y[0], mask=mm))(x, m)
+    rows = [((x[i] - y[0])[m[i]] ** 2) for i in range(3)]
+    want = torch.stack([r.mean().sqrt() if r.numel() else torch.zeros((), dtype=D) for r in rows])
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_with_mask(dtype):
+    g = _gen(15)
+    x = torch.randn(6, 4, generator=g)
+    y = torch.randn(6, 4, generator=g)
+    t = torch.randint(0, 4, (6,), generator=g)
+    m = torch.tensor([True, False, True, True, False, True])
+    xh, yh = x.to(dtype), y.to(dtype)
+    got = SF.cross_entropy(xh, t, mask=m)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), F.cross_entropy(xh.float()[m], t[m]), atol=1e-2, rtol=1e-2)
+    got = SF.rmse_loss(xh, yh, mask=m[:, None])
+    assert got.dtype == dtype
+    want = torch.sqrt(((xh.float() - yh.float())[m] ** 2).mean())
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_property_masked_reductions_match_indexing(data):
+    shape = data.draw(shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
+    x = data.draw(tensors(shape, D, max_abs=1e3))
+    y = data.draw(tensors(shape, D, max_abs=1e3))
+    m = data.draw(tensors(shape, torch.bool, elements=st.booleans()))
+    red = data.draw(st.sampled_from(["none", "mean", "sum"]))
+    got = SF.log_cosh_loss(x, y, red, mask=m)
+    r = (x - y).abs()
+    ref_terms = r + torch.log1p(torch.exp(-2 * r)) - math.log(2)  # log cosh, a second formula
+    torch.testing.assert_close(got, _masked_ref(ref_terms, m, red))
+    got = SF.rmse_loss(x, y, red, mask=m)
+    if red == "none":
+        want = torch.where(m, (x - y).abs(), 0.0)
+    else:
+        s = ((x - y)[m] ** 2).sum()
+        want = torch.sqrt(s / max(1, int(m.sum())) if red == "mean" else s)
+    torch.testing.assert_close(got, want)
