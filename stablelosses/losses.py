@@ -3,7 +3,8 @@
 Each class stores its configuration, registers ``weight`` as a buffer (so ``.to()`` and
 ``state_dict()`` carry it), and calls the function of the same name in
 `stablelosses.functional` in ``forward``. The math, the defined gradients and the examples
-are documented once, on those functions.
+are documented once, on those functions. Every ``forward`` takes an optional ``mask``
+(bool, True = counts; ``loss_fn(input, target, mask=mask)``) and passes it to the function.
 """
 
 from __future__ import annotations
