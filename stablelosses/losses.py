@@ -3,7 +3,8 @@
 Each class stores its configuration, registers ``weight`` as a buffer (so ``.to()`` and
 ``state_dict()`` carry it), and calls the function of the same name in
 `stablelosses.functional` in ``forward``. The math, the defined gradients and the examples
-are documented once, on those functions.
+are documented once, on those functions. Every ``forward`` takes an optional ``mask``
+(bool, True = counts; ``loss_fn(input, target, mask=mask)``) and passes it to the function.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class RMSELoss(nn.Module):
         self.reduction = reduction
         self.eps = eps
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return SF.rmse_loss(input, target, reduction=self.reduction, eps=self.eps)
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        return SF.rmse_loss(input, target, reduction=self.reduction, eps=self.eps, mask=mask)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}, eps={self.eps}"
@@ -87,7 +88,7 @@ class CrossEntropyLoss(nn.Module):
         self.reduction = reduction
         self.label_smoothing = label_smoothing
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         return SF.cross_entropy(
             input,
             target,
@@ -95,6 +96,7 @@ class CrossEntropyLoss(nn.Module):
             ignore_index=self.ignore_index,
             reduction=self.reduction,
             label_smoothing=self.label_smoothing,
+            mask=mask,
         )
 
     def extra_repr(self) -> str:
@@ -139,7 +141,7 @@ class FocalLoss(nn.Module):
         self.ignore_index = ignore_index
         self.reduction = reduction
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         return SF.focal_loss(
             input,
             target,
@@ -147,6 +149,7 @@ class FocalLoss(nn.Module):
             weight=self.weight,
             ignore_index=self.ignore_index,
             reduction=self.reduction,
+            mask=mask,
         )
 
     def extra_repr(self) -> str:
@@ -180,9 +183,9 @@ class SigmoidFocalLoss(nn.Module):
         self.gamma = gamma
         self.reduction = reduction
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         return SF.sigmoid_focal_loss(
-            input, target, alpha=self.alpha, gamma=self.gamma, reduction=self.reduction
+            input, target, alpha=self.alpha, gamma=self.gamma, reduction=self.reduction, mask=mask
         )
 
     def extra_repr(self) -> str:
@@ -220,8 +223,8 @@ class KLDivLoss(nn.Module):
         self.reduction = reduction
         self.log_target = log_target
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return SF.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        return SF.kl_div(input, target, reduction=self.reduction, log_target=self.log_target, mask=mask)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}, log_target={self.log_target}"
@@ -247,8 +250,8 @@ class LogCoshLoss(nn.Module):
         check_reduction("LogCoshLoss", reduction)
         self.reduction = reduction
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return SF.log_cosh_loss(input, target, reduction=self.reduction)
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        return SF.log_cosh_loss(input, target, reduction=self.reduction, mask=mask)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
@@ -284,9 +287,9 @@ class InfoNCELoss(nn.Module):
         self.reduction = reduction
         self.symmetric = symmetric
 
-    def forward(self, query: Tensor, key: Tensor) -> Tensor:
+    def forward(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
         return SF.info_nce_loss(query, key, self.temperature, reduction=self.reduction,
-                                symmetric=self.symmetric)
+                                symmetric=self.symmetric, mask=mask)
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, reduction={self.reduction!r}, symmetric={self.symmetric}"
@@ -318,8 +321,10 @@ class DiceLoss(nn.Module):
         self.smooth = smooth
         self.reduction = reduction
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return SF.dice_loss(input, target, dims=self.dims, smooth=self.smooth, reduction=self.reduction)
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        return SF.dice_loss(
+            input, target, dims=self.dims, smooth=self.smooth, reduction=self.reduction, mask=mask
+        )
 
     def extra_repr(self) -> str:
         return f"dims={self.dims}, smooth={self.smooth}, reduction={self.reduction!r}"
@@ -367,7 +372,10 @@ class LinearCrossEntropyLoss(nn.Module):
         self.softcap = softcap
         self.chunk_size = chunk_size
 
-    def forward(self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+    def forward(
+        self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
         return SF.linear_cross_entropy(
             input,
             weight,
@@ -379,6 +387,7 @@ class LinearCrossEntropyLoss(nn.Module):
             z_loss=self.z_loss,
             softcap=self.softcap,
             chunk_size=self.chunk_size,
+            mask=mask,
         )
 
     def extra_repr(self) -> str:
@@ -430,7 +439,10 @@ class LinearFocalLoss(nn.Module):
         self.softcap = softcap
         self.chunk_size = chunk_size
 
-    def forward(self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+    def forward(
+        self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
         return SF.linear_focal_loss(
             input,
             weight,
@@ -442,6 +454,7 @@ class LinearFocalLoss(nn.Module):
             z_loss=self.z_loss,
             softcap=self.softcap,
             chunk_size=self.chunk_size,
+            mask=mask,
         )
 
     def extra_repr(self) -> str:

@@ -17,6 +17,7 @@ from stablelosses._utils import (
     loss_out_dtype,
     upcast,
 )
+from stablelosses.functional._masked import check_mask
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
@@ -73,15 +74,20 @@ def _check_label_smoothing(fn: str, label_smoothing: object) -> float:
     return eps
 
 
-def _reduce(loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool) -> Tensor:
+def _reduce(
+    loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool, empty_zero: bool = False
+) -> Tensor:
     """The one place the class losses reduce: ``Σ ℓ`` or ``Σ ℓ / Σ denom`` as torch.
 
     ``overflow_safe`` (label smoothing): where ``Σ ℓ`` overflows but the mean does not
-    (logits near ``±1e37``), the mean is ``Σ (ℓ / Σ denom)`` instead (N-sized, no sync)."""
+    (logits near ``±1e37``), the mean is ``Σ (ℓ / Σ denom)`` instead (N-sized, no sync).
+    ``empty_zero`` (a ``mask`` was given): a zero denominator gives 0, as ``masked_mean``."""
     if reduction == "sum":
         return loss.sum()
     if reduction == "mean":
         total = denom.sum()
+        if empty_zero:
+            total = torch.where(total == 0, 1.0, total)
         out = loss.sum() / total
         if not overflow_safe:
             return out
@@ -92,17 +98,28 @@ def _reduce(loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool) ->
 
 def _index_loss_reduced(
     x: Tensor, target: Tensor, w: Tensor | None, ignore_index: int, gamma: float, eps: float,
-    cdim: int, reduction: str,
+    cdim: int, reduction: str, mask: Tensor | None = None,
 ) -> Tensor:
     """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
-    ``w``, so ``weight.grad`` is the gradient of the reduced loss."""
+    ``w``, so ``weight.grad`` is the gradient of the reduced loss. A masked-out row (``mask``
+    expanded to the target's shape) is an ignored row."""
     target = target.long()
+    if mask is not None:
+        target = torch.where(mask, target, ignore_index)
     idx = torch.where(target != ignore_index, target, 0)
     res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, res.valid, reduction, False)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
-    return _reduce(res.loss, denom, reduction, eps > 0.0)
+    return _reduce(res.loss, denom, reduction, eps > 0.0, mask is not None)
+
+
+def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
+    """The row mask expanded to the unreduced loss's shape, and ``x`` with its masked-out rows
+    replaced by 0 (select, do not multiply: a NaN there is never read)."""
+    shape = x.shape[:cdim] + x.shape[cdim + 1 :]
+    m = check_mask(fn, mask, shape, "the unreduced loss").to(x.device).expand(shape)
+    return m, torch.where(m.unsqueeze(cdim), x, 0.0)
 
 
 def cross_entropy(
@@ -115,6 +132,7 @@ def cross_entropy(
     *,
     size_average: bool | None = None,
     reduce: bool | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy between logits and class indices or class probabilities, masked-class safe.
 
@@ -141,7 +159,8 @@ def cross_entropy(
     $$
 
     where a row is valid unless it is ignored or fully masked; an empty (or fully ignored)
-    batch gives `nan` for `'mean'`, as torch.
+    batch gives `nan` for `'mean'`, as torch
+    (with a `mask`: 0, see **Mask**).
 
     **Gradient**: $\partial \ell_i / \partial x_{i,c} = p_{i,c} \sum_k q_{i,k} - q_{i,c}$
     (softmax minus the weighted target distribution), computed from the saved
@@ -173,6 +192,15 @@ def cross_entropy(
     supported; mixed dtypes promote as torch (float32 logits with float64 probabilities give
     float64).
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss (``input``
+    without its class dimension) drops rows: a False row is an ignored row (loss 0, gradient 0,
+    not in the denominator) whose logits and target are never read (an out-of-range index or a
+    NaN there does no harm). ``'mean'`` is $\sum_{i \in K} \ell_i / \sum_{i \in K} w_{t_i}$ over
+    the kept rows $K$ (mask True, not `ignore_index`, not fully masked), with probability
+    targets $\sum_{i \in K} \ell_i / |K|$; with a mask an empty denominator gives **0** with
+    gradient 0 (as [`masked_mean`][stablelosses.functional.masked_mean]), not torch's NaN.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: logits of shape $(C)$, $(N, C)$ or $(N, C, d_1, \dots)$; float16 and bfloat16
             are computed in float32.
@@ -185,6 +213,8 @@ def cross_entropy(
         label_smoothing: $\varepsilon \in [0, 1]$. Default: `0.0`.
         size_average: deprecated alias (as in torch); overrides `reduction` when given.
         reduce: deprecated alias (as in torch); overrides `reduction` when given.
+        mask: bool tensor, True = counts, broadcastable to the unreduced loss's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss: shape of `target` (index targets) or `input` without its class dimension
@@ -200,6 +230,9 @@ def cross_entropy(
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
         TypeError: `input` not a floating-point tensor; `ignore_index` not an int;
             `label_smoothing` not a real number.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -241,14 +274,26 @@ def cross_entropy(
         dtype = torch.promote_types(input.dtype, target.dtype)
         x = upcast(input.to(dtype))
         w = _check_weight(fn, weight, input, x.dtype)
-        res = ProbResult(*_prob_loss(x, target.to(x.dtype), w, eps, cdim))
-        out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0)
+        y = target.to(x.dtype)
+        if mask is None:
+            res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
+            out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0)
+        else:
+            m, x = _mask_rows(fn, mask, x, cdim)
+            y = torch.where(m.unsqueeze(cdim), y, 0.0)
+            res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
+            kept = res.valid & m
+            loss = torch.where(m, res.loss, 0.0)
+            out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True)
         out_dtype = dtype if dtype not in (torch.float16, torch.bfloat16) else loss_out_dtype(input.to(dtype))
         return out.to(out_dtype)
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction)
+    rows: Tensor | None = None
+    if mask is not None:
+        rows, x = _mask_rows(fn, mask, x, cdim)
+    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction, rows)
     return out.to(loss_out_dtype(input))
 
 
@@ -259,6 +304,8 @@ def focal_loss(
     weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    *,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Multi-class focal loss on logits, with a finite gradient for every $\gamma \ge 0$.
 
@@ -297,6 +344,11 @@ def focal_loss(
     **Weight gradient.** A `weight` that requires grad gets the gradient of the reduced loss,
     the `'mean'` denominator included. Forward-mode AD is supported.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to ``target`` drops rows exactly as in
+    `cross_entropy`: a False row is an ignored row whose logits and target are never read;
+    ``'mean'`` divides by $\sum_{i \in K} w_{t_i}$ over the kept rows and gives 0 when that is
+    empty. ``mask=None`` adds nothing to the graph.
+
     Args:
         input: logits of shape $(C)$, $(N, C)$ or $(N, C, d_1, \dots)$; float16 and bfloat16
             are computed in float32.
@@ -305,6 +357,8 @@ def focal_loss(
         weight: per-class weight of shape $(C)$. Default: `None`.
         ignore_index: target value that contributes nothing. Default: `-100`.
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
+        mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss: shape of `target` for `'none'`, else a scalar; dtype of `input` (float32 for
@@ -318,6 +372,9 @@ def focal_loss(
         RuntimeError: target of another wrong shape; `weight` not of shape $(C)$; target not
             int64/uint8.
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -343,5 +400,8 @@ def focal_loss(
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
-    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction)
+    rows: Tensor | None = None
+    if mask is not None:
+        rows, x = _mask_rows(fn, mask, x, cdim)
+    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction, rows)
     return out.to(loss_out_dtype(input))

@@ -8,6 +8,7 @@ from torch import Tensor
 import stablelosses.functional as _functional
 from stablelosses._autograd.vector import _normalize
 from stablelosses._utils import check_floating, check_reduction, loss_out_dtype, upcast
+from stablelosses.functional._masked import check_mask
 
 _FN = "info_nce_loss"
 
@@ -32,6 +33,7 @@ def info_nce_loss(
     *,
     reduction: str = "mean",
     symmetric: bool = False,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""In-batch InfoNCE (NT-Xent) loss on cosine similarities; zero embeddings stay finite.
 
@@ -54,6 +56,12 @@ def info_nce_loss(
     **Gradient.** Autograd of the formula through the defined gradients of ``normalize`` and
     ``cross_entropy``; 0 for a zero embedding.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to $(N)$ drops pairs: a False pair
+    $i$ leaves the batch — it is no anchor, and its key (and query) is no negative for the
+    others — so ``'mean'``/``'sum'`` equal the loss of ``query[mask], key[mask]`` (0 with
+    gradient 0 for an all-False mask) and ``'none'`` is 0 at dropped pairs. Dropped rows are
+    never read: a NaN or zero embedding there does no harm. ``mask=None`` adds nothing.
+
     Args:
         query: embeddings $(N, D)$.
         key: embeddings $(N, D)$; ``key[i]`` is the positive of ``query[i]``.
@@ -61,6 +69,8 @@ def info_nce_loss(
             Default: ``0.07``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the $N$ rows. Default: ``'mean'``.
         symmetric: average the query→key and key→query losses (CLIP). Default: ``False``.
+        mask: bool tensor, True = counts, broadcastable to ``(N,)`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         ``'none'``: shape $(N,)$; else a scalar. In the inputs' dtype (float16/bfloat16
@@ -71,6 +81,9 @@ def info_nce_loss(
             wrong type.
         ValueError: shapes other than two equal $(N, D)$, ``temperature <= 0``, or a bad
             ``reduction``.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         ``query``, ``key``: $(N, D)$; output: $(N,)$ or $()$.
@@ -105,11 +118,19 @@ def info_nce_loss(
         raise TypeError(f"{_FN}: symmetric must be a bool, got {type(symmetric).__name__}")
     out_dtype = torch.promote_types(loss_out_dtype(q), loss_out_dtype(k))
     work = torch.promote_types(upcast(q).dtype, upcast(k).dtype)
-    uq, _ = _normalize(q.to(work), 2.0, 1, 0.0)
-    uk, _ = _normalize(k.to(device=q.device, dtype=work), 2.0, 1, 0.0)
+    qw, kw = q.to(work), k.to(device=q.device, dtype=work)
+    m = None
+    if mask is not None:
+        # a masked-out pair leaves the batch: not an anchor, not a negative, never read
+        m = check_mask(_FN, mask, q.shape[:1], "the per-sample loss").to(q.device).expand(q.shape[:1])
+        qw, kw = torch.where(m[:, None], qw, 0.0), torch.where(m[:, None], kw, 0.0)
+    uq, _ = _normalize(qw, 2.0, 1, 0.0)
+    uk, _ = _normalize(kw, 2.0, 1, 0.0)
     logits = (uq @ uk.T) / tau
+    if m is not None:
+        logits = torch.where(m[:, None] & m[None, :], logits, float("-inf"))
     labels = torch.arange(q.shape[0], device=q.device)
-    loss = _functional.cross_entropy(logits, labels, reduction=reduction)
+    loss = _functional.cross_entropy(logits, labels, reduction=reduction, mask=m)
     if symmetric:
-        loss = (loss + _functional.cross_entropy(logits.T, labels, reduction=reduction)) / 2
+        loss = (loss + _functional.cross_entropy(logits.T, labels, reduction=reduction, mask=m)) / 2
     return loss.to(out_dtype)

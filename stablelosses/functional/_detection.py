@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
 from stablelosses._utils import (
+    NONE,
     REDUCTION_MODE,
     REDUCTIONS,
     check_floating,
@@ -15,6 +17,7 @@ from stablelosses._utils import (
     loss_out_dtype,
     upcast,
 )
+from stablelosses.functional._masked import check_mask, reduce_masked
 
 
 def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -> tuple[float, float]:
@@ -42,6 +45,8 @@ def sigmoid_focal_loss(
     alpha: float = 0.25,
     gamma: float = 2.0,
     reduction: str = "none",
+    *,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Sigmoid focal loss of RetinaNet, finite for every $\gamma \ge 0$ and every finite logit.
 
@@ -83,6 +88,14 @@ def sigmoid_focal_loss(
     second derivative in $x$ and $t$ is finite everywhere; at a hard target with
     $|x| > 66$ (float32) it omits terms of the size of $(1-p_t)^\gamma |x|$.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
+    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
+    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
+    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
+    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
+    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: logits, any shape, floating point.
         target: targets of the same shape as ``input``, 0/1 labels or probabilities.
@@ -90,6 +103,8 @@ def sigmoid_focal_loss(
             Default: ``0.25``.
         gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'none'`` (as torchvision).
+        mask: bool tensor, True = counts, broadcastable to ``input`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         A scalar for ``'mean'``/``'sum'``, else ``input``'s shape; dtype the input's
@@ -101,6 +116,9 @@ def sigmoid_focal_loss(
             NaN, or ``target`` and ``input`` differ in shape (as torchvision).
         TypeError: ``input``/``target`` is not a floating-point tensor, or ``alpha``/``gamma``
             is not a number.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -130,5 +148,10 @@ def sigmoid_focal_loss(
             f"{fn}: target size ({target.size()}) must be the same as input size ({input.size()})"
         )
     out_dtype = loss_out_dtype(input)
+    if mask is not None:
+        m = check_mask(fn, mask, input.shape).to(input.device)
+        # select, do not multiply: a NaN at a False entry is never read
+        x, t = torch.where(m, upcast(input), 0.0), torch.where(m, upcast(target), 0.0)
+        return reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction).to(out_dtype)
     loss = _sigmoid_focal(upcast(input), upcast(target), alpha_f, gamma_f, REDUCTION_MODE[reduction])
     return loss.to(out_dtype)

@@ -16,8 +16,27 @@ from stablelosses._utils import (
     upcast,
 )
 from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
+from stablelosses.functional._masked import check_mask, reduce_masked
 
 _KL_REDUCTIONS = ("none", "batchmean", "mean", "sum")
+
+
+def _kl_div_masked(
+    input: Tensor, target: Tensor, dtype: torch.dtype, log_target: bool, mask: object, base: str,
+    reduction: str,
+) -> Tensor:
+    """The pointwise terms at the True entries of ``mask``, reduced; ``'batchmean'`` divides by
+    the number of batch rows (slices along dim 0) with at least one True entry (at least 1)."""
+    shape = torch.broadcast_shapes(input.shape, target.shape)
+    m = check_mask("kl_div", mask, shape).to(input.device)
+    # select, do not multiply: a NaN at a False entry is never read (0 · log 0 terms give 0)
+    x = torch.where(m, upcast(input.to(dtype)), 0.0)
+    t = torch.where(m, upcast(target.to(dtype)), 0.0)
+    loss = reduce_masked(_kl_div(x, t, log_target), m, base)
+    if reduction == "batchmean" and len(shape) != 0:
+        rows = m.expand(shape).reshape(shape[0], -1).any(1).sum().clamp_min(1)
+        loss = loss / rows
+    return loss
 
 
 def kl_div(
@@ -28,6 +47,7 @@ def kl_div(
     *,
     size_average: bool | None = None,
     reduce: bool | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Kullback-Leibler divergence whose zero-probability targets contribute exactly 0.
 
@@ -57,6 +77,17 @@ def kl_div(
     (at a zero-probability term too); the gradients follow ``F.kl_div`` (a NaN target gives
     NaN gradients).
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
+    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
+    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
+    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
+    ``'batchmean'`` divides $\sum_{i \in M} \ell_i$ by the number of batch rows (slices along
+    dim 0) with at least one True entry (at least 1): a fully padded row counts as a row that
+    is not there (torch's batch size when every row has one).
+    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
+    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: log-probabilities, any shape; ``'batchmean'`` divides by ``input.size(0)``.
         target: probabilities (or log-probabilities), broadcastable with ``input``.
@@ -65,6 +96,8 @@ def kl_div(
         size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``
             (``'batchmean'`` still divides by ``input.size(0)`` afterwards, as torch does).
         reduce: deprecated (as in torch), see ``size_average``.
+        mask: bool tensor, True = counts, broadcastable to the broadcast shape of ``input``
+            and ``target`` (keyword-only); ``None``: every entry counts. Default: ``None``.
 
     ``'mean'`` warns with torch's ``UserWarning`` (it divides by the number of elements, not
     the batch size). Forward-mode AD (``torch.func.jvp``, ``jacfwd``) is supported.
@@ -78,6 +111,9 @@ def kl_div(
         ValueError: ``reduction`` is not one of the above.
         TypeError: ``input``/``target`` is not a floating-point tensor.
         RuntimeError: the shapes do not broadcast.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -112,6 +148,8 @@ def kl_div(
     # type promotion as torch: kl_div(float32, float64) is float64
     dtype = torch.promote_types(input.dtype, target.dtype)
     out_dtype = loss_out_dtype(input.to(dtype))
+    if mask is not None:
+        return _kl_div_masked(input, target, dtype, bool(log_target), mask, base, reduction).to(out_dtype)
     loss = _kl_div(upcast(input.to(dtype)), upcast(target.to(dtype)), bool(log_target))
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:

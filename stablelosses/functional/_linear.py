@@ -16,6 +16,7 @@ from stablelosses._utils import (
     check_reduction,
     check_tensor,
 )
+from stablelosses.functional._masked import check_mask
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
 CHUNK_BYTES = 64 * 2**20
@@ -84,7 +85,7 @@ def _check_args(
 def _linear_loss(
     fn: str, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int,
     reduction: str, label_smoothing: float, z_loss: float, softcap: float | None, gamma: float | None,
-    chunk_size: int,
+    chunk_size: int, mask: Tensor | None = None,
 ) -> Tensor:
     tensors = (input, weight) if bias is None else (input, weight, bias)
     cd = torch.float64 if any(v.dtype == torch.float64 for v in tensors) else torch.float32
@@ -92,6 +93,14 @@ def _linear_loss(
     cfg = LinearLossConfig(fn, int(ignore_index), label_smoothing, z_loss, softcap, gamma, chunk)
     x = input.reshape(-1, input.shape[-1])
     t = target.reshape(-1).long()
+    kept = None
+    if mask is not None:
+        # a masked-out row is an ignored row whose hidden state is never read (select, no multiply)
+        m = check_mask(fn, mask, target.shape, "the per-row loss").to(x.device)
+        m = m.expand(target.shape).reshape(-1)
+        x = torch.where(m[:, None], x, 0.0)
+        t = torch.where(m, t, int(ignore_index))
+        kept = (t != int(ignore_index)).any() if reduction == "mean" else None
     out_dtype = input.dtype
     for v in tensors[1:]:
         out_dtype = torch.promote_types(out_dtype, v.dtype)
@@ -106,6 +115,8 @@ def _linear_loss(
         grad_on and bias is not None and bias.requires_grad,
     )
     loss = _LinearLossReduced.apply(x, weight, bias, t, cfg, reduction == "mean", needs, cd)[0]
+    if kept is not None:
+        loss = torch.where(kept, loss, 0.0)  # no kept row: 0 (masked_mean), not 0 / 0
     return loss.to(out_dtype)
 
 
@@ -121,6 +132,7 @@ def linear_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear layer's logits, computed chunk by chunk: the $(N, V)$ logits never exist.
 
@@ -136,7 +148,7 @@ def linear_cross_entropy(
 
     and $\ell_i = 0$ when $t_i$ is `ignore_index` or every logit of row $i$ is $-\infty$ (such a
     row is not counted). `'mean'` divides $\sum_i \ell_i$ by the number of kept rows (NaN when
-    there is none, as torch, with zero gradients), `'sum'` sums, `'none'` returns $\ell$ with the
+    there is none, as torch, with zero gradients; 0 with a `mask`), `'sum'` sums, `'none'` returns $\ell$ with the
     shape of `target`. A finite logit such as `finfo.min` is an ordinary logit; only $-\infty$ masks.
 
     The rows are processed in chunks of `chunk_size` rows; each chunk computes its logits, loss
@@ -157,6 +169,12 @@ def linear_cross_entropy(
     the gradient (double backward, `torch.func.hessian`) raises `RuntimeError`; forward-mode AD
     is not implemented.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to ``target`` drops rows: a False
+    row becomes an ignored row (the chunked code's own path) and its hidden state is replaced
+    by 0 before the matmul, so a NaN in padding reaches no gradient (``weight``'s included).
+    ``'mean'`` divides by the kept rows; with a mask, no row kept by ``mask`` and
+    ``ignore_index`` gives **0** with gradient 0 instead of NaN. ``mask=None`` adds nothing.
+
     Args:
         input: hidden states $(N, H)$ or $(\dots, H)$, any float dtype (float16/bfloat16 are
             computed in float32).
@@ -171,6 +189,8 @@ def linear_cross_entropy(
         softcap: $c > 0$ for Gemma 2's $c \tanh(l / c)$ logit soft-capping, or `None`.
         chunk_size: rows per chunk, or `None` for a size that keeps one chunk's logits within
             64 MiB (a power of two, from $V$ and the dtype).
+        mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss: a scalar, or shape of `target` for `'none'`; dtype of `input` and `weight`
@@ -184,6 +204,9 @@ def linear_cross_entropy(
             non-number `label_smoothing`/`z_loss`/`softcap`.
         RuntimeError: `weight`/`bias` shape, `target` dtype, `label_smoothing` outside $[0, 1]$,
             a target index out of range (raised by the gather), double backward.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.
@@ -214,7 +237,9 @@ def linear_cross_entropy(
     eps = _check_real(fn, "label_smoothing", label_smoothing)
     if not 0.0 <= eps <= 1.0:
         raise RuntimeError(f"{fn}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
-    return _linear_loss(fn, input, weight, target, bias, ignore_index, reduction, eps, z, cap, None, chunk)
+    return _linear_loss(
+        fn, input, weight, target, bias, ignore_index, reduction, eps, z, cap, None, chunk, mask
+    )
 
 
 def linear_focal_loss(
@@ -229,6 +254,7 @@ def linear_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Focal loss of a linear layer's logits, chunked like `linear_cross_entropy`.
 
@@ -250,6 +276,9 @@ def linear_focal_loss(
     finite for every $\gamma \ge 0$; then through softcap and the linear layer as in
     `linear_cross_entropy`. First order only (double backward raises `RuntimeError`).
 
+    **Mask.** As in `linear_cross_entropy`: a False row of ``mask`` (broadcastable to
+    ``target``) is an ignored row that is never read; a masked ``'mean'`` with no kept row is 0.
+
     Args:
         input: hidden states $(\dots, H)$.
         weight: output-layer weight $(V, H)$.
@@ -261,6 +290,8 @@ def linear_focal_loss(
         z_loss: z-loss coefficient $\ge 0$. Default: `0.0`.
         softcap: logit soft-capping $c > 0$ or `None`. Default: `None`.
         chunk_size: rows per chunk or `None` (automatic). Default: `None`.
+        mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         The loss, as `linear_cross_entropy`.
@@ -269,6 +300,9 @@ def linear_focal_loss(
         ValueError: `gamma` negative, infinite or NaN; and as `linear_cross_entropy`.
         TypeError: `gamma` not a number; and as `linear_cross_entropy`.
         RuntimeError: as `linear_cross_entropy`.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.
@@ -290,5 +324,7 @@ def linear_focal_loss(
         fn, input, weight, target, bias, ignore_index, reduction, z_loss, softcap, chunk_size
     )
     g = check_gamma(fn, gamma)
-    return _linear_loss(fn, input, weight, target, bias, ignore_index, reduction, 0.0, z, cap, g, chunk)
+    return _linear_loss(
+        fn, input, weight, target, bias, ignore_index, reduction, 0.0, z, cap, g, chunk, mask
+    )
 

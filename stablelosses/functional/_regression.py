@@ -10,7 +10,9 @@ from torch import Tensor
 from stablelosses._autograd.logcosh import _log_cosh
 from stablelosses._autograd.rmse import _rmse
 from stablelosses._utils import (
+    NONE,
     REDUCTION_MODE,
+    SUM,
     autocast_to_float32,
     check_floating,
     check_nonnegative,
@@ -19,6 +21,7 @@ from stablelosses._utils import (
     loss_out_dtype,
     upcast,
 )
+from stablelosses.functional._masked import check_mask, reduce_masked
 
 
 def _warn_broadcast(input: Tensor, target: Tensor) -> None:
@@ -49,7 +52,28 @@ def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tenso
     return x.to(work), y.to(work), out
 
 
-def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float = 0.0) -> Tensor:
+def _masked_residual(fn: str, x: Tensor, y: Tensor, mask: object) -> tuple[Tensor, Tensor]:
+    """``(where(mask, x - y, 0), mask)``: a NaN/inf residual at a False entry is never read."""
+    r = x - y
+    m = check_mask(fn, mask, r.shape).to(r.device)
+    return torch.where(m, r, 0.0), m
+
+
+def _rmse_masked(r: Tensor, m: Tensor, reduction: str, eps: float) -> Tensor:
+    """rmse of the selected residuals ``r`` (0 at False entries of ``m``)."""
+    zero = r.new_zeros(())
+    if reduction == "none":
+        return reduce_masked(_rmse(r, zero, NONE, eps), m, reduction)
+    if reduction == "mean":
+        # sqrt(Σ r² / n + eps) = the 'sum' rmse of r / sqrt(n), n = number of True entries (≥ 1)
+        n = m.expand(r.shape).sum().clamp_min(1).to(r.dtype)
+        r = r * n.rsqrt()
+    return _rmse(r, zero, SUM, eps)
+
+
+def rmse_loss(
+    input: Tensor, target: Tensor, reduction: str = "mean", eps: float = 0.0, *, mask: Tensor | None = None
+) -> Tensor:
     r"""Root-mean-square error with a finite gradient at zero residual and no overflow.
 
     With $r = \text{input} - \text{target}$ (broadcast as in ``F.mse_loss``) and $N$ its
@@ -84,12 +108,28 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     mode (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative (tangent 0 at a
     zero result).
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the residual $r$ selects residuals;
+    with $M$ its True entries and $n = \max(1, |M|)$:
+
+    $$
+    \text{mean: } \sqrt{\tfrac{1}{n}\textstyle\sum_{i \in M} r_i^2 + \epsilon},\qquad
+    \text{sum: } \sqrt{\textstyle\sum_{i \in M} r_i^2 + \epsilon},\qquad
+    \text{none: } [i \in M] \sqrt{r_i^2 + \epsilon} .
+    $$
+
+    An all-False mask gives $\sqrt{\epsilon}$ (0 for $\epsilon = 0$) with gradient 0.
+    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
+    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: predictions, any shape.
         target: targets, broadcastable to ``input`` (a size mismatch warns, as ``F.mse_loss``).
             At least one of the two is floating point.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
         eps: a float ``>= 0`` added under the square root. Default: ``0.0``.
+        mask: bool tensor, True = counts, broadcastable to the residual's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         A scalar for ``'mean'``/``'sum'``, else the broadcast shape. dtype: the one
@@ -101,6 +141,9 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
         TypeError: ``input``/``target`` is not a tensor, or ``eps`` is not a number.
         RuntimeError: the shapes do not broadcast, or neither operand is floating point
             (``F.mse_loss``: "not implemented for 'Long'").
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -123,10 +166,15 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     eps = check_nonnegative(fn, "eps", eps)
     x, y, out_dtype = _mse_operands(fn, input, target)
     _warn_broadcast(x, y)
+    if mask is not None:
+        r, m = _masked_residual(fn, x, y, mask)
+        return _rmse_masked(r, m, reduction, eps).to(out_dtype)
     return _rmse(x, y, REDUCTION_MODE[reduction], eps).to(out_dtype)
 
 
-def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+def log_cosh_loss(
+    input: Tensor, target: Tensor, reduction: str = "mean", *, mask: Tensor | None = None
+) -> Tensor:
     r"""Log-cosh loss $\log\cosh(\text{input} - \text{target})$ without overflow.
 
     With $r = \text{input} - \text{target}$ (broadcast):
@@ -150,10 +198,20 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
     point. The gradient with respect to ``target`` is the negative. Forward mode
     (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
+    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
+    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
+    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
+    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
+    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    ``mask=None`` adds nothing to the graph.
+
     Args:
         input: predictions, any shape, floating point.
         target: targets, broadcastable with ``input``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        mask: bool tensor, True = counts, broadcastable to the loss's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         A scalar for ``'mean'``/``'sum'``, else the broadcast shape; dtype as ``F.mse_loss``
@@ -163,6 +221,9 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
         ValueError: ``reduction`` is not one of the above.
         TypeError: ``input``/``target`` is not a floating-point tensor.
         RuntimeError: the shapes do not broadcast.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Example:
         >>> import torch
@@ -183,4 +244,7 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
     check_floating(fn, "target", target)
     check_reduction(fn, reduction)
     out_dtype = loss_out_dtype(input)
+    if mask is not None:
+        r, m = _masked_residual(fn, upcast(input), upcast(target), mask)
+        return reduce_masked(_log_cosh(r, r.new_zeros(()), NONE), m, reduction).to(out_dtype)
     return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)

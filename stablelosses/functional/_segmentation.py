@@ -13,10 +13,10 @@ from stablelosses._utils import (
     check_reduction,
     check_tensor,
     loss_out_dtype,
-    reduce,
     upcast,
     wrap_dim,
 )
+from stablelosses.functional._masked import check_mask, reduce_masked
 
 _FN = "dice_loss"
 
@@ -38,6 +38,19 @@ def _dice_dims(dims: object, ndim: int) -> tuple[int, ...]:
     return out
 
 
+def _mask_samples(
+    mask: object, p: Tensor, t: Tensor, reduce_dims: tuple[int, ...]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The sample mask (checked against the per-sample loss's shape) and ``p``, ``t`` with the
+    masked-out samples replaced by 0 (select, do not multiply: a NaN there is never read)."""
+    shape = torch.Size(n for d, n in enumerate(p.shape) if d not in reduce_dims)
+    m = check_mask(_FN, mask, shape, "the per-sample loss").to(p.device).expand(shape)
+    m_in = m
+    for d in sorted(reduce_dims):
+        m_in = m_in.unsqueeze(d)
+    return m, torch.where(m_in, p, 0.0), torch.where(m_in, t, 0.0)
+
+
 def dice_loss(
     input: Tensor,
     target: Tensor,
@@ -45,6 +58,7 @@ def dice_loss(
     dims: int | Sequence[int] | None = None,
     smooth: float = 0.0,
     reduction: str = "mean",
+    mask: Tensor | None = None,
 ) -> Tensor:
     r"""Soft Dice loss on probabilities; prediction and target both empty gives 0 with gradient 0.
 
@@ -69,6 +83,12 @@ def dice_loss(
     of the formula above; on a both-empty sample with ``smooth = 0`` both gradients are defined
     as **0** (a double ``where``, so double backward is finite too). NaN propagates.
 
+    **Mask.** ``mask`` (bool, True = counts) broadcastable to the per-sample loss (``input``
+    without ``dims``) selects samples: ``'mean'`` averages the kept samples' losses (0 with
+    gradient 0 when none is kept), ``'sum'`` sums them, ``'none'`` is 0 at dropped samples.
+    A dropped sample's ``input`` and ``target`` are never read (selected away, not multiplied
+    by 0), so a NaN there reaches neither value nor gradient. ``mask=None`` adds nothing.
+
     Args:
         input: predicted probabilities (e.g. ``sigmoid`` / ``softmax`` outputs), $(N, *)$.
         target: target probabilities or a 0/1 mask (bool or integer is cast), broadcastable
@@ -76,6 +96,8 @@ def dice_loss(
         dims: dimension(s) summed per sample. Default: all but dim 0.
         smooth: added to numerator and denominator. Default: ``0.0``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        mask: bool tensor, True = counts, broadcastable to the per-sample loss's shape (keyword-only);
+            ``None``: every entry counts. Default: ``None``.
 
     Returns:
         ``'none'``: ``input``'s shape without ``dims``; else a scalar. In the promoted dtype of
@@ -86,6 +108,9 @@ def dice_loss(
         ValueError: bad ``reduction``, ``smooth < 0``, ``dims`` empty or repeated, input without a
             batch dimension, or ``target`` does not broadcast to ``input``.
         IndexError: a dimension in ``dims`` is out of range.
+        TypeError: ``mask`` is not a bool tensor.
+        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
+            it).
 
     Shape:
         ``input``: $(N, *)$; ``target``: broadcastable to it; output: $(N,)$ for ``'none'``
@@ -128,10 +153,13 @@ def dice_loss(
     work = torch.promote_types(p.dtype, upcast(t).dtype) if t.is_floating_point() else p.dtype
     p = p.to(work)
     tt = t.to(device=x.device, dtype=work).expand(x.shape)
+    m = None
+    if mask is not None:
+        m, p, tt = _mask_samples(mask, p, tt, reduce_dims)
     # Σ(p(1−t) + t(1−p)) = Σp + Σt − 2Σpt, term by term, without the cancellation.
     diff = (p * (1 - tt) + tt * (1 - p)).sum(reduce_dims)
     denom = (p.sum(reduce_dims) + tt.sum(reduce_dims)) + s
     empty = denom == 0
     # Double where: a safe divisor, then the defined 0 on both-empty samples.
     loss = torch.where(empty, 0.0, diff / torch.where(empty, 1.0, denom))
-    return reduce(loss, reduction).to(out_dtype)
+    return reduce_masked(loss, m, reduction).to(out_dtype)

@@ -1,0 +1,630 @@
+"""The ``mask=`` argument of every loss with a reduction (issue 13).
+
+References are independent of the masked code path: torch's loss on the selected entries
+(``loss[mask]``, or the rows ``input[mask]``) in float64, or torch's ``reduction='none'`` loss
+reduced by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import shapes, tensors
+
+import stablelosses as sl
+import stablelosses.functional as SF
+
+# kl_div(reduction='mean') warns as torch does; the masked 'mean' is tested on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning")
+
+D = torch.float64
+NAN = float("nan")
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _grad(loss: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return torch.autograd.grad(loss.sum(), xs, allow_unused=True)
+
+
+def _masked_ref(loss_none: torch.Tensor, mask: torch.Tensor, reduction: str) -> torch.Tensor:
+    m = mask.expand(loss_none.shape)
+    if reduction == "none":
+        return torch.where(m, loss_none, 0.0)
+    kept = loss_none[m]
+    if reduction == "sum":
+        return kept.sum()
+    return kept.mean() if kept.numel() else loss_none.new_zeros(())
+
+
+# --------------------------------------------------------------------------- elementwise losses
+
+def _torch_sigmoid_focal(x, t):
+    p = torch.sigmoid(x)
+    ce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
+    p_t = p * t + (1 - p) * (1 - t)
+    return (0.25 * t + 0.75 * (1 - t)) * ce * (1 - p_t) ** 2
+
+
+ELEMENTWISE = {
+    "log_cosh_loss": (
+        lambda x, t, red, m: SF.log_cosh_loss(x, t, red, mask=m),
+        lambda x, t: torch.log(torch.cosh(x - t)),
+    ),
+    "sigmoid_focal_loss": (
+        lambda x, t, red, m: SF.sigmoid_focal_loss(x, t, reduction=red, mask=m),
+        _torch_sigmoid_focal,
+    ),
+    "kl_div": (
+        lambda x, t, red, m: SF.kl_div(x, t, red, mask=m),
+        lambda x, t: F.kl_div(x, t, reduction="none"),
+    ),
+}
+
+
+def _elementwise_inputs(name: str, shape=(4, 5), seed=0):
+    g = _gen(seed)
+    x = torch.randn(shape, generator=g, dtype=D)
+    if name == "sigmoid_focal_loss":
+        t = torch.rand(shape, generator=g, dtype=D)
+    elif name == "kl_div":
+        x = x.log_softmax(-1)
+        t = torch.rand(shape, generator=g, dtype=D).softmax(-1)
+    else:
+        t = torch.randn(shape, generator=g, dtype=D)
+    return x.requires_grad_(), t
+
+
+@pytest.mark.parametrize("name", list(ELEMENTWISE))
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("mask_shape", [(4, 5), (4, 1), (5,)])
+def test_elementwise_value_and_grad(name, reduction, mask_shape):
+    ours, ref = ELEMENTWISE[name]
+    x, t = _elementwise_inputs(name)
+    m = torch.rand(mask_shape, generator=_gen(1)) < 0.6
+    got = ours(x, t, reduction, m)
+    want = _masked_ref(ref(x, t), m, reduction)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+@pytest.mark.parametrize("name", list(ELEMENTWISE))
+def test_elementwise_nan_at_false_entry_does_not_leak(name):
+    ours, ref = ELEMENTWISE[name]
+    x, t = _elementwise_inputs(name)
+    m = torch.ones(4, 5, dtype=torch.bool)
+    m[1, 2] = m[3, 0] = False
+    xn = x.detach().clone()
+    xn[1, 2] = NAN
+    xn[3, 0] = math.inf
+    xn.requires_grad_()
+    tn = t.clone()
+    tn[3, 0] = NAN
+    for red in ("none", "mean", "sum"):
+        got = ours(xn, tn, red, m)
+        (gx,) = _grad(got, xn)
+        assert torch.isfinite(got).all() and torch.isfinite(gx).all()
+        assert gx[1, 2] == 0 and gx[3, 0] == 0
+        torch.testing.assert_close(got, _masked_ref(ref(x, t), m, red))
+        torch.testing.assert_close(gx, _grad(_masked_ref(ref(x, t), m, red), x)[0])
+
+
+@pytest.mark.parametrize("name", list(ELEMENTWISE) + ["rmse_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_all_false_mask_gives_zero_with_zero_grad(name, reduction):
+    x, t = _elementwise_inputs(name if name != "rmse_loss" else "log_cosh_loss")
+    m = torch.zeros(4, 5, dtype=torch.bool)
+    if name == "rmse_loss":
+        got = SF.rmse_loss(x, t, reduction, mask=m)
+    else:
+        got = ELEMENTWISE[name][0](x, t, reduction, m)
+    (gx,) = _grad(got, x)
+    assert got.item() == 0.0
+    assert torch.equal(gx, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("name", list(ELEMENTWISE) + ["rmse_loss"])
+def test_none_reduction_zero_at_false(name):
+    x, t = _elementwise_inputs(name if name != "rmse_loss" else "log_cosh_loss")
+    m = torch.rand(4, 5, generator=_gen(2)) < 0.5
+    if name == "rmse_loss":
+        got = SF.rmse_loss(x, t, "none", eps=0.5, mask=m)
+    else:
+        got = ELEMENTWISE[name][0](x, t, "none", m)
+    assert got.shape == (4, 5)
+    assert torch.equal(got[~m], torch.zeros_like(got[~m]))
+    (gx,) = _grad(got, x)
+    assert torch.equal(gx[~m], torch.zeros_like(gx[~m]))
+
+
+# --------------------------------------------------------------------------- rmse
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_rmse_masked_selects_residuals(reduction, eps):
+    g = _gen(3)
+    x = torch.randn(3, 4, generator=g, dtype=D, requires_grad=True)
+    t = torch.randn(4, generator=g, dtype=D)  # broadcast target (no warning: sizes differ only by broadcast)
+    m = torch.tensor([[True], [False], [True]])
+    r = (x - t)[m.expand(3, 4)]
+    if reduction == "mean":
+        want = torch.sqrt((r**2).mean() + eps)
+    elif reduction == "sum":
+        want = torch.sqrt((r**2).sum() + eps)
+    else:
+        want = torch.where(m, torch.sqrt((x - t) ** 2 + eps), 0.0)
+    with pytest.warns(UserWarning, match="target size"):
+        got = SF.rmse_loss(x, t, reduction, eps, mask=m)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_rmse_masked_nan_and_zero_residual():
+    x = torch.tensor([1.0, NAN, 3.0, 5.0], requires_grad=True)
+    t = torch.tensor([1.0, 0.0, 3.0, 0.0])
+    m = torch.tensor([True, False, True, False])
+    got = SF.rmse_loss(x, t, mask=m)  # kept residuals are all 0: value 0, defined gradient 0
+    (gx,) = _grad(got, x)
+    assert got.item() == 0.0 and torch.equal(gx, torch.zeros(4))
+    got = SF.rmse_loss(x, torch.zeros(4), "sum", mask=m)
+    torch.testing.assert_close(got, torch.tensor(math.sqrt(10.0)))
+    assert torch.isfinite(_grad(got, x)[0]).all()
+
+
+# --------------------------------------------------------------------------- kl_div batchmean
+
+def test_kl_div_batchmean_divides_by_kept_rows():
+    x, t = _elementwise_inputs("kl_div", shape=(4, 3, 5))
+    rows = torch.tensor([True, False, True, False])[:, None, None]
+    m = rows & (torch.rand(1, 3, 5, generator=_gen(4)) < 0.7)
+    got = SF.kl_div(x, t, "batchmean", mask=m)
+    terms = F.kl_div(x, t, reduction="none")[m.expand(4, 3, 5)]
+    want = terms.sum() / 2  # two batch rows have a True entry
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+    empty = SF.kl_div(x, t, "batchmean", mask=torch.zeros(1, dtype=torch.bool))
+    assert empty.item() == 0.0 and torch.equal(_grad(empty, x)[0], torch.zeros_like(x))
+
+
+def test_kl_div_full_mask_equals_torch():
+    x, t = _elementwise_inputs("kl_div", shape=(3, 4))
+    for red in ("batchmean", "sum", "none"):
+        got = SF.kl_div(x, t, red, mask=torch.ones(3, 4, dtype=torch.bool))
+        torch.testing.assert_close(got, F.kl_div(x, t, reduction=red))
+
+
+# --------------------------------------------------------------------------- cross_entropy / focal
+
+def _ce_inputs(seed=0, n=7, c=5):
+    g = _gen(seed)
+    x = torch.randn(n, c, generator=g, dtype=D, requires_grad=True)
+    t = torch.randint(0, c, (n,), generator=g)
+    t[2] = -100
+    m = torch.tensor([True, False, True, True, False, True, True][:n])
+    w = torch.rand(c, generator=g, dtype=D) + 0.1
+    return x, t, m, w
+
+
+def _torch_focal_none(x, t, gamma, w):
+    logp = torch.log_softmax(x, 1)
+    keep = t != -100
+    idx = torch.where(keep, t, 0)
+    lp = logp.gather(1, idx[:, None])[:, 0]
+    wt = torch.ones_like(lp) if w is None else w[idx]
+    return torch.where(keep, -wt * (1 - lp.exp()) ** gamma * lp, 0.0), torch.where(keep, wt, 0.0)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy_index_mask_with_ignore_and_weight(reduction, weighted, smoothing):
+    x, t, m, w = _ce_inputs()
+    w = w if weighted else None
+    got = SF.cross_entropy(x, t, w, reduction=reduction, label_smoothing=smoothing, mask=m)
+    if reduction == "none":
+        full = F.cross_entropy(x, t, w, reduction="none", label_smoothing=smoothing)
+        want = torch.where(m, full, 0.0)
+    else:  # torch on the kept rows: the weighted mean over kept, weighted, non-ignored rows
+        want = F.cross_entropy(x[m], t[m], w, reduction=reduction, label_smoothing=smoothing)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_focal_loss_mask_with_ignore_and_weight(reduction):
+    x, t, m, w = _ce_inputs(1)
+    got = SF.focal_loss(x, t, 1.5, w, reduction=reduction, mask=m)
+    terms, wt = _torch_focal_none(x, t, 1.5, w)
+    if reduction == "none":
+        want = torch.where(m, terms, 0.0)
+    elif reduction == "sum":
+        want = terms[m].sum()
+    else:
+        want = terms[m].sum() / wt[m].sum()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_cross_entropy_weight_gradient_with_mask():
+    x, t, m, w = _ce_inputs(2)
+    w = w.requires_grad_()
+    got = SF.cross_entropy(x, t, w, mask=m)
+    terms, wt = _torch_focal_none(x, t, 0.0, w)  # torch refuses weight.requires_grad: by hand
+    want = terms[m].sum() / wt[m].sum()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, w)[0], _grad(want, w)[0])
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cross_entropy_probability_targets_mask(smoothing, reduction):
+    g = _gen(5)
+    x = torch.randn(6, 4, 3, generator=g, dtype=D, requires_grad=True)
+    p = torch.rand(6, 4, 3, generator=g, dtype=D).softmax(1)
+    w = torch.rand(4, generator=g, dtype=D)
+    m = torch.rand(6, 3, generator=g) < 0.6
+    got = SF.cross_entropy(x, p, w, reduction=reduction, label_smoothing=smoothing, mask=m)
+    full = F.cross_entropy(x, p, w, reduction="none", label_smoothing=smoothing)
+    want = _masked_ref(full, m, reduction)  # probabilities: the mean is over kept rows
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_cross_entropy_nan_rows_and_garbage_targets_do_not_leak():
+    x, t, m, w = _ce_inputs(3)
+    xn = x.detach().clone()
+    xn[1] = NAN
+    xn[4, 0] = math.inf
+    xn.requires_grad_()
+    tn = t.clone()
+    tn[1] = 999  # out of range, but masked out
+    for fn in (
+        lambda a, red: SF.cross_entropy(a, tn, w, reduction=red, label_smoothing=0.1, mask=m),
+        lambda a, red: SF.focal_loss(a, tn, 2.0, w, reduction=red, mask=m),
+    ):
+        for red in ("none", "mean", "sum"):
+            got = fn(xn, red)
+            (gx,) = _grad(got, xn)
+            assert torch.isfinite(got).all() and torch.isfinite(gx).all()
+            assert torch.equal(gx[~m], torch.zeros_like(gx[~m]))
+            torch.testing.assert_close(got, fn(x, red))
+    p = torch.rand(7, 5, generator=_gen(6), dtype=D).softmax(1)
+    p[1] = NAN
+    got = SF.cross_entropy(xn, p, mask=m)
+    assert torch.isfinite(got) and torch.isfinite(_grad(got, xn)[0]).all()
+
+
+@pytest.mark.parametrize("fn", ["cross_entropy", "focal_loss"])
+def test_class_all_false_mask_gives_zero(fn):
+    x, t, m, w = _ce_inputs(4)
+    f = getattr(SF, fn)
+    for red in ("mean", "sum"):
+        got = f(x, t, weight=w, reduction=red, mask=torch.zeros(7, dtype=torch.bool))
+        assert got.item() == 0.0
+        assert torch.equal(_grad(got, x)[0], torch.zeros_like(x))
+    # only ignored rows kept: 0 with a mask (torch's NaN is for the mask-free call)
+    got = f(x, torch.full((7,), -100), reduction="mean", mask=m)
+    assert got.item() == 0.0
+
+
+def test_cross_entropy_mask_broadcasts_over_spatial_dims():
+    g = _gen(7)
+    x = torch.randn(3, 4, 2, 5, generator=g, dtype=D, requires_grad=True)
+    t = torch.randint(0, 4, (3, 2, 5), generator=g)
+    m = torch.tensor([True, False, True, True, False])  # broadcasts to (3, 2, 5)
+    got = SF.cross_entropy(x, t, mask=m)
+    full = F.cross_entropy(x, t, reduction="none")
+    want = full[m.expand(3, 2, 5)].mean()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_cross_entropy_unbatched_mask():
+    x = torch.randn(4, dtype=D, requires_grad=True)
+    t = torch.tensor(2)
+    got = SF.cross_entropy(x, t, mask=torch.tensor(True))
+    torch.testing.assert_close(got, F.cross_entropy(x, t))
+    assert SF.cross_entropy(x, t, mask=torch.tensor(False)).item() == 0.0
+
+
+# --------------------------------------------------------------------------- dice, info_nce
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_dice_mask_selects_samples(reduction):
+    g = _gen(8)
+    p = torch.rand(4, 2, 3, generator=g, dtype=D, requires_grad=True)
+    tgt = (torch.rand(4, 2, 3, generator=g) < 0.5).to(D)
+    m = torch.tensor([True, False, True, True])
+    pn = p.detach().clone()
+    pn[1] = NAN
+    pn.requires_grad_()
+    got = SF.dice_loss(pn, tgt, reduction=reduction, mask=m)
+    inter = (p * tgt).sum((1, 2))
+    ref = 1 - 2 * inter / (p.sum((1, 2)) + tgt.sum((1, 2)))  # the textbook formula, float64
+    want = _masked_ref(ref, m, reduction)
+    torch.testing.assert_close(got, want)
+    (gp,) = _grad(got, pn)
+    assert torch.isfinite(gp).all() and torch.equal(gp[1], torch.zeros(2, 3, dtype=D))
+    torch.testing.assert_close(gp, _grad(want, p)[0])
+
+
+def test_dice_mask_with_dims_and_all_false():
+    p = torch.rand(2, 3, 4, dtype=D, requires_grad=True)
+    tgt = torch.rand(2, 3, 4, dtype=D)
+    m = torch.tensor([[True, False, True]])  # per (N, C) loss with dims=2
+    got = SF.dice_loss(p, tgt, dims=2, reduction="none", mask=m)
+    want = torch.where(m, SF.dice_loss(p, tgt, dims=2, reduction="none"), 0.0)
+    torch.testing.assert_close(got, want)
+    z = SF.dice_loss(p, tgt, mask=torch.zeros(2, dtype=torch.bool))
+    assert z.item() == 0.0 and torch.equal(_grad(z, p)[0], torch.zeros_like(p))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_info_nce_mask_drops_pairs(symmetric, reduction):
+    g = _gen(9)
+    q = torch.randn(6, 4, generator=g, dtype=D, requires_grad=True)
+    k = torch.randn(6, 4, generator=g, dtype=D, requires_grad=True)
+    m = torch.tensor([True, True, False, True, False, True])
+    got = SF.info_nce_loss(q, k, 0.3, reduction=reduction, symmetric=symmetric, mask=m)
+    # reference: torch's formula on the kept pairs only
+    qs, ks = F.normalize(q[m]), F.normalize(k[m])
+    logits = qs @ ks.T / 0.3
+    lab = torch.arange(int(m.sum()))
+    want = F.cross_entropy(logits, lab, reduction=reduction)
+    if symmetric:
+        want = (want + F.cross_entropy(logits.T, lab, reduction=reduction)) / 2
+    torch.testing.assert_close(got, want)
+    gq, gk = _grad(got, q, k)
+    wq, wk = _grad(want, q, k)
+    torch.testing.assert_close(gq, wq)
+    torch.testing.assert_close(gk, wk)
+
+
+def test_info_nce_mask_nan_and_none():
+    q = torch.randn(4, 3, dtype=D)
+    k = torch.randn(4, 3, dtype=D)
+    q[1] = NAN
+    k[1] = math.inf
+    q.requires_grad_()
+    m = torch.tensor([True, False, True, True])
+    got = SF.info_nce_loss(q, k, mask=m, reduction="none")
+    assert got[1] == 0 and torch.isfinite(got).all()
+    (gq,) = _grad(got, q)
+    assert torch.isfinite(gq).all() and torch.equal(gq[1], torch.zeros(3, dtype=D))
+    z = SF.info_nce_loss(q, k, mask=torch.zeros(4, dtype=torch.bool))
+    assert z.item() == 0.0
+
+
+# --------------------------------------------------------------------------- linear losses
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("fn", ["linear_cross_entropy", "linear_focal_loss"])
+def test_linear_losses_row_mask(reduction, fn):
+    g = _gen(10)
+    x = torch.randn(2, 5, 4, generator=g, dtype=D, requires_grad=True)
+    W = torch.randn(7, 4, generator=g, dtype=D, requires_grad=True)
+    t = torch.randint(0, 7, (2, 5), generator=g)
+    t[0, 1] = -100
+    m = torch.rand(2, 5, generator=g) < 0.6
+    m[0, 0] = True
+    xn = x.detach().clone()
+    xn[~m] = NAN
+    xn.requires_grad_()
+    got = getattr(SF, fn)(xn, W, t, reduction=reduction, chunk_size=3, mask=m)
+    logits = x @ W.T
+    if fn == "linear_cross_entropy":
+        full = F.cross_entropy(logits.reshape(-1, 7), t.reshape(-1), reduction="none").reshape(2, 5)
+        w_rows = (t != -100).to(D)
+    else:
+        full, w_rows = _torch_focal_none(logits.reshape(-1, 7), t.reshape(-1), 2.0, None)
+        full, w_rows = full.reshape(2, 5), w_rows.reshape(2, 5)
+    if reduction == "none":
+        want = torch.where(m, full, 0.0)
+    elif reduction == "sum":
+        want = full[m].sum()
+    else:
+        want = full[m].sum() / w_rows[m].sum()
+    torch.testing.assert_close(got, want)
+    gx, gw = _grad(got, xn, W)
+    wx, ww = _grad(want, x, W)
+    assert torch.isfinite(gx).all() and torch.isfinite(gw).all()
+    torch.testing.assert_close(gx, wx)
+    torch.testing.assert_close(gw, ww)
+
+
+def test_linear_all_false_mask_gives_zero():
+    x = torch.randn(4, 3, dtype=D, requires_grad=True)
+    W = torch.randn(5, 3, dtype=D, requires_grad=True)
+    t = torch.tensor([0, 1, 2, 3])
+    for red in ("mean", "sum"):
+        got = SF.linear_cross_entropy(x, W, t, reduction=red, mask=torch.zeros(4, dtype=torch.bool))
+        assert got.item() == 0.0
+        gx, gw = _grad(got, x, W)
+        assert torch.equal(gx, torch.zeros_like(x)) and torch.equal(gw, torch.zeros_like(W))
+
+
+# --------------------------------------------------------------------------- gradcheck, modules
+
+def test_gradcheck_masked():
+    g = _gen(11)
+    x = torch.randn(3, 4, generator=g, dtype=D, requires_grad=True)
+    y = torch.randn(3, 4, generator=g, dtype=D)
+    t = torch.randint(0, 4, (3,), generator=g)
+    m = torch.tensor([[True, False, True, True], [False, False, False, False], [True, True, False, True]])
+    rows = torch.tensor([True, False, True])
+    assert torch.autograd.gradcheck(lambda a: SF.rmse_loss(a, y, eps=0.1, mask=m), (x,))
+    assert torch.autograd.gradcheck(lambda a: SF.log_cosh_loss(a, y, "sum", mask=m), (x,))
+    assert torch.autograd.gradcheck(lambda a: SF.sigmoid_focal_loss(a, y.sigmoid(), mask=m), (x,))
+    assert torch.autograd.gradcheck(lambda a: SF.cross_entropy(a, t, label_smoothing=0.1, mask=rows), (x,))
+    assert torch.autograd.gradcheck(lambda a: SF.focal_loss(a, t, mask=rows), (x,))
+
+
+def test_module_forward_with_mask():
+    g = _gen(12)
+    x = torch.randn(3, 4, generator=g, dtype=D)
+    y = torch.randn(3, 4, generator=g, dtype=D)
+    m = torch.rand(3, 4, generator=g) < 0.5
+    rows = torch.tensor([True, False, True])
+    t = torch.randint(0, 4, (3,), generator=g)
+    pairs = [
+        (sl.RMSELoss()(x, y, m), SF.rmse_loss(x, y, mask=m)),
+        (sl.LogCoshLoss()(x, y, mask=m), SF.log_cosh_loss(x, y, mask=m)),
+        (sl.SigmoidFocalLoss(reduction="sum")(x, y.sigmoid(), m),
+         SF.sigmoid_focal_loss(x, y.sigmoid(), reduction="sum", mask=m)),
+        (sl.KLDivLoss(reduction="batchmean")(x.log_softmax(1), y.softmax(1), m),
+         SF.kl_div(x.log_softmax(1), y.softmax(1), "batchmean", mask=m)),
+        (sl.CrossEntropyLoss(label_smoothing=0.1)(x, t, rows),
+         SF.cross_entropy(x, t, label_smoothing=0.1, mask=rows)),
+        (sl.FocalLoss(gamma=1.0)(x, t, mask=rows), SF.focal_loss(x, t, 1.0, mask=rows)),
+        (sl.DiceLoss()(x.sigmoid(), (y > 0).to(D), rows),
+         SF.dice_loss(x.sigmoid(), (y > 0).to(D), mask=rows)),
+        (sl.InfoNCELoss()(x, y, rows), SF.info_nce_loss(x, y, mask=rows)),
+        (sl.LinearCrossEntropyLoss()(x, y, t, mask=rows), SF.linear_cross_entropy(x, y, t, mask=rows)),
+        (sl.LinearFocalLoss()(x, y, t, None, rows), SF.linear_focal_loss(x, y, t, mask=rows)),
+    ]
+    for got, want in pairs:
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the masked module call differs from the unmasked one
+    assert not torch.equal(sl.CrossEntropyLoss()(x, t, rows), sl.CrossEntropyLoss()(x, t))
+
+
+def test_full_mask_equals_no_mask():
+    x, t, m, w = _ce_inputs(13)
+    ones = torch.ones(7, dtype=torch.bool)
+    torch.testing.assert_close(SF.cross_entropy(x, t, w, mask=ones), SF.cross_entropy(x, t, w))
+    torch.testing.assert_close(SF.focal_loss(x, t, weight=w, mask=ones), SF.focal_loss(x, t, weight=w))
+    y = torch.randn(7, 5, dtype=D)
+    for red in ("mean", "sum", "none"):
+        torch.testing.assert_close(SF.rmse_loss(x, y, red, mask=ones[:, None]), SF.rmse_loss(x, y, red))
+
+
+# --------------------------------------------------------------------------- argument errors
+
+Z23 = torch.zeros(2, 3)
+I23 = torch.zeros(2, 3, dtype=torch.long)
+CALLS = {
+    "rmse_loss": (lambda m: SF.rmse_loss(Z23, Z23, mask=m), (2, 3)),
+    "log_cosh_loss": (lambda m: SF.log_cosh_loss(Z23, Z23, mask=m), (2, 3)),
+    "sigmoid_focal_loss": (lambda m: SF.sigmoid_focal_loss(Z23, Z23, mask=m), (2, 3)),
+    "kl_div": (lambda m: SF.kl_div(Z23, Z23, "sum", mask=m), (2, 3)),
+    "cross_entropy": (lambda m: SF.cross_entropy(torch.zeros(2, 3, 3), I23, mask=m), (2, 3)),
+    "focal_loss": (lambda m: SF.focal_loss(torch.zeros(2, 3, 3), I23, mask=m), (2, 3)),
+    "dice_loss": (lambda m: SF.dice_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), dims=2, mask=m), (2, 3)),
+    "info_nce_loss": (lambda m: SF.info_nce_loss(torch.ones(2, 3), torch.ones(2, 3), mask=m), (2,)),
+    "linear_cross_entropy": (
+        lambda m: SF.linear_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(5, 4), I23, mask=m), (2, 3)),
+    "linear_focal_loss": (
+        lambda m: SF.linear_focal_loss(torch.zeros(2, 3, 4), torch.zeros(5, 4), I23, mask=m), (2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_mask_errors(name):
+    call, shape = CALLS[name]
+    assert torch.isfinite(call(torch.ones(shape, dtype=torch.bool))).all()  # the right mask works
+    with pytest.raises(TypeError, match=rf"{name}: mask must have dtype torch.bool .*got torch.float32"):
+        call(torch.ones(shape))
+    with pytest.raises(TypeError, match=rf"{name}: mask must be a bool torch.Tensor, got list"):
+        call([True])
+    bad = shape[:-1] + (shape[-1] + 1,)
+    with pytest.raises(ValueError, match=rf"{name}: mask of shape \({bad[0]}, ?.*does not broadcast"):
+        call(torch.ones(bad, dtype=torch.bool))
+    with pytest.raises(ValueError, match=rf"{name}: mask of shape \(7, .*does not broadcast"):
+        call(torch.ones((7, *shape), dtype=torch.bool))  # a mask may not grow the loss
+
+
+def test_mask_is_keyword_only():
+    with pytest.raises(TypeError):
+        SF.log_cosh_loss(torch.zeros(2), torch.zeros(2), "mean", torch.ones(2, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------- compile
+
+@pytest.mark.slow
+def test_masked_losses_compile_fullgraph():
+    x = torch.randn(4, 3, requires_grad=True)
+    y = torch.randn(4, 3)
+    y[1] = float("nan")  # masked out
+    t = torch.tensor([0, 2, 1, 0])
+    m = torch.tensor([True, False, True, True])
+
+    def f(x, y, t, m):
+        return (SF.rmse_loss(x, y, mask=m[:, None]) + SF.cross_entropy(x, t, label_smoothing=0.1, mask=m)
+                + SF.log_cosh_loss(x, y, "sum", mask=m[:, None]))
+
+    compiled = torch.compile(f, fullgraph=True)
+    got, want = compiled(x, y, t, m), f(x, y, t, m)
+    torch.testing.assert_close(got, want)
+    assert torch.isfinite(want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+# --------------------------------------------------------------------------- transforms, dtypes, property
+
+def test_forward_mode_and_vmap_with_mask():
+    g = _gen(14)
+    x = torch.randn(3, 4, generator=g, dtype=D)
+    y = torch.randn(3, 4, generator=g, dtype=D)
+    v = torch.randn(3, 4, generator=g, dtype=D)
+    m = torch.rand(3, 4, generator=g) < 0.5
+    t = torch.tensor([0, 1, 3])
+    for f in (
+        lambda a: SF.rmse_loss(a, y, mask=m),
+        lambda a: SF.log_cosh_loss(a, y, mask=m),
+        lambda a: SF.cross_entropy(a, t, mask=m[:, 0]),
+        lambda a: SF.kl_div(a, y.softmax(1), "batchmean", mask=m),
+    ):
+        _, tangent = torch.func.jvp(f, (x,), (v,))
+        (gx,) = _grad(f(x.requires_grad_()), x)
+        x = x.detach()
+        torch.testing.assert_close(tangent, (gx * v).sum())
+    got = torch.vmap(lambda a, mm: SF.rmse_loss(a, y[0], mask=mm))(x, m)
+    rows = [((x[i] - y[0])[m[i]] ** 2) for i in range(3)]
+    want = torch.stack([r.mean().sqrt() if r.numel() else torch.zeros((), dtype=D) for r in rows])
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_with_mask(dtype):
+    g = _gen(15)
+    x = torch.randn(6, 4, generator=g)
+    y = torch.randn(6, 4, generator=g)
+    t = torch.randint(0, 4, (6,), generator=g)
+    m = torch.tensor([True, False, True, True, False, True])
+    xh, yh = x.to(dtype), y.to(dtype)
+    got = SF.cross_entropy(xh, t, mask=m)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), F.cross_entropy(xh.float()[m], t[m]), atol=1e-2, rtol=1e-2)
+    got = SF.rmse_loss(xh, yh, mask=m[:, None])
+    assert got.dtype == dtype
+    want = torch.sqrt(((xh.float() - yh.float())[m] ** 2).mean())
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_property_masked_reductions_match_indexing(data):
+    shape = data.draw(shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
+    x = data.draw(tensors(shape, D, max_abs=1e3))
+    y = data.draw(tensors(shape, D, max_abs=1e3))
+    m = data.draw(tensors(shape, torch.bool, elements=st.booleans()))
+    red = data.draw(st.sampled_from(["none", "mean", "sum"]))
+    got = SF.log_cosh_loss(x, y, red, mask=m)
+    r = (x - y).abs()
+    ref_terms = r + torch.log1p(torch.exp(-2 * r)) - math.log(2)  # log cosh, a second formula
+    torch.testing.assert_close(got, _masked_ref(ref_terms, m, red))
+    got = SF.rmse_loss(x, y, red, mask=m)
+    if red == "none":
+        want = torch.where(m, (x - y).abs(), 0.0)
+    else:
+        s = ((x - y)[m] ** 2).sum()
+        want = torch.sqrt(s / max(1, int(m.sum())) if red == "mean" else s)
+    torch.testing.assert_close(got, want)
