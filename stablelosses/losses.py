@@ -9,8 +9,6 @@ are documented once, on those functions. Every ``forward`` takes an optional ``m
 
 from __future__ import annotations
 
-from typing import Optional
-
 from torch import Tensor, nn
 
 from stablelosses import functional as SF
@@ -71,12 +69,14 @@ class CrossEntropyLoss(nn.Module):
         True
     """
 
+    weight: Tensor | None  # a registered buffer
+
     def __init__(
         self,
-        weight: Optional[Tensor] = None,
-        size_average: Optional[bool] = None,
+        weight: Tensor | None = None,
+        size_average: bool | None = None,
         ignore_index: int = -100,
-        reduce: Optional[bool] = None,
+        reduce: bool | None = None,
         reduction: str = "mean",
         label_smoothing: float = 0.0,
     ) -> None:
@@ -126,10 +126,12 @@ class FocalLoss(nn.Module):
         True
     """
 
+    weight: Tensor | None  # a registered buffer
+
     def __init__(
         self,
         gamma: float = 2.0,
-        weight: Optional[Tensor] = None,
+        weight: Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
     ) -> None:
@@ -212,8 +214,8 @@ class KLDivLoss(nn.Module):
 
     def __init__(
         self,
-        size_average: Optional[bool] = None,
-        reduce: Optional[bool] = None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
         reduction: str = "mean",
         log_target: bool = False,
     ) -> None:
