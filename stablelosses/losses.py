@@ -9,6 +9,8 @@ are documented once, on those functions. Every ``forward`` takes an optional ``m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from stablelosses import functional as SF
@@ -16,7 +18,20 @@ from stablelosses._utils import check_nonnegative, check_reduction, legacy_reduc
 from stablelosses.functional._detection import check_focal_args
 
 
-class RMSELoss(nn.Module):
+class _Loss(nn.Module):
+    """What the module classes share: their configuration, named in ``_config``, is a set of
+    plain attributes that ``repr`` shows (``weight`` is a buffer and is not shown)."""
+
+    _config: tuple[str, ...] = ()
+
+    def _options(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self._config}
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={value!r}" for name, value in self._options().items())
+
+
+class RMSELoss(_Loss):
     r"""Root-mean-square error with a finite gradient at zero residual.
 
     Drop-in for ``torch.sqrt(nn.MSELoss(reduction=reduction)(input, target) + eps)``.
@@ -34,6 +49,8 @@ class RMSELoss(nn.Module):
         tensor([0., 0., 0., 0.])
     """
 
+    _config = ("reduction", "eps")
+
     def __init__(self, reduction: str = "mean", eps: float = 0.0) -> None:
         super().__init__()
         check_reduction("RMSELoss", reduction)
@@ -44,11 +61,8 @@ class RMSELoss(nn.Module):
     def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         return SF.rmse_loss(input, target, reduction=self.reduction, eps=self.eps, mask=mask)
 
-    def extra_repr(self) -> str:
-        return f"reduction={self.reduction!r}, eps={self.eps}"
 
-
-class CrossEntropyLoss(nn.Module):
+class CrossEntropyLoss(_Loss):
     r"""Cross-entropy that stays finite with ``-inf`` (masked) logits.
 
     Drop-in for ``nn.CrossEntropyLoss``, same arguments (``size_average`` and ``reduce`` are
@@ -68,6 +82,8 @@ class CrossEntropyLoss(nn.Module):
         >>> bool(torch.isfinite(logits.grad).all())
         True
     """
+
+    _config = ("ignore_index", "reduction", "label_smoothing")
 
     weight: Tensor | None  # a registered buffer
 
@@ -99,14 +115,8 @@ class CrossEntropyLoss(nn.Module):
             mask=mask,
         )
 
-    def extra_repr(self) -> str:
-        return (
-            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-            f"label_smoothing={self.label_smoothing}"
-        )
 
-
-class FocalLoss(nn.Module):
+class FocalLoss(_Loss):
     r"""Multi-class focal loss on logits, finite for every ``gamma >= 0``.
 
     Replaces the hand-written softmax→log ``FocalLoss`` and kornia's ``focal_loss``. See
@@ -125,6 +135,8 @@ class FocalLoss(nn.Module):
         >>> bool(torch.isfinite(logits.grad).all())
         True
     """
+
+    _config = ("gamma", "ignore_index", "reduction")
 
     weight: Tensor | None  # a registered buffer
 
@@ -154,11 +166,8 @@ class FocalLoss(nn.Module):
             mask=mask,
         )
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
 
-
-class SigmoidFocalLoss(nn.Module):
+class SigmoidFocalLoss(_Loss):
     r"""Binary (sigmoid) focal loss of RetinaNet, finite for every ``gamma >= 0``.
 
     Replaces ``torchvision.ops.sigmoid_focal_loss``; unlike that function the module's default
@@ -178,6 +187,8 @@ class SigmoidFocalLoss(nn.Module):
         True
     """
 
+    _config = ("alpha", "gamma", "reduction")
+
     def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "mean") -> None:
         super().__init__()
         check_focal_args("SigmoidFocalLoss", alpha, gamma, reduction)
@@ -190,11 +201,8 @@ class SigmoidFocalLoss(nn.Module):
             input, target, alpha=self.alpha, gamma=self.gamma, reduction=self.reduction, mask=mask
         )
 
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, gamma={self.gamma}, reduction={self.reduction!r}"
 
-
-class KLDivLoss(nn.Module):
+class KLDivLoss(_Loss):
     r"""KL divergence whose zero-probability targets contribute 0 with 0 gradient.
 
     Drop-in for ``nn.KLDivLoss`` (same arguments, ``size_average``/``reduce`` accepted as
@@ -212,6 +220,8 @@ class KLDivLoss(nn.Module):
         tensor([[-1., 0.]])
     """
 
+    _config = ("reduction", "log_target")
+
     def __init__(
         self,
         size_average: bool | None = None,
@@ -228,11 +238,8 @@ class KLDivLoss(nn.Module):
     def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         return SF.kl_div(input, target, reduction=self.reduction, log_target=self.log_target, mask=mask)
 
-    def extra_repr(self) -> str:
-        return f"reduction={self.reduction!r}, log_target={self.log_target}"
 
-
-class LogCoshLoss(nn.Module):
+class LogCoshLoss(_Loss):
     r"""``log(cosh(input - target))`` without overflow, gradient ``tanh(r)``.
 
     See [`log_cosh_loss`][stablelosses.functional.log_cosh_loss].
@@ -247,6 +254,8 @@ class LogCoshLoss(nn.Module):
         tensor(999.3068, grad_fn=...)
     """
 
+    _config = ("reduction",)
+
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         check_reduction("LogCoshLoss", reduction)
@@ -255,11 +264,8 @@ class LogCoshLoss(nn.Module):
     def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         return SF.log_cosh_loss(input, target, reduction=self.reduction, mask=mask)
 
-    def extra_repr(self) -> str:
-        return f"reduction={self.reduction!r}"
 
-
-class InfoNCELoss(nn.Module):
+class InfoNCELoss(_Loss):
     r"""In-batch InfoNCE / NT-Xent (SimCLR) or, with ``symmetric=True``, the CLIP loss.
 
     See [`info_nce_loss`][stablelosses.functional.info_nce_loss]: cosine-similarity logits over
@@ -277,6 +283,8 @@ class InfoNCELoss(nn.Module):
         tensor(1.0986, grad_fn=<...>)
     """
 
+    _config = ("temperature", "reduction", "symmetric")
+
     def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
         super().__init__()
         check_reduction("InfoNCELoss", reduction)
@@ -293,11 +301,8 @@ class InfoNCELoss(nn.Module):
         return SF.info_nce_loss(query, key, self.temperature, reduction=self.reduction,
                                 symmetric=self.symmetric, mask=mask)
 
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, reduction={self.reduction!r}, symmetric={self.symmetric}"
 
-
-class DiceLoss(nn.Module):
+class DiceLoss(_Loss):
     r"""Soft Dice loss on probabilities; both empty gives 0 with gradient 0.
 
     See [`dice_loss`][stablelosses.functional.dice_loss].
@@ -314,6 +319,8 @@ class DiceLoss(nn.Module):
         tensor(0., grad_fn=<...>)
     """
 
+    _config = ("dims", "smooth", "reduction")
+
     def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
                  reduction: str = "mean") -> None:
         super().__init__()
@@ -328,9 +335,20 @@ class DiceLoss(nn.Module):
             input, target, dims=self.dims, smooth=self.smooth, reduction=self.reduction, mask=mask
         )
 
-    def extra_repr(self) -> str:
-        return f"dims={self.dims}, smooth={self.smooth}, reduction={self.reduction!r}"
-class LinearCrossEntropyLoss(nn.Module):
+
+class _LinearLoss(_Loss):
+    """The fused output-layer losses: called with the output layer's ``weight`` (and ``bias``)."""
+
+    _function: Callable[..., Tensor]
+
+    def forward(
+        self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        return self._function(input, weight, target, bias, mask=mask, **self._options())
+
+
+class LinearCrossEntropyLoss(_LinearLoss):
     r"""Fused output layer + cross-entropy that never holds the ``(N, V)`` logits.
 
     Holds the configuration only; called as ``loss_fn(input, weight, target, bias=None)`` with
@@ -356,6 +374,9 @@ class LinearCrossEntropyLoss(nn.Module):
         torch.Size([100, 8])
     """
 
+    _config = ("ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_size")
+    _function = staticmethod(SF.linear_cross_entropy)
+
     def __init__(
         self,
         ignore_index: int = -100,
@@ -367,40 +388,11 @@ class LinearCrossEntropyLoss(nn.Module):
     ) -> None:
         super().__init__()
         check_reduction("LinearCrossEntropyLoss", reduction)
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.label_smoothing = label_smoothing
-        self.z_loss = z_loss
-        self.softcap = softcap
-        self.chunk_size = chunk_size
-
-    def forward(
-        self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
-        mask: Tensor | None = None,
-    ) -> Tensor:
-        return SF.linear_cross_entropy(
-            input,
-            weight,
-            target,
-            bias,
-            ignore_index=self.ignore_index,
-            reduction=self.reduction,
-            label_smoothing=self.label_smoothing,
-            z_loss=self.z_loss,
-            softcap=self.softcap,
-            chunk_size=self.chunk_size,
-            mask=mask,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}, "
-            f"chunk_size={self.chunk_size}"
-        )
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+        self.z_loss, self.softcap, self.chunk_size = z_loss, softcap, chunk_size
 
 
-class LinearFocalLoss(nn.Module):
+class LinearFocalLoss(_LinearLoss):
     r"""Fused output layer + multi-class focal loss that never holds the ``(N, V)`` logits.
 
     Called as ``loss_fn(input, weight, target, bias=None)``. See
@@ -422,6 +414,9 @@ class LinearFocalLoss(nn.Module):
         True
     """
 
+    _config = ("gamma", "ignore_index", "reduction", "z_loss", "softcap", "chunk_size")
+    _function = staticmethod(SF.linear_focal_loss)
+
     def __init__(
         self,
         gamma: float = 2.0,
@@ -434,33 +429,5 @@ class LinearFocalLoss(nn.Module):
         super().__init__()
         check_reduction("LinearFocalLoss", reduction)
         check_nonnegative("LinearFocalLoss", "gamma", gamma)
-        self.gamma = gamma
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.z_loss = z_loss
-        self.softcap = softcap
-        self.chunk_size = chunk_size
-
-    def forward(
-        self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
-        mask: Tensor | None = None,
-    ) -> Tensor:
-        return SF.linear_focal_loss(
-            input,
-            weight,
-            target,
-            bias,
-            gamma=self.gamma,
-            ignore_index=self.ignore_index,
-            reduction=self.reduction,
-            z_loss=self.z_loss,
-            softcap=self.softcap,
-            chunk_size=self.chunk_size,
-            mask=mask,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"gamma={self.gamma}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-            f"z_loss={self.z_loss}, softcap={self.softcap}, chunk_size={self.chunk_size}"
-        )
+        self.gamma, self.ignore_index, self.reduction = gamma, ignore_index, reduction
+        self.z_loss, self.softcap, self.chunk_size = z_loss, softcap, chunk_size
