@@ -122,6 +122,21 @@ def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Ten
     return m, torch.where(m.unsqueeze(cdim), x, 0.0)
 
 
+def _index_targets(
+    fn: str, input: Tensor, target: Tensor, weight: Tensor | None, mask: Tensor | None,
+    ignore_index: int, gamma: float, eps: float, cdim: int, reduction: str,
+) -> Tensor:
+    """Class-index targets: cross_entropy (``gamma = 0``) and focal_loss (``eps = 0``)."""
+    _check_index_target(fn, input, target, cdim)
+    x = upcast(input)
+    w = _check_weight(fn, weight, input, x.dtype)
+    rows: Tensor | None = None
+    if mask is not None:
+        rows, x = _mask_rows(fn, mask, x, cdim)
+    out = _index_loss_reduced(x, target, w, ignore_index, gamma, eps, cdim, reduction, rows)
+    return out.to(loss_out_dtype(input))
+
+
 def cross_entropy(
     input: Tensor,
     target: Tensor,
@@ -230,9 +245,7 @@ def cross_entropy(
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
         TypeError: `input` not a floating-point tensor; `ignore_index` not an int;
             `label_smoothing` not a real number.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -287,14 +300,7 @@ def cross_entropy(
             out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True)
         out_dtype = dtype if dtype not in (torch.float16, torch.bfloat16) else loss_out_dtype(input.to(dtype))
         return out.to(out_dtype)
-    _check_index_target(fn, input, target, cdim)
-    x = upcast(input)
-    w = _check_weight(fn, weight, input, x.dtype)
-    rows: Tensor | None = None
-    if mask is not None:
-        rows, x = _mask_rows(fn, mask, x, cdim)
-    out = _index_loss_reduced(x, target, w, ignore_index, 0.0, eps, cdim, reduction, rows)
-    return out.to(loss_out_dtype(input))
+    return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction)
 
 
 def focal_loss(
@@ -372,9 +378,7 @@ def focal_loss(
         RuntimeError: target of another wrong shape; `weight` not of shape $(C)$; target not
             int64/uint8.
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -397,11 +401,4 @@ def focal_loss(
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
-    _check_index_target(fn, input, target, cdim)
-    x = upcast(input)
-    w = _check_weight(fn, weight, input, x.dtype)
-    rows: Tensor | None = None
-    if mask is not None:
-        rows, x = _mask_rows(fn, mask, x, cdim)
-    out = _index_loss_reduced(x, target, w, ignore_index, gamma, 0.0, cdim, reduction, rows)
-    return out.to(loss_out_dtype(input))
+    return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction)

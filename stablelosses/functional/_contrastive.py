@@ -81,9 +81,7 @@ def info_nce_loss(
             wrong type.
         ValueError: shapes other than two equal $(N, D)$, ``temperature <= 0``, or a bad
             ``reduction``.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
         ``query``, ``key``: $(N, D)$; output: $(N,)$ or $()$.

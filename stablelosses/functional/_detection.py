@@ -88,12 +88,9 @@ def sigmoid_focal_loss(
     second derivative in $x$ and $t$ is finite everywhere; at a hard target with
     $|x| > 66$ (float32) it omits terms of the size of $(1-p_t)^\gamma |x|$.
 
-    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
-    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
-    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
-    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
-    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
-    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    **Mask.** ``mask`` (bool, True = counts), broadcastable to the unreduced loss $\ell$,
+    reduces over its True entries $M$ as every loss does ([the `mask=`
+    argument](../migration.md#the-mask-argument)): ``'mean'`` is $\sum_M \ell_i / \max(1, |M|)$.
     ``mask=None`` adds nothing to the graph.
 
     Args:
@@ -116,9 +113,7 @@ def sigmoid_focal_loss(
             NaN, or ``target`` and ``input`` differ in shape (as torchvision).
         TypeError: ``input``/``target`` is not a floating-point tensor, or ``alpha``/``gamma``
             is not a number.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Example:
         >>> import torch, torch.nn.functional as F

@@ -77,15 +77,12 @@ def kl_div(
     (at a zero-probability term too); the gradients follow ``F.kl_div`` (a NaN target gives
     NaN gradients).
 
-    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
-    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
-    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
-    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
+    **Mask.** ``mask`` (bool, True = counts), broadcastable to the unreduced loss $\ell$,
+    reduces over its True entries $M$ as every loss does ([the `mask=`
+    argument](../migration.md#the-mask-argument)): ``'mean'`` is $\sum_M \ell_i / \max(1, |M|)$.
     ``'batchmean'`` divides $\sum_{i \in M} \ell_i$ by the number of batch rows (slices along
     dim 0) with at least one True entry (at least 1): a fully padded row counts as a row that
     is not there (torch's batch size when every row has one).
-    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
-    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
     ``mask=None`` adds nothing to the graph.
 
     Args:
@@ -111,9 +108,7 @@ def kl_div(
         ValueError: ``reduction`` is not one of the above.
         TypeError: ``input``/``target`` is not a floating-point tensor.
         RuntimeError: the shapes do not broadcast.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Example:
         >>> import torch, torch.nn.functional as F

@@ -148,8 +148,9 @@ def linear_cross_entropy(
 
     and $\ell_i = 0$ when $t_i$ is `ignore_index` or every logit of row $i$ is $-\infty$ (such a
     row is not counted). `'mean'` divides $\sum_i \ell_i$ by the number of kept rows (NaN when
-    there is none, as torch, with zero gradients; 0 with a `mask`), `'sum'` sums, `'none'` returns $\ell$ with the
-    shape of `target`. A finite logit such as `finfo.min` is an ordinary logit; only $-\infty$ masks.
+    there is none, as torch, with zero gradients; 0 with a `mask`), `'sum'` sums, `'none'`
+    returns $\ell$ with the shape of `target`. A finite logit such as `finfo.min` is an
+    ordinary logit; only $-\infty$ masks.
 
     The rows are processed in chunks of `chunk_size` rows; each chunk computes its logits, loss
     and gradient in float32 (float64 for float64 inputs), so peak memory is one chunk's logits
@@ -204,9 +205,7 @@ def linear_cross_entropy(
             non-number `label_smoothing`/`z_loss`/`softcap`.
         RuntimeError: `weight`/`bias` shape, `target` dtype, `label_smoothing` outside $[0, 1]$,
             a target index out of range (raised by the gather), double backward.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
         input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.
@@ -300,9 +299,7 @@ def linear_focal_loss(
         ValueError: `gamma` negative, infinite or NaN; and as `linear_cross_entropy`.
         TypeError: `gamma` not a number; and as `linear_cross_entropy`.
         RuntimeError: as `linear_cross_entropy`.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
         input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.

@@ -413,18 +413,16 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
     slice is an ordinary slice ($-\log n$), as in torch.
 
     Args:
-        input: floating-point tensor.
-        dim: dimension along which log-softmax is computed.
-        mask: optional bool tensor broadcastable to ``input``. Default: ``None``.
-        dtype: cast ``input`` to this dtype first, as in ``torch.log_softmax``. Default: ``None``.
+        input: floating-point tensor (cast to ``dtype`` first when given, as ``torch.log_softmax``).
+        dim: the dimension normalised over.
+        mask: bool, broadcastable to ``input``, True = takes part; ``None``: all do. Default: ``None``.
+        dtype: see ``input``. Default: ``None``.
 
     Returns:
-        Tensor of ``input``'s shape and dtype (float16/bfloat16 computed in float32).
+        The log-probabilities: ``input``'s shape and dtype (half precision computed in float32).
 
     Raises:
-        TypeError: ``input`` is not floating point, or ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to ``input``.
-        IndexError: ``dim`` is out of range.
+        The errors of [`softmax`][stablelosses.functional.softmax], for the same arguments.
 
     Example:
         >>> import torch

@@ -118,8 +118,6 @@ def rmse_loss(
     $$
 
     An all-False mask gives $\sqrt{\epsilon}$ (0 for $\epsilon = 0$) with gradient 0.
-    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
-    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
     ``mask=None`` adds nothing to the graph.
 
     Args:
@@ -141,9 +139,7 @@ def rmse_loss(
         TypeError: ``input``/``target`` is not a tensor, or ``eps`` is not a number.
         RuntimeError: the shapes do not broadcast, or neither operand is floating point
             (``F.mse_loss``: "not implemented for 'Long'").
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -198,12 +194,9 @@ def log_cosh_loss(
     point. The gradient with respect to ``target`` is the negative. Forward mode
     (``torch.func.jvp``/``jacfwd``/``hessian``) uses the same derivative.
 
-    **Mask.** ``mask`` (bool, True = counts) broadcastable to the unreduced loss $\ell$; with
-    $M$ its True entries: ``'mean'`` $\sum_{i \in M} \ell_i / \max(1, |M|)$ (0 with gradient 0
-    for an all-False mask, as [`masked_mean`][stablelosses.functional.masked_mean]), ``'sum'``
-    $\sum_{i \in M} \ell_i$, ``'none'`` $[i \in M]\, \ell_i$.
-    False entries are selected away (``where``, never multiplied by 0) before any arithmetic: a
-    NaN or inf there reaches neither the value nor the gradient, which is 0 there.
+    **Mask.** ``mask`` (bool, True = counts), broadcastable to the unreduced loss $\ell$,
+    reduces over its True entries $M$ as every loss does ([the `mask=`
+    argument](../migration.md#the-mask-argument)): ``'mean'`` is $\sum_M \ell_i / \max(1, |M|)$.
     ``mask=None`` adds nothing to the graph.
 
     Args:
@@ -218,12 +211,10 @@ def log_cosh_loss(
         would return for ``input`` (float32 for half input under autocast).
 
     Raises:
-        ValueError: ``reduction`` is not one of the above.
-        TypeError: ``input``/``target`` is not a floating-point tensor.
-        RuntimeError: the shapes do not broadcast.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'``, or ``mask`` does
+            not broadcast to the unreduced loss.
+        TypeError: ``input`` or ``target`` is not floating point, or ``mask`` is not bool.
+        RuntimeError: ``input`` and ``target`` do not broadcast.
 
     Example:
         >>> import torch

@@ -108,9 +108,7 @@ def dice_loss(
         ValueError: bad ``reduction``, ``smooth < 0``, ``dims`` empty or repeated, input without a
             batch dimension, or ``target`` does not broadcast to ``input``.
         IndexError: a dimension in ``dims`` is out of range.
-        TypeError: ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (or would grow
-            it).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
         ``input``: $(N, *)$; ``target``: broadcastable to it; output: $(N,)$ for ``'none'``
