@@ -422,7 +422,9 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
         The log-probabilities: ``input``'s shape and dtype (half precision computed in float32).
 
     Raises:
-        The errors of [`softmax`][stablelosses.functional.softmax], for the same arguments.
+        TypeError: as [`softmax`][stablelosses.functional.softmax] (``input`` not floating
+            point, ``mask`` not bool).
+        ValueError: as `softmax` (``mask`` does not broadcast); IndexError: ``dim`` out of range.
 
     Example:
         >>> import torch
