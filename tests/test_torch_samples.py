@@ -226,6 +226,8 @@ def _check_error_inputs(op):
 
 def _check_module_error_inputs(torch_cls):
     info = MODULE_INFOS[torch_cls]
+    if info.module_error_inputs_func is None:  # module_db gained error inputs after torch 2.6
+        pytest.skip(f"this torch's module_db has no error inputs for {torch_cls.__name__}")
     errors = list(info.module_error_inputs_func(info, "cpu", torch.float32, False, training=True))
     assert errors
     for e in errors:
