@@ -37,7 +37,7 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
         q = g * out
         q = sum_to(q, b_inf.shape) if backward else q
         # 0 + (-q) / b in one pass (a +0.0 for a zero quotient, never -0.0)
-        d_b = torch.addcdiv(q.new_zeros(()), q, b_inf, value=-1)
+        d_b = torch.addcdiv(torch.zeros((), dtype=q.dtype, device=q.device), q, b_inf, value=-1)
         if not fill_finite:
             d_b = d_b.masked_fill_(zero, 0)
     return d_a, d_b

@@ -19,7 +19,7 @@ def _half_over(y: Tensor, t: Tensor) -> Tensor:
     ``0 + ½·t / y``: two reads and a write, where ``t / (2 y)`` would add a pass for ``2 y``.
     """
     safe_y = y.masked_fill(y == 0, math.inf)
-    return torch.addcdiv(safe_y.new_zeros(()), t, safe_y, value=0.5)
+    return torch.addcdiv(torch.zeros((), dtype=y.dtype, device=y.device), t, safe_y, value=0.5)
 
 
 class _SafeSqrt(torch.autograd.Function):

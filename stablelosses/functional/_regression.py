@@ -123,7 +123,7 @@ def rmse_loss(input: Tensor, target: Tensor, reduction: str = "mean", eps: float
     eps = check_nonnegative(fn, "eps", eps)
     x, y, out_dtype = _mse_operands(fn, input, target)
     _warn_broadcast(x, y)
-    return _rmse(x, y, REDUCTION_MODE[reduction], eps).to(out_dtype)
+    return _rmse(x, y, REDUCTION_MODE[reduction], eps)[0].to(out_dtype)
 
 
 def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
