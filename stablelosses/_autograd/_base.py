@@ -15,7 +15,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch._functorch.utils import unwrap_dead_wrappers
+
+_grad_enabled = torch.is_grad_enabled
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
 def applier(cls: Any) -> Callable[..., Any]:
@@ -34,12 +38,17 @@ def applier(cls: Any) -> Callable[..., Any]:
     )
 
     c_apply = super(torch.autograd.Function, cls).apply  # type: ignore[misc]  # _C._FunctionBase.apply
+    forward = cls.forward
 
     def apply(*args: Any) -> Any:
         if torch.compiler.is_compiling():
             return twin.apply(*args)
-        if torch._C._are_functorch_transforms_active():
+        if _transforms_active():
             return cls.apply(*args)
+        if not _grad_enabled() and _forward_ad._current_level < 0:
+            # no graph to record and no tangent to push: the Function's forward is all there
+            # is (Function.apply would still run setup_context and save tensors)
+            return forward(*args)
         # Function.apply would bind *args to forward's signature (inspect, ~40 µs a call) to
         # fill in defaults for setup_context; every argument is passed positionally here.
         return c_apply(*unwrap_dead_wrappers(args))

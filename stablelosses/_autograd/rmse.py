@@ -112,7 +112,8 @@ class _RMSE(torch.autograd.Function):
         return grad_input, grad_target, None, None
 
     @staticmethod
-    def jvp(ctx: Any, t_input: Tensor | None, t_target: Tensor | None, _m: None, _e: None) -> tuple[Tensor, Tensor]:
+    def jvp(ctx: Any, t_input: Tensor | None, t_target: Tensor | None, _m: None, _e: None
+            ) -> tuple[Tensor, Tensor]:
         r, value = ctx.saved_tensors
         # (tangents are not materialized: a missing one is None)
         if t_input is None:

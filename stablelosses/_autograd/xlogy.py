@@ -23,7 +23,8 @@ def _d_y(x: Tensor, y: Tensor, g: Tensor) -> Tensor:
     return torch.where(x_zero, 0.0, g * (x / y.masked_fill(x_zero, 1)))
 
 
-def _grads_lean(x: Tensor, y: Tensor, g: Tensor, need: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+def _grads_lean(x: Tensor, y: Tensor, g: Tensor,
+                need: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
     """``_d_x`` and ``_d_y`` for the first-order eager backward, in place on fresh buffers.
 
     The same values in fewer passes: ``xlogy(g, y)`` is ``g · log y`` (0 where ``g == 0``), and

@@ -13,6 +13,7 @@ from stablelosses._utils import (
     check_reduction,
     legacy_reduction,
     loss_out_dtype,
+    promote_types,
     upcast,
 )
 from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
@@ -110,7 +111,7 @@ def kl_div(
             stacklevel=2,
         )
     # type promotion as torch: kl_div(float32, float64) is float64
-    dtype = torch.promote_types(input.dtype, target.dtype)
+    dtype = promote_types(input.dtype, target.dtype)
     out_dtype = loss_out_dtype(input.to(dtype))
     loss = _kl_div(upcast(input.to(dtype)), upcast(target.to(dtype)), bool(log_target))
     loss = _reduce(loss, base)

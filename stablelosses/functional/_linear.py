@@ -15,6 +15,7 @@ from stablelosses._utils import (
     check_nonnegative,
     check_reduction,
     check_tensor,
+    promote_types,
 )
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
@@ -94,7 +95,7 @@ def _linear_loss(
     t = target.reshape(-1).long()
     out_dtype = input.dtype
     for v in tensors[1:]:
-        out_dtype = torch.promote_types(out_dtype, v.dtype)
+        out_dtype = promote_types(out_dtype, v.dtype)
     if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
         out_dtype = torch.float32
     if reduction == "none":

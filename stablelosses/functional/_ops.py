@@ -15,7 +15,7 @@ from stablelosses._autograd.div import _safe_div
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._autograd.sqrt import _safe_sqrt
 from stablelosses._autograd.xlogy import _xlogy
-from stablelosses._utils import check_tensor, compute_dtype, wrap_dim
+from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, promote_types, wrap_dim
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -54,7 +54,7 @@ def _result_type(a: object, b: object) -> torch.dtype:
     for dtypes in groups:
         if not dtypes:
             continue
-        d = dtypes[0] if len(dtypes) == 1 else torch.promote_types(dtypes[0], dtypes[1])
+        d = dtypes[0] if len(dtypes) == 1 else promote_types(dtypes[0], dtypes[1])
         if result is None or _category(d) > _category(result):
             result = d
     assert result is not None
@@ -93,8 +93,8 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     ta = a.to(device=device, dtype=work) if isinstance(a, Tensor) else torch.tensor(a, dtype=work, device=device)
     tb = b.to(device=device, dtype=work) if isinstance(b, Tensor) else torch.tensor(b, dtype=work, device=device)
     try:
-        if ta.shape != tb.shape:  # (torch.broadcast_shapes costs ~50 µs even for equal shapes)
-            torch.broadcast_shapes(ta.shape, tb.shape)
+        if ta.shape != tb.shape:
+            broadcast_shapes(ta.shape, tb.shape)
     except RuntimeError:
         raise RuntimeError(
             f"{fn}: the shapes of {names[0]} {tuple(ta.shape)} and {names[1]} {tuple(tb.shape)} "
@@ -132,7 +132,7 @@ def _check_softmax_args(fn: str, input: object, dim: object, mask: object, dtype
         if mask.dtype != torch.bool:
             raise TypeError(f"{fn}: mask must have dtype torch.bool (True = takes part), got {mask.dtype}")
         try:
-            shape = torch.broadcast_shapes(mask.shape, x.shape)
+            shape = broadcast_shapes(mask.shape, x.shape)
         except RuntimeError:
             shape = None
         if shape != x.shape:

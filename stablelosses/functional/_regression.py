@@ -17,6 +17,7 @@ from stablelosses._utils import (
     check_reduction,
     check_tensor,
     loss_out_dtype,
+    promote_types,
     upcast,
 )
 
@@ -39,7 +40,7 @@ def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tenso
     ``promote_types`` of the two dtypes (an integer target joins a float input).
     """
     x, y = check_tensor(fn, "input", input), check_tensor(fn, "target", target)
-    dtype = torch.promote_types(x.dtype, y.dtype)
+    dtype = promote_types(x.dtype, y.dtype)
     if not dtype.is_floating_point:
         raise RuntimeError(
             f"{fn}: input or target must be a floating-point tensor, got {x.dtype} and {y.dtype}"
