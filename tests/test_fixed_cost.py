@@ -32,6 +32,8 @@ def _pos(*shape):
     return torch.rand(*shape, dtype=D, generator=_G) + 0.1
 
 
+_LABELS = torch.tensor([0, 4, 1, 2])
+
 # every public function on a small input: (call, inputs)
 CALLS = {
     "safe_sqrt": (SF.safe_sqrt, lambda: (torch.tensor([0.0, 0.5, 2.0], dtype=D),)),
@@ -58,6 +60,10 @@ CALLS = {
     "entropy": (SF.entropy, lambda: (torch.tensor([[0.0, -float("inf"), 1.0], [1.0, 2.0, 3.0]], dtype=D),)),
     "info_nce_loss": (SF.info_nce_loss, lambda: (_randn(4, 5), _randn(4, 5))),
     "dice_loss": (SF.dice_loss, lambda: (_pos(2, 5) / 2, (_pos(2, 5) > 0.5).to(D))),
+    "linear_cross_entropy": (SF.linear_cross_entropy, lambda: (_randn(4, 3), _randn(5, 3), _LABELS)),
+    "linear_cross_entropy-none": (lambda x, w, t: SF.linear_cross_entropy(x, w, t, reduction="none"),
+                                  lambda: (_randn(4, 3), _randn(5, 3), _LABELS)),
+    "linear_focal_loss": (SF.linear_focal_loss, lambda: (_randn(4, 3), _randn(5, 3), _LABELS)),
 }
 
 

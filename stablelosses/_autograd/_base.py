@@ -12,7 +12,8 @@ is all torch.compile supports through custom Functions anyway.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
@@ -51,6 +52,26 @@ def applier(cls: Any) -> Callable[..., Any]:
             return forward(*args)
         # Function.apply would bind *args to forward's signature (inspect, ~40 µs a call) to
         # fill in defaults for setup_context; every argument is passed positionally here.
+        return c_apply(*unwrap_dead_wrappers(args))
+
+    apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
+    return apply
+
+
+def fast_apply(cls: Any) -> Callable[..., Any]:
+    """``cls.apply`` for a Function without ``jvp``, with `applier`'s per-call shortcuts.
+
+    Outside compilation and transforms: ``forward`` itself under ``no_grad`` (no forward-mode
+    level open), else the C++ ``apply`` without binding defaults (every argument positional).
+    """
+    c_apply = super(torch.autograd.Function, cls).apply  # type: ignore[misc]
+    forward = cls.forward
+
+    def apply(*args: Any) -> Any:
+        if torch.compiler.is_compiling() or _transforms_active():
+            return cls.apply(*args)
+        if not _grad_enabled() and _forward_ad._current_level < 0:
+            return forward(*args)
         return c_apply(*unwrap_dead_wrappers(args))
 
     apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
