@@ -166,3 +166,14 @@ def test_rmse_backward_reuses_the_forward_residual_and_matches_torch():
         ref = _grads(lambda a, b: torch.sqrt(F.mse_loss(a, b)), (x, y), create_graph=False)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("fn", [SF.rmse_loss, SF.log_cosh_loss], ids=["rmse_loss", "log_cosh_loss"])
+def test_residual_output_double_backward_and_target_grad(fn, reduction):
+    # the residual the Function returns for its backward is differentiable itself: second
+    # derivatives flow back through it (gradgradcheck), and the target gets -grad_input
+    x, y = _randn(3, 4).requires_grad_(), _randn(4).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, reduction), (x, y))
+    assert torch.autograd.gradgradcheck(lambda a, b: fn(a, b, reduction), (x, y))

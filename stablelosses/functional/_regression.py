@@ -184,4 +184,4 @@ def log_cosh_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Ten
     check_floating(fn, "target", target)
     check_reduction(fn, reduction)
     out_dtype = loss_out_dtype(input)
-    return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)
+    return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction])[0].to(out_dtype)
