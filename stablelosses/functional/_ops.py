@@ -18,6 +18,7 @@ from stablelosses._autograd.xlogy import _xlogy
 from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, promote_types, wrap_dim
 
 _LOW = (torch.float16, torch.bfloat16)
+_WORK = (torch.float32, torch.float64)
 
 
 def _float_result(x: Tensor) -> Tensor:
@@ -68,6 +69,12 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     ``two_numbers``: two Python numbers make a CPU tensor, as ``torch.div(1, 2)`` does;
     otherwise (as ``torch.special.xlogy``) at least one operand must be a tensor.
     """
+    if (type(a) is Tensor and type(b) is Tensor and a.dtype == b.dtype and a.dtype in _WORK
+            and a.device == b.device):
+        # the common case, decided on dtypes and devices alone: nothing to promote or move
+        if a.shape != b.shape:
+            _check_broadcast(fn, a, b, names)
+        return a, b, a.dtype
     if not two_numbers and not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError(f"{fn}: {names[0]} or {names[1]} must be a torch.Tensor, got "
                         f"{type(a).__name__} and {type(b).__name__}")
@@ -92,15 +99,19 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     work = torch.float32 if out_dtype in _LOW else out_dtype
     ta = a.to(device=device, dtype=work) if isinstance(a, Tensor) else torch.tensor(a, dtype=work, device=device)
     tb = b.to(device=device, dtype=work) if isinstance(b, Tensor) else torch.tensor(b, dtype=work, device=device)
+    if ta.shape != tb.shape:
+        _check_broadcast(fn, ta, tb, names)
+    return ta, tb, out_dtype
+
+
+def _check_broadcast(fn: str, a: Tensor, b: Tensor, names: tuple[str, str]) -> None:
     try:
-        if ta.shape != tb.shape:
-            broadcast_shapes(ta.shape, tb.shape)
+        broadcast_shapes(a.shape, b.shape)
     except RuntimeError:
         raise RuntimeError(
-            f"{fn}: the shapes of {names[0]} {tuple(ta.shape)} and {names[1]} {tuple(tb.shape)} "
+            f"{fn}: the shapes of {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)} "
             "do not broadcast"
         ) from None
-    return ta, tb, out_dtype
 
 
 def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
