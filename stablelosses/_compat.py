@@ -53,6 +53,15 @@ def is_transform_wrapped(t: Tensor) -> bool:
     return any(c is None or bool(c(t)) for c in checks)
 
 
+def forward_ad_active() -> bool:
+    """True while a ``torch.autograd.forward_ad`` level is open (also ``torch.func.jvp``'s).
+
+    Fallback: True, which keeps Function.apply's full path (setup_context, saved tensors).
+    """
+    level = getattr(torch.autograd.forward_ad, "_current_level", None)
+    return True if level is None else level >= 0
+
+
 def current_autograd_node() -> Any:
     """The autograd Node being run by the engine (in a backward), or None.
 

@@ -155,3 +155,49 @@ def inplace_ok(*tensors: Tensor | None) -> bool:
     if functorch_transforms_active():
         return False
     return not any(t is not None and is_transform_wrapped(t) for t in tensors)
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
+    """``torch.broadcast_shapes`` for concrete shapes, in plain Python.
+
+    torch's version guards every size for symbolic shapes (~30 µs a call, the fixed cost of a
+    tiny loss); traced code takes torch's, which handles symbolic sizes. Raises the same
+    ``RuntimeError`` as torch's when the shapes do not broadcast.
+    """
+    if torch.compiler.is_compiling():
+        return torch.broadcast_shapes(*shapes)
+    first = tuple(shapes[0])
+    if all(tuple(s) == first for s in shapes[1:]):
+        return torch.Size(first)
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for s in shapes:
+        off = ndim - len(s)
+        for i, d in enumerate(s):
+            o = out[off + i]
+            if d != o:
+                if o == 1:
+                    out[off + i] = d
+                elif d != 1:
+                    raise RuntimeError(
+                        f"Shape mismatch: objects cannot be broadcast to a single shape.  Mismatch is "
+                        f"between {o} and {d} at dimension {off + i - ndim}"
+                    )
+    return torch.Size(out)
+
+
+_PROMOTED = {
+    (a, b): torch.promote_types(a, b)
+    for a in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+              torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    for b in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+              torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
+
+
+def promote_types(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """``torch.promote_types`` from a table built once (torch's is a dispatcher call)."""
+    if torch.compiler.is_compiling():
+        return torch.promote_types(a, b)
+    found = _PROMOTED.get((a, b))
+    return torch.promote_types(a, b) if found is None else found

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from stablelosses._compat import direct_apply, functorch_transforms_active
+from stablelosses._compat import direct_apply, forward_ad_active, functorch_transforms_active
+
+_grad_enabled = torch.is_grad_enabled
 
 
 def applier(cls: Any) -> Callable[..., Any]:
@@ -36,14 +38,39 @@ def applier(cls: Any) -> Callable[..., Any]:
     )
 
     fast = direct_apply(cls)
+    forward = cls.forward
 
     def apply(*args: Any) -> Any:
         if torch.compiler.is_compiling():
             return twin.apply(*args)
         if functorch_transforms_active():
             return cls.apply(*args)
+        if not _grad_enabled() and not forward_ad_active():
+            # no graph to record and no tangent to push: the Function's forward is all there
+            # is (Function.apply would still run setup_context and save tensors)
+            return forward(*args)
         # Function.apply would bind *args to forward's signature (inspect, ~40 µs a call) to
         # fill in defaults for setup_context; every argument is passed positionally here.
+        return fast(*args)
+
+    apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
+    return apply
+
+
+def fast_apply(cls: Any) -> Callable[..., Any]:
+    """``cls.apply`` for a Function without ``jvp``, with `applier`'s per-call shortcuts.
+
+    Outside compilation and transforms: ``forward`` itself under ``no_grad`` (no forward-mode
+    level open), else the C++ ``apply`` without binding defaults (every argument positional).
+    """
+    fast = direct_apply(cls)
+    forward = cls.forward
+
+    def apply(*args: Any) -> Any:
+        if torch.compiler.is_compiling() or functorch_transforms_active():
+            return cls.apply(*args)
+        if not _grad_enabled() and not forward_ad_active():
+            return forward(*args)
         return fast(*args)
 
     apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"

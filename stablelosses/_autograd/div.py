@@ -25,7 +25,7 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
 
     The quotient comes from the saved output (``a / b²`` would overflow first) and multiplies
     ``g`` before the division, so a zero quotient gives exactly 0 even when ``g / b`` overflows
-    (no inf · 0). ``0 - x`` avoids ``-0.0``. Where ``b == 0`` the output is ``fill``: an
+    (no inf · 0). ``0 + (-q) / b`` avoids ``-0.0``. Where ``b == 0`` the output is ``fill``: an
     infinite fill is masked, since inf / inf would be NaN.
     """
     d_a = torch.div(g, b_inf) if need[0] else None
@@ -35,8 +35,9 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
         # where the terms do (-Σ a / b² is 0 for a = [x, -x], never inf - inf)
         # (forward mode: g is b's tangent and the result keeps the output's shape)
         q = g * out
-        q = (sum_to(q, b_inf.shape) if backward else q).div_(b_inf)
-        d_b = torch.sub(q.new_zeros(()), q)
+        q = sum_to(q, b_inf.shape) if backward else q
+        # 0 + (-q) / b in one pass (a +0.0 for a zero quotient, never -0.0)
+        d_b = torch.addcdiv(torch.zeros((), dtype=q.dtype, device=q.device), q, b_inf, value=-1)
         if not fill_finite:
             d_b = d_b.masked_fill_(zero, 0)
     return d_a, d_b

@@ -23,10 +23,10 @@ def _weights(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     are ``+inf``; NaN where either is NaN."""
     same_inf = torch.isinf(a) & (a == b)
     # Double where: the difference is made finite before sigmoid, so no NaN is differentiated.
-    diff = torch.where(same_inf, 0.0, a - b)
+    diff = (a - b).masked_fill(same_inf, 0.0)
     dead = same_inf & (a == -_INF)
-    wa = torch.where(dead, 0.0, torch.sigmoid(diff))
-    wb = torch.where(dead, 0.0, torch.sigmoid(-diff))
+    wa = torch.sigmoid(diff).masked_fill(dead, 0.0)
+    wb = torch.sigmoid(-diff).masked_fill(dead, 0.0)
     return wa, wb
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -14,49 +13,69 @@ from stablelosses._utils import MEAN, reduce, sum_to
 _LOG2 = math.log(2.0)
 
 
-def _slope(input: Tensor, target: Tensor, mode: int, g: Tensor) -> Tensor:
+def _slope(r: Tensor, mode: int, g: Tensor) -> Tensor:
     """``g · tanh(r)`` (times ``1/N`` for the mean): d log cosh r / d r = tanh r, bounded by 1."""
-    r = input - target
     return torch.tanh(r) * (g / r.numel() if mode == MEAN else g)
 
 
-class _LogCosh(torch.autograd.Function):
-    """``log(cosh(input - target))``, reduced by ``mode`` (0 none, 1 mean, 2 sum).
+def _tangent_of_difference(r: Tensor, t_input: Tensor | None, t_target: Tensor | None) -> Tensor:
+    """``ṫ_input − ṫ_target`` in ``r``'s shape (tangents are not materialized: a missing one is None)."""
+    if t_input is None:
+        t = torch.zeros_like(r) if t_target is None else -t_target
+    else:
+        t = t_input if t_target is None else t_input - t_target
+    return t.expand(r.shape)
 
-    Backward and forward mode use ``tanh(r)``, never the ``inf/inf`` of ``sinh r / cosh r``.
+
+class _LogCosh(torch.autograd.Function):
+    """``(log(cosh(input - target)) reduced by mode, input - target)``; ``mode`` 0 none, 1 mean,
+    2 sum.
+
+    The residual is a second output, so that backward reuses the pass that made it instead of
+    subtracting again. Backward and forward mode use ``tanh(r)``, never the ``inf/inf`` of
+    ``sinh r / cosh r``, plus the incoming gradient of ``r`` itself (none from the public
+    wrapper).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(input: Tensor, target: Tensor, mode: int) -> Tensor:
+    def forward(input: Tensor, target: Tensor, mode: int) -> tuple[Tensor, Tensor]:
         r = input - target
         # log cosh r = log(e^r + e^-r) - log 2 = |r| + softplus(-2|r|) - log 2;
         # logaddexp evaluates max + log1p(exp(-|diff|)), i.e. exactly that identity.
         # "- log 2" per element, in place on our fresh buffer (no cancellation against a
         # summed N·log 2).
-        return reduce(torch.logaddexp(r, -r).sub_(_LOG2), mode)
+        return reduce(torch.logaddexp(r, -r).sub_(_LOG2), mode), r
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    def setup_context(ctx, inputs, output):
         input, target, mode = inputs
-        ctx.save_for_backward(input, target)
-        ctx.save_for_forward(input, target)
+        _, r = output
+        ctx.save_for_backward(r)
+        ctx.save_for_forward(r)
         ctx.mode = mode
+        ctx.shapes = input.shape, target.shape
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        input, target = ctx.saved_tensors
-        g = _slope(input, target, ctx.mode, grad)
-        grad_input = sum_to(g, input.shape) if ctx.needs_input_grad[0] else None
-        grad_target = sum_to(-g, target.shape) if ctx.needs_input_grad[1] else None
+    def backward(ctx, grad: Tensor | None, grad_r: Tensor | None):
+        (r,) = ctx.saved_tensors
+        g = None if grad is None else _slope(r, ctx.mode, grad)
+        if grad_r is not None:
+            g = grad_r if g is None else g + grad_r
+        if g is None:
+            return None, None, None
+        grad_input = sum_to(g, ctx.shapes[0]) if ctx.needs_input_grad[0] else None
+        grad_target = sum_to(-g, ctx.shapes[1]) if ctx.needs_input_grad[1] else None
         return grad_input, grad_target, None
 
     @staticmethod
-    def jvp(ctx: Any, t_input: Tensor, t_target: Tensor, _: None) -> Tensor:
-        input, target = ctx.saved_tensors
-        # The forward's reduction, applied to the elementwise tangent tanh(r)·(ṫ_input - ṫ_target).
-        return reduce(torch.tanh(input - target) * (t_input - t_target), ctx.mode)
+    def jvp(ctx, t_input: Tensor | None, t_target: Tensor | None, _: None):
+        (r,) = ctx.saved_tensors
+        t_r = _tangent_of_difference(r, t_input, t_target)
+        # The forward's reduction, applied to the elementwise tangent tanh(r)·ṙ.
+        return reduce(torch.tanh(r) * t_r, ctx.mode), t_r
 
 
 _log_cosh = applier(_LogCosh)

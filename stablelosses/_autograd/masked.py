@@ -23,15 +23,14 @@ def _log_softmax(x: Tensor, dim: int) -> Tensor:
         return torch.log_softmax(x, dim)
     m = x.amax(dim, keepdim=True)
     z = x - m
-    z = torch.where(z != z, 0.0, z)  # inf − inf at the max entries of ±inf slices
-    fix = torch.where(m == -_INF, -_INF, 0.0).to(x.dtype)
-    fix = torch.where(torch.isnan(m), m, fix)
+    z = z.masked_fill(z != z, 0.0)  # inf − inf at the max entries of ±inf slices
+    fix = m.masked_fill(m > -_INF, 0.0)  # -inf on all--inf slices, NaN on NaN slices, else 0
     return torch.log_softmax(z, dim) + fix
 
 
 def _plogp(logp: Tensor) -> tuple[Tensor, Tensor]:
     """``p`` and ``log p`` with ``log p`` replaced by 0 where ``p == 0`` (double where)."""
-    return torch.exp(logp), torch.where(logp == -_INF, 0.0, logp)
+    return torch.exp(logp), logp.masked_fill(logp == -_INF, 0.0)
 
 
 class _Entropy(torch.autograd.Function):
@@ -63,7 +62,7 @@ class _Entropy(torch.autograd.Function):
         p, safe_logp = _plogp(logp)
         gx = -grad_h.unsqueeze(dim) * p * (safe_logp + h.unsqueeze(dim))
         # log-softmax backward; a -inf output does not move, so its incoming gradient is 0.
-        g = torch.where(logp == -_INF, 0.0, grad_logp)
+        g = grad_logp.masked_fill(logp == -_INF, 0.0)
         return gx + (g - p * g.sum(dim, keepdim=True)), None
 
     @staticmethod
@@ -72,8 +71,8 @@ class _Entropy(torch.autograd.Function):
         dim = ctx.dim
         p, safe_logp = _plogp(logp)
         dead = logp == -_INF
-        t = torch.where(dead, 0.0, tx)
-        t_logp = torch.where(dead, 0.0, t - (p * t).sum(dim, keepdim=True))
+        t = tx.masked_fill(dead, 0.0)
+        t_logp = (t - (p * t).sum(dim, keepdim=True)).masked_fill(dead, 0.0)
         t_h = -(p * t * (safe_logp + h.unsqueeze(dim))).sum(dim)
         return t_h, t_logp
 

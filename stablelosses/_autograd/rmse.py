@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import MEAN, NONE, inplace_ok, sum_to
+from stablelosses._utils import MEAN, NONE, sum_to
 
 # 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
 _DOWN, _UP = 2.0**-600, 2.0**600
@@ -42,14 +42,14 @@ def _norm_compiled(r: Tensor) -> Tensor:
     return torch.where(plain == math.inf, big, torch.where(plain < _SAFE32, small, plain.sqrt()))
 
 
-def _norm_of_difference(x: Tensor, y: Tensor) -> Tensor:
-    """``_norm(x - y)``; compiled float32 graphs take the spelling inductor fuses."""
-    if torch.compiler.is_compiling() and x.dtype == y.dtype == torch.float32:
-        return _norm_compiled(x - y)
-    return _norm(x - y)
+def _norm_of(r: Tensor) -> Tensor:
+    """``_norm(r)``; compiled float32 graphs take the spelling inductor fuses."""
+    if torch.compiler.is_compiling() and r.dtype == torch.float32:
+        return _norm_compiled(r)
+    return _norm(r)
 
 
-def _sensitivity(x: Tensor, y: Tensor, value: Tensor, mode: int, g: Tensor) -> Tensor:
+def _sensitivity(r: Tensor, value: Tensor, mode: int, g: Tensor) -> Tensor:
     """``g · r / (D·rmse)`` elementwise, 0 where ``rmse == 0``.
 
     ``r_i / rmse`` is bounded by ``sqrt(D)``; dividing ``r`` by ``rmse · D / g`` keeps that
@@ -57,60 +57,72 @@ def _sensitivity(x: Tensor, y: Tensor, value: Tensor, mode: int, g: Tensor) -> T
     ``r_i`` is 0 and the safe divisor 1 gives the defined value 0.
     """
     safe = value.masked_fill(value == 0, 1)
-    r = x - y
     if mode == NONE:
         return r / safe * g
-    scale = safe * (r.numel() if mode == MEAN else 1) / g
-    return r.div_(scale) if inplace_ok(r, scale) else r / scale
+    return r / (safe * (r.numel() if mode == MEAN else 1) / g)
 
 
 class _RMSE(torch.autograd.Function):
-    """``sqrt(reduce((input - target)**2) + eps)``; ``mode`` 0 = none, 1 = mean, 2 = sum.
+    """``(sqrt(reduce((input - target)**2) + eps), input - target)``; ``mode`` 0 = none, 1 = mean,
+    2 = sum.
 
-    Forward: the norm of ``r`` in float64 (``_norm``), then ``/ sqrt(N)`` for the mean, and
-    ``hypot(·, sqrt(eps))`` for ``eps > 0`` (which never forms the squares).
-    Backward and forward mode: ``r / (D·rmse)``, defined 0 where ``rmse == 0``.
+    Forward: the residual ``r`` (returned as a second output, so that backward reuses the pass
+    that made it instead of subtracting again), its norm in float64 (``_norm``), then
+    ``/ sqrt(N)`` for the mean, and ``hypot(·, sqrt(eps))`` for ``eps > 0`` (which never forms
+    the squares). Backward and forward mode: ``r / (D·rmse)``, defined 0 where ``rmse == 0``,
+    plus the incoming gradient of ``r`` itself (none from the public wrapper).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(input: Tensor, target: Tensor, mode: int, eps: float) -> Tensor:
+    def forward(input: Tensor, target: Tensor, mode: int, eps: float) -> tuple[Tensor, Tensor]:
+        r = input - target
         if mode == NONE:
-            r = input - target
-            if eps == 0.0:
-                return r.abs_()
             # sqrt(r² + eps) = hypot(r, sqrt(eps)), which never forms r².
-            return torch.hypot(r, r.new_full((), math.sqrt(eps)))
-        value = _norm_of_difference(input, target)
+            return (r.abs() if eps == 0.0 else torch.hypot(r, r.new_full((), math.sqrt(eps)))), r
+        value = _norm_of(r)
         if mode == MEAN:
-            n = input.numel() if input.shape == target.shape else (input - target).numel()
-            value = value / n**0.5  # 0 / 0 = NaN for an empty input, as torch
+            value = value / r.numel() ** 0.5  # 0 / 0 = NaN for an empty input, as torch
         if eps != 0.0:
             value = torch.hypot(value, value.new_full((), math.sqrt(eps)))
-        return value.to(torch.promote_types(input.dtype, target.dtype))
+        return value.to(r.dtype), r
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
         input, target, mode, _ = inputs
-        ctx.save_for_backward(input, target, output)
-        ctx.save_for_forward(input, target, output)
+        value, r = output
+        ctx.save_for_backward(r, value)
+        ctx.save_for_forward(r, value)
         ctx.mode = mode
+        ctx.shapes = input.shape, target.shape
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        input, target, value = ctx.saved_tensors
-        g = _sensitivity(input, target, value, ctx.mode, grad)
-        grad_input = sum_to(g, input.shape) if ctx.needs_input_grad[0] else None
-        grad_target = sum_to(-g, target.shape) if ctx.needs_input_grad[1] else None
+    def backward(ctx: Any, grad: Tensor | None, grad_r: Tensor | None
+                 ) -> tuple[Tensor | None, Tensor | None, None, None]:
+        r, value = ctx.saved_tensors
+        g = None if grad is None else _sensitivity(r, value, ctx.mode, grad)
+        if grad_r is not None:
+            g = grad_r if g is None else g + grad_r
+        if g is None:
+            return None, None, None, None
+        grad_input = sum_to(g, ctx.shapes[0]) if ctx.needs_input_grad[0] else None
+        grad_target = sum_to(-g, ctx.shapes[1]) if ctx.needs_input_grad[1] else None
         return grad_input, grad_target, None, None
 
     @staticmethod
-    def jvp(ctx: Any, t_input: Tensor, t_target: Tensor, _m: None, _e: None) -> Tensor:
-        input, target, value = ctx.saved_tensors
-        ones = torch.ones_like(value)
-        g = _sensitivity(input, target, value, ctx.mode, ones)
-        return g * (t_input - t_target) if ctx.mode == NONE else (g * (t_input - t_target)).sum()
+    def jvp(ctx: Any, t_input: Tensor | None, t_target: Tensor | None, _m: None, _e: None
+            ) -> tuple[Tensor, Tensor]:
+        r, value = ctx.saved_tensors
+        # (tangents are not materialized: a missing one is None)
+        if t_input is None:
+            t_r = torch.zeros_like(r) if t_target is None else -t_target
+        else:
+            t_r = t_input if t_target is None else t_input - t_target
+        t_r = t_r.expand(r.shape)
+        g = _sensitivity(r, value, ctx.mode, torch.ones_like(value))
+        return (g * t_r if ctx.mode == NONE else (g * t_r).sum()), t_r
 
 
 _rmse = applier(_RMSE)

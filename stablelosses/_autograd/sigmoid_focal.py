@@ -68,12 +68,14 @@ def _parts(x: Tensor, t: Tensor) -> dict[str, Tensor]:
 def _lean(x: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``σ(x)``, ``σ(-x)``, ``ce`` and ``q`` in few passes, for values and first-order gradients.
 
-    ``ce = log1p(e) + w·a = (relu(x) - t·x) - log1p(-σ(-|x|))``: the bracket is formed first
-    (exactly 0 for ``x > 0, t = 1``) and both parts are non-negative. ``q = lerp(σ(x), σ(-x), t)``
-    is ``σ(∓x)`` itself for a hard target.
+    ``ce = log1p(e) + w·a = (relu(x) - t·x) + log1p(exp(-|x|))``: the bracket is formed first
+    (exactly 0 for ``x > 0, t = 1``) and both parts are non-negative; the second is
+    ``-softplus(|x|, β = -1)``, one pass over ``|x|`` (softplus with ``β < 0`` evaluates
+    ``log1p(exp(β·|x|)) / β``, below its threshold for every ``|x|``).
+    ``q = lerp(σ(x), σ(-x), t)`` is ``σ(∓x)`` itself for a hard target.
     """
     sp, sn = torch.sigmoid(x), torch.sigmoid(-x)
-    ce = torch.addcmul(torch.relu(x), t, x, value=-1).sub_(torch.log1p(-torch.minimum(sp, sn)))
+    ce = torch.addcmul(torch.relu(x), t, x, value=-1).sub_(F.softplus(x.abs(), beta=-1.0))
     return sp, sn, ce, torch.lerp(sp, sn, t)
 
 

@@ -24,7 +24,7 @@ def _norm_direction(x: Tensor, y: Tensor, n: Tensor, p: float, dim: int, eps: fl
     overflows). For ``p = inf`` the derivative is split evenly over the entries that reach the
     maximum (as ``torch.amax``'s backward does).
     """
-    u = y if eps == 0.0 else torch.where(n < eps, x / torch.where(n == 0, 1.0, n), y)
+    u = y if eps == 0.0 else torch.where(n < eps, x / n.masked_fill(n == 0, 1.0), y)
     if p == 2.0:
         return u
     if p == 1.0:
@@ -60,11 +60,11 @@ class _Normalize(torch.autograd.Function):
         # ‖x‖ = s·‖x/s‖ with s = max|x|: no square overflows or underflows to 0, and the unit
         # vector (x/s)/‖x/s‖ is exact even where ‖x‖ itself overflows.
         s = x.abs().amax(dim, keepdim=True)
-        s = torch.where(s == 0, 1.0, s)
+        s = s.masked_fill(s == 0, 1.0)
         u = x / s
         t = torch.linalg.vector_norm(u, p, dim, keepdim=True)
         n = t * s
-        y = u / torch.where(t == 0, 1.0, t)  # u is 0 where t is 0
+        y = u / t.masked_fill(t == 0, 1.0)  # u is 0 where t is 0
         if eps == 0.0:
             return y, n
         # select on the clamped set, so a NaN norm keeps the all-NaN y (NaN in, NaN out)
@@ -86,8 +86,8 @@ class _Normalize(torch.autograd.Function):
         zero = d == 0
         inner = (grad_y * y).sum(ctx.dim, keepdim=True)
         # Double where: a safe divisor, then the defined 0 on the zero vector.
-        gx = (grad_y - (c * inner) * w) / torch.where(zero, 1.0, d) + grad_n * w
-        return torch.where(zero, 0.0, gx), None, None, None
+        gx = (grad_y - (c * inner) * w) / d.masked_fill(zero, 1.0) + grad_n * w
+        return gx.masked_fill(zero, 0.0), None, None, None
 
     @staticmethod
     def jvp(ctx, tx: Tensor, _p, _dim, _eps):
@@ -96,8 +96,8 @@ class _Normalize(torch.autograd.Function):
         d, c = _denominator(n, ctx.eps)
         zero = d == 0
         tn = (w * tx).sum(ctx.dim, keepdim=True)
-        ty = (tx - y * (c * tn)) / torch.where(zero, 1.0, d)
-        return torch.where(zero, 0.0, ty), tn
+        ty = (tx - y * (c * tn)) / d.masked_fill(zero, 1.0)
+        return ty.masked_fill(zero, 0.0), tn
 
 
 _normalize = applier(_Normalize)

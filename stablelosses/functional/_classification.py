@@ -15,6 +15,7 @@ from stablelosses._utils import (
     check_tensor,
     legacy_reduction,
     loss_out_dtype,
+    promote_types,
     upcast,
 )
 from stablelosses.functional._masked import check_mask
@@ -284,7 +285,7 @@ def cross_entropy(
                 f"ignore_index={ignore_index} (use a negative value or class indices)"
             )
         # type promotion as torch: cross_entropy(float32, float64 probabilities) is float64
-        dtype = torch.promote_types(input.dtype, target.dtype)
+        dtype = promote_types(input.dtype, target.dtype)
         x = upcast(input.to(dtype))
         w = _check_weight(fn, weight, input, x.dtype)
         y = target.to(x.dtype)

@@ -13,6 +13,7 @@ from stablelosses._utils import (
     check_reduction,
     legacy_reduction,
     loss_out_dtype,
+    promote_types,
     upcast,
 )
 from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
@@ -141,7 +142,7 @@ def kl_div(
             stacklevel=2,
         )
     # type promotion as torch: kl_div(float32, float64) is float64
-    dtype = torch.promote_types(input.dtype, target.dtype)
+    dtype = promote_types(input.dtype, target.dtype)
     out_dtype = loss_out_dtype(input.to(dtype))
     if mask is not None:
         return _kl_div_masked(input, target, dtype, bool(log_target), mask, base, reduction).to(out_dtype)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from stablelosses._autograd._base import fast_apply
 from stablelosses._autograd.linear import LinearLossConfig, _LinearLossReduced, _LinearLossRows
 from stablelosses._utils import (
     autocast_to_float32,
@@ -15,12 +16,15 @@ from stablelosses._utils import (
     check_nonnegative,
     check_reduction,
     check_tensor,
+    promote_types,
 )
 from stablelosses.functional._masked import check_mask
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
 CHUNK_BYTES = 64 * 2**20
 _INDEX_DTYPES = (torch.int64, torch.uint8)
+
+_rows, _reduced = fast_apply(_LinearLossRows), fast_apply(_LinearLossReduced)
 
 
 def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
@@ -103,18 +107,18 @@ def _linear_loss(
         kept = (t != int(ignore_index)).any() if reduction == "mean" else None
     out_dtype = input.dtype
     for v in tensors[1:]:
-        out_dtype = torch.promote_types(out_dtype, v.dtype)
+        out_dtype = promote_types(out_dtype, v.dtype)
     if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
         out_dtype = torch.float32
     if reduction == "none":
-        return _LinearLossRows.apply(x, weight, bias, t, cfg, cd).reshape(target.shape).to(out_dtype)
+        return _rows(x, weight, bias, t, cfg, cd).reshape(target.shape).to(out_dtype)
     grad_on = torch.is_grad_enabled()
     needs = (
         grad_on and input.requires_grad,
         grad_on and weight.requires_grad,
         grad_on and bias is not None and bias.requires_grad,
     )
-    loss = _LinearLossReduced.apply(x, weight, bias, t, cfg, reduction == "mean", needs, cd)[0]
+    loss = _reduced(x, weight, bias, t, cfg, reduction == "mean", needs, cd)[0]
     if kept is not None:
         loss = torch.where(kept, loss, 0.0)  # no kept row: 0 (masked_mean), not 0 / 0
     return loss.to(out_dtype)

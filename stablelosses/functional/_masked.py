@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.masked import _entropy
-from stablelosses._utils import MEAN, SUM, check_floating, reduce, upcast, wrap_dim
+from stablelosses._utils import MEAN, SUM, broadcast_shapes, check_floating, reduce, upcast, wrap_dim
 
 
 def check_mask(fn: str, mask: object, shape: torch.Size, what: str = "input") -> Tensor:
@@ -18,7 +18,7 @@ def check_mask(fn: str, mask: object, shape: torch.Size, what: str = "input") ->
     if mask.dtype != torch.bool:
         raise TypeError(f"{fn}: mask must have dtype torch.bool (True = counts), got {mask.dtype}")
     try:
-        ok = torch.broadcast_shapes(mask.shape, shape) == shape
+        ok = broadcast_shapes(mask.shape, shape) == shape
     except RuntimeError:
         ok = False
     if not ok:

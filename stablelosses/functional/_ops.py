@@ -15,9 +15,10 @@ from stablelosses._autograd.div import _safe_div
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._autograd.sqrt import _safe_sqrt
 from stablelosses._autograd.xlogy import _xlogy
-from stablelosses._utils import check_tensor, compute_dtype, wrap_dim
+from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, promote_types, wrap_dim
 
 _LOW = (torch.float16, torch.bfloat16)
+_WORK = (torch.float32, torch.float64)
 
 
 def _float_result(x: Tensor) -> Tensor:
@@ -54,7 +55,7 @@ def _result_type(a: object, b: object) -> torch.dtype:
     for dtypes in groups:
         if not dtypes:
             continue
-        d = dtypes[0] if len(dtypes) == 1 else torch.promote_types(dtypes[0], dtypes[1])
+        d = dtypes[0] if len(dtypes) == 1 else promote_types(dtypes[0], dtypes[1])
         if result is None or _category(d) > _category(result):
             result = d
     assert result is not None
@@ -68,6 +69,12 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     ``two_numbers``: two Python numbers make a CPU tensor, as ``torch.div(1, 2)`` does;
     otherwise (as ``torch.special.xlogy``) at least one operand must be a tensor.
     """
+    if (type(a) is Tensor and type(b) is Tensor and a.dtype == b.dtype and a.dtype in _WORK
+            and a.device == b.device):
+        # the common case, decided on dtypes and devices alone: nothing to promote or move
+        if a.shape != b.shape:
+            _check_broadcast(fn, a, b, names)
+        return a, b, a.dtype
     if not two_numbers and not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError(f"{fn}: {names[0]} or {names[1]} must be a torch.Tensor, got "
                         f"{type(a).__name__} and {type(b).__name__}")
@@ -90,17 +97,25 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
                 f"{a.device} and {b.device}"
             )
     work = torch.float32 if out_dtype in _LOW else out_dtype
-    ta = a.to(device=device, dtype=work) if isinstance(a, Tensor) else torch.tensor(a, dtype=work, device=device)
-    tb = b.to(device=device, dtype=work) if isinstance(b, Tensor) else torch.tensor(b, dtype=work, device=device)
+    ta, tb = (
+        v.to(device=device, dtype=work)
+        if isinstance(v, Tensor)
+        else torch.tensor(v, dtype=work, device=device)
+        for v in (a, b)
+    )
+    if ta.shape != tb.shape:
+        _check_broadcast(fn, ta, tb, names)
+    return ta, tb, out_dtype
+
+
+def _check_broadcast(fn: str, a: Tensor, b: Tensor, names: tuple[str, str]) -> None:
     try:
-        if ta.shape != tb.shape:  # (torch.broadcast_shapes costs ~50 µs even for equal shapes)
-            torch.broadcast_shapes(ta.shape, tb.shape)
+        broadcast_shapes(a.shape, b.shape)
     except RuntimeError:
         raise RuntimeError(
-            f"{fn}: the shapes of {names[0]} {tuple(ta.shape)} and {names[1]} {tuple(tb.shape)} "
+            f"{fn}: the shapes of {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)} "
             "do not broadcast"
         ) from None
-    return ta, tb, out_dtype
 
 
 def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -134,7 +149,7 @@ def _check_softmax_args(
         if mask.dtype != torch.bool:
             raise TypeError(f"{fn}: mask must have dtype torch.bool (True = takes part), got {mask.dtype}")
         try:
-            shape = torch.broadcast_shapes(mask.shape, x.shape)
+            shape = broadcast_shapes(mask.shape, x.shape)
         except RuntimeError:
             shape = None
         if shape != x.shape:
@@ -251,7 +266,10 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0)
 def xlogy(input: Tensor | float, other: Tensor | float) -> Tensor:
     r"""``input · log(other)``, 0 where ``input == 0``, with finite gradients at 0 · log 0.
 
-    $$ \operatorname{xlogy}(x, y) = \begin{cases} 0 & x = 0,\ y \text{ not NaN} \\ x \log y & \text{otherwise} \end{cases} $$
+    $$
+    \operatorname{xlogy}(x, y) =
+    \begin{cases} 0 & x = 0,\ y \text{ not NaN} \\ x \log y & \text{otherwise} \end{cases}
+    $$
 
     The forward value is exactly ``torch.special.xlogy`` (broadcasting, type promotion, NaN
     ``other`` gives NaN).

@@ -19,6 +19,7 @@ from stablelosses._utils import (
     check_reduction,
     check_tensor,
     loss_out_dtype,
+    promote_types,
     upcast,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
@@ -42,7 +43,7 @@ def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tenso
     ``promote_types`` of the two dtypes (an integer target joins a float input).
     """
     x, y = check_tensor(fn, "input", input), check_tensor(fn, "target", target)
-    dtype = torch.promote_types(x.dtype, y.dtype)
+    dtype = promote_types(x.dtype, y.dtype)
     if not dtype.is_floating_point:
         raise RuntimeError(
             f"{fn}: input or target must be a floating-point tensor, got {x.dtype} and {y.dtype}"
@@ -63,12 +64,12 @@ def _rmse_masked(r: Tensor, m: Tensor, reduction: str, eps: float) -> Tensor:
     """rmse of the selected residuals ``r`` (0 at False entries of ``m``)."""
     zero = r.new_zeros(())
     if reduction == "none":
-        return reduce_masked(_rmse(r, zero, NONE, eps), m, reduction)
+        return reduce_masked(_rmse(r, zero, NONE, eps)[0], m, reduction)
     if reduction == "mean":
         # sqrt(Σ r² / n + eps) = the 'sum' rmse of r / sqrt(n), n = number of True entries (≥ 1)
         n = m.expand(r.shape).sum().clamp_min(1).to(r.dtype)
         r = r * n.rsqrt()
-    return _rmse(r, zero, SUM, eps)
+    return _rmse(r, zero, SUM, eps)[0]
 
 
 def rmse_loss(
@@ -165,7 +166,7 @@ def rmse_loss(
     if mask is not None:
         r, m = _masked_residual(fn, x, y, mask)
         return _rmse_masked(r, m, reduction, eps).to(out_dtype)
-    return _rmse(x, y, REDUCTION_MODE[reduction], eps).to(out_dtype)
+    return _rmse(x, y, REDUCTION_MODE[reduction], eps)[0].to(out_dtype)
 
 
 def log_cosh_loss(
@@ -237,5 +238,5 @@ def log_cosh_loss(
     out_dtype = loss_out_dtype(input)
     if mask is not None:
         r, m = _masked_residual(fn, upcast(input), upcast(target), mask)
-        return reduce_masked(_log_cosh(r, r.new_zeros(()), NONE), m, reduction).to(out_dtype)
-    return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction]).to(out_dtype)
+        return reduce_masked(_log_cosh(r, r.new_zeros(()), NONE)[0], m, reduction).to(out_dtype)
+    return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction])[0].to(out_dtype)

@@ -8,11 +8,13 @@ import torch
 from torch import Tensor
 
 from stablelosses._utils import (
+    broadcast_shapes,
     check_floating,
     check_nonnegative,
     check_reduction,
     check_tensor,
     loss_out_dtype,
+    promote_types,
     upcast,
     wrap_dim,
 )
@@ -137,7 +139,7 @@ def dice_loss(
     s = check_nonnegative(_FN, "smooth", smooth)
     reduce_dims = _dice_dims(dims, x.ndim)
     try:
-        ok = torch.broadcast_shapes(t.shape, x.shape) == x.shape
+        ok = broadcast_shapes(t.shape, x.shape) == x.shape
     except RuntimeError:
         ok = False
     if not ok:
@@ -146,9 +148,9 @@ def dice_loss(
         )
     out_dtype = loss_out_dtype(x)
     if t.is_floating_point():
-        out_dtype = torch.promote_types(out_dtype, t.dtype)
+        out_dtype = promote_types(out_dtype, t.dtype)
     p = upcast(x)
-    work = torch.promote_types(p.dtype, upcast(t).dtype) if t.is_floating_point() else p.dtype
+    work = promote_types(p.dtype, upcast(t).dtype) if t.is_floating_point() else p.dtype
     p = p.to(work)
     tt = t.to(device=x.device, dtype=work).expand(x.shape)
     m = None

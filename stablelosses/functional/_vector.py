@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.vector import _normalize
-from stablelosses._utils import check_floating, check_nonnegative, compute_dtype, wrap_dim
+from stablelosses._utils import broadcast_shapes, check_floating, check_nonnegative, compute_dtype, wrap_dim
 from stablelosses.functional._ops import _binary_operands
 
 
@@ -138,7 +138,7 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 0.0) ->
             raise TypeError(f"cosine_similarity: {name} must be a torch.Tensor, got {type(v).__name__}")
     a, b, out_dtype = _binary_operands("cosine_similarity", x1, x2, ("x1", "x2"))
     e = check_nonnegative("cosine_similarity", "eps", eps)
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    shape = broadcast_shapes(a.shape, b.shape)
     d = wrap_dim("cosine_similarity", dim, len(shape))
     if len(shape) == 0:
         shape = torch.Size([1])
