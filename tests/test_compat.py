@@ -80,3 +80,14 @@ def test_direct_apply_equals_function_apply():
     (g,) = torch.autograd.grad(y.sum(), x)
     assert torch.equal(y, x.detach() * 3) and torch.equal(g, torch.full((2,), 3.0))
     assert type(y.grad_fn).__name__ == type(Twice.apply(x, 3.0).grad_fn).__name__
+
+
+def test_forward_ad_active_sees_a_dual_level():
+    import torch.autograd.forward_ad as fwAD
+
+    assert not _compat.forward_ad_active()
+    with fwAD.dual_level():
+        assert _compat.forward_ad_active()
+    seen = []
+    torch.func.jvp(lambda x: seen.append(_compat.forward_ad_active()) or x, (torch.ones(2),), (torch.ones(2),))
+    assert seen == [True]
