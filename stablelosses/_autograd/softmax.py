@@ -28,6 +28,18 @@ from stablelosses._utils import inplace_ok
 _INF = float("inf")
 
 
+def _bounded(x: Tensor, m: Tensor) -> Tensor:
+    """``x`` clamped per slice to ``[lo, hi]`` from the slice max ``m`` (one pass, N-sized
+    bounds): the identity on every slice with a finite max (``finfo.min`` slices included);
+    ``+inf → finfo.max`` on ``+inf`` slices (the ``+inf`` entries then sit far above every
+    other entry but ``finfo.max`` itself, so torch's kernels put uniform mass on them); 0 on
+    all-``-inf`` slices (finite, fixed by the caller from ``m``). NaN stays NaN.
+    """
+    hi = m.clamp(0.0, torch.finfo(x.dtype).max)  # ≥ m on finite slices: no entry is cut
+    lo = torch.where(m == -_INF, hi, -_INF)  # 0 on all-(-inf) slices, else no bound
+    return x.clamp(lo, hi)
+
+
 def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """Return ``z = x - max`` with the infinite-max slices made finite, and the row max.
 
@@ -43,13 +55,6 @@ def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
         return torch.where(z != z, 0.0, z), m
     z.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
     return z, m
-
-
-def _per_slice(m: Tensor, empty_value: float, other_value: float) -> Tensor:
-    """From the slice max ``m``: ``empty_value`` on all-``-inf`` slices, NaN on NaN slices,
-    ``other_value`` elsewhere."""
-    value = torch.where(m == -_INF, empty_value, other_value).to(m.dtype)
-    return torch.where(torch.isnan(m), m, value)
 
 
 def _save_output(ctx, inputs, output):
@@ -72,14 +77,10 @@ class _Softmax(torch.autograd.Function):
     def forward(x: Tensor, dim: int) -> Tensor:
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.softmax(x, dim)
-        z, m = _shift_by_max(x, dim)
-        # All-(-inf) slices: 0 · 1/n = 0. NaN slices: NaN.
-        scale = _per_slice(m, 0.0, 1.0)
-        if torch.compiler.is_compiling():
-            # exp / sum spelled out fuse with the shift into two passes under inductor
-            e = torch.exp(z)
-            return e * (scale / e.sum(dim, keepdim=True))
-        return torch.softmax(z, dim).mul_(scale)
+        m = x.amax(dim, keepdim=True)
+        # All-(-inf) slices: 1/n · 0 = 0 (NaN slices are NaN through the kernel)
+        scale = (m != -_INF).to(x.dtype)
+        return torch.softmax(_bounded(x, m), dim).mul_(scale)
 
     setup_context = staticmethod(_save_output)
 
@@ -114,8 +115,11 @@ class _LogSoftmax(torch.autograd.Function):
     def forward(x: Tensor, dim: int) -> Tensor:
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.log_softmax(x, dim)
+        # the exact shift, not the bounded x: on a +inf slice the finite entries' log-softmax
+        # must be -inf (torch's kernel on finfo.max gives finite -finfo.max)
         z, m = _shift_by_max(x, dim)
-        fix = _per_slice(m, -_INF, 0.0)  # -inf on all-(-inf) slices, NaN on NaN slices
+        fix = torch.where(m == -_INF, m, 0.0)  # -inf on all-(-inf) slices (NaN ones stay NaN)
+        fix = torch.where(torch.isnan(m), m, fix)
         if torch.compiler.is_compiling():
             return z - (torch.exp(z).sum(dim, keepdim=True).log() - fix)
         return torch.log_softmax(z, dim).add_(fix)
@@ -163,14 +167,12 @@ def _lse_softmax(
             out = out.unsqueeze(d)
             grad = None if grad is None else grad.unsqueeze(d)
     neg_inf = out == -_INF
+    if grad is not None and len(dims) == 1 and inplace_ok(x, out, grad):
+        # first order, no transforms: torch's softmax of the bounded x (the slice max is
+        # +-inf exactly where out is), the gradient folded into the N-sized row scale
+        p = torch.softmax(_bounded(x, out), dims[0])
+        return p.mul_(torch.where(neg_inf, 0.0, grad))
     diff = x - out.masked_fill(neg_inf, 0)
-    if inplace_ok(diff, out, grad):
-        # first order, no transforms: in place on our own buffer, the scale folded in
-        e = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
-        # nan_to_num also zeroed the NaN slices' exponents: divide them by their NaN
-        total = torch.where(torch.isnan(out), out, e.sum(dims, keepdim=True))
-        total = torch.where(neg_inf, 1.0, total)
-        return e.mul_(total.reciprocal() if grad is None else grad / total)
     # Double where (the NaN exponents become 0 before exp), so double backward never
     # multiplies a zero gradient by NaN.
     e = torch.exp(diff.masked_fill(torch.isnan(diff) & (out == _INF), 0))
