@@ -238,15 +238,15 @@ _logsumexp = applier(_LogSumExp)
 
 
 def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
-    """torch's ``log_softmax`` of ``x`` with ``+inf`` clamped to ``finfo.max``, and the row max.
+    """torch's ``log_softmax`` of ``x`` bounded per row (see ``_bounded``), and the row max.
 
-    The clamp is the identity on every row with a finite maximum (``finfo.min`` rows
-    included) and on ``-inf`` entries; on a ``+inf`` row it leaves the ``+inf`` entries far
-    above the rest (all but ``finfo.max`` itself), so their probability is uniform. Fully
-    masked rows come out NaN: the caller reads them off ``m == -inf``.
+    The bounds are the identity on every row with a finite maximum (``finfo.min`` rows
+    included); on a ``+inf`` row ``+inf → finfo.max`` leaves the ``+inf`` entries far above
+    the rest (all but ``finfo.max`` itself), so their probability is uniform; a fully masked
+    row becomes a finite uniform row (the caller reads it off ``m == -inf``).
     """
     m = x.amax(cdim, keepdim=True)
-    return torch.log_softmax(x.clamp(max=torch.finfo(x.dtype).max), cdim), m
+    return torch.log_softmax(_bounded(x, m), cdim), m
 
 
 def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
@@ -265,11 +265,12 @@ def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
 
 
 def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
-    """``exp(lsm)``, 0 where ``lsm`` is NaN on a fully masked row of the fast path (a NaN
-    row's gradient is made NaN through its row scale). ``fresh``: the result may be written
-    in place (the caller's own first-order buffer)."""
+    """``exp(lsm)``; ``lsm`` is finite on fully masked rows (both log-softmaxes above) and
+    NaN only on NaN rows. ``fresh``: first order, the caller's own buffer; the plain ``exp``
+    (a NaN row's gradient is NaN through its row scale anyway). Otherwise 0 where ``lsm`` is
+    NaN."""
     if fresh:
-        return lsm.exp().nan_to_num_(nan=0.0)
+        return lsm.exp()
     # double where: exp never sees the NaN, so double backward stays finite there
     return torch.exp(torch.where(torch.isnan(lsm), -_INF, lsm))
 
