@@ -152,7 +152,8 @@ class _IndexLoss(torch.autograd.Function):
             val, scale, rest = -lt, torch.ones_like(lt), torch.zeros_like(lt)
         else:
             if eps == 0.0 and inplace_ok(lsm):  # lsm is not needed again: p overwrites it
-                extra = p = lsm.exp_().nan_to_num_(nan=0.0)
+                # finite on fully masked rows (bounded logits); NaN rows stay NaN
+                extra = p = lsm.exp_()
             else:
                 extra = p = probs_from(lsm, False)
             rest = other_mass(p, idx, cdim, inplace=True)
