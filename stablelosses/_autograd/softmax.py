@@ -167,12 +167,16 @@ def _lse_softmax(
             out = out.unsqueeze(d)
             grad = None if grad is None else grad.unsqueeze(d)
     neg_inf = out == -_INF
-    if grad is not None and len(dims) == 1 and inplace_ok(x, out, grad):
-        # first order, no transforms: torch's softmax of the bounded x (the slice max is
-        # +-inf exactly where out is), the gradient folded into the N-sized row scale
-        p = torch.softmax(_bounded(x, out), dims[0])
-        return p.mul_(torch.where(neg_inf, 0.0, grad))
     diff = x - out.masked_fill(neg_inf, 0)
+    if inplace_ok(diff, out, grad):
+        # first order, no transforms: in place on our own buffer, the scale folded in. (Not
+        # torch's softmax kernel on the bounded x: 2 passes fewer, but on CPU that kernel is
+        # 7x slower than exp + sum at 10 classes.)
+        e = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
+        # nan_to_num also zeroed the NaN slices' exponents: divide them by their NaN
+        total = torch.where(torch.isnan(out), out, e.sum(dims, keepdim=True))
+        total = torch.where(neg_inf, 1.0, total)
+        return e.mul_(total.reciprocal() if grad is None else grad / total)
     # Double where (the NaN exponents become 0 before exp), so double backward never
     # multiplies a zero gradient by NaN.
     e = torch.exp(diff.masked_fill(torch.isnan(diff) & (out == _INF), 0))
