@@ -65,7 +65,8 @@ def _save_output(ctx, inputs, output):
 
 
 class _Softmax(torch.autograd.Function):
-    """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries.
+    """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries (an entry equal to
+    ``finfo.max`` on such a slice counts with them: torch's kernel runs on ``_bounded`` x).
 
     Backward ``y · (g − Σ g·y)`` from the saved output: 0 wherever ``y`` is 0, so masked
     entries and all-masked slices get gradient 0.
