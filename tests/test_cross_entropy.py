@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -209,6 +210,21 @@ def test_posinf_logits_limit():
     assert loss[2].item() == INF
     loss.sum().backward()
     expect = torch.tensor([[0.0, 0.0, 0.0], [-0.5, 0.5, 0.0], [-1.0, 1.0, 0.0]])
+    torch.testing.assert_close(x.grad, expect)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_posinf_row_huge_finite_target_is_infinite(dtype):
+    # a finite target just below finfo.max still has probability 0 on a +inf row
+    big = torch.finfo(dtype).max
+    below = float(torch.nextafter(torch.tensor(big, dtype=dtype), torch.tensor(0.0, dtype=dtype)))
+    x = torch.tensor([[INF, below, 1.0]] * 3 + [[INF, INF, -big]], dtype=dtype, requires_grad=True)
+    t = torch.tensor([1, 2, 0, 1])
+    loss = SF.cross_entropy(x, t, reduction="none")
+    assert loss[:2].tolist() == [INF, INF]
+    torch.testing.assert_close(loss[2:], torch.tensor([0.0, math.log(2.0)], dtype=dtype))
+    loss[[2, 3]].sum().backward()
+    expect = torch.tensor([[0.0] * 3] * 3 + [[0.5, -0.5, 0.0]], dtype=dtype)
     torch.testing.assert_close(x.grad, expect)
 
 

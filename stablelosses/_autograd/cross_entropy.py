@@ -140,16 +140,20 @@ class _IndexLoss(torch.autograd.Function):
         m_row = m.squeeze(cdim)
         masked_row = m_row == -_INF
         if eps == 0.0:
-            # On +inf rows only the +inf entries have probability > 0; fully masked rows
-            # (NaN here) get log p_t = -inf too: their loss and gradient are dropped.
-            x_t = x.gather(cdim, idx).squeeze(cdim)
-            lt = torch.where(masked_row | ((m_row == _INF) & (x_t != _INF)), -_INF, lt)
+            # On +inf rows only the +inf entries have probability > 0: their log p_t is
+            # -log k (k ≤ C), while a finite target sits at least ulp(finfo.max) below the
+            # bounded +inf entries, so its log p_t is below -ulp/2 (read off lt, not off a
+            # gather of x). Fully masked rows get log p_t = -inf too: loss and gradient dropped.
+            fi = torch.finfo(x.dtype)
+            far = (m_row == _INF) & (lt < -fi.max * fi.eps / 4)
+            lt = torch.where(masked_row | far, -_INF, lt)
         extra = lsm
         if gamma == 0.0:
             val, scale, rest = -lt, torch.ones_like(lt), torch.zeros_like(lt)
         else:
             if eps == 0.0 and inplace_ok(lsm):  # lsm is not needed again: p overwrites it
-                extra = p = lsm.exp_().nan_to_num_(nan=0.0)
+                # finite on fully masked rows (bounded logits); NaN rows stay NaN
+                extra = p = lsm.exp_()
             else:
                 extra = p = probs_from(lsm, False)
             rest = other_mass(p, idx, cdim, inplace=True)

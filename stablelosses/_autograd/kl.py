@@ -11,6 +11,12 @@ from stablelosses._autograd._base import applier
 from stablelosses._utils import sum_to
 
 
+def _neg_product(a: Tensor, b: Tensor) -> Tensor:
+    """``0 - a·b`` in one pass (``addcmul`` on a zero scalar): ``+0``, not ``-0``, where a
+    factor is 0."""
+    return torch.addcmul(a.new_zeros(()), a, b, value=-1)
+
+
 class _KLDiv(torch.autograd.Function):
     """Elementwise ``target · (log target - input)`` (``exp(target) · (target - input)`` if
     ``log_target``), 0 where the target probability is 0."""
@@ -19,15 +25,16 @@ class _KLDiv(torch.autograd.Function):
 
     @staticmethod
     def forward(input: Tensor, target: Tensor, log_target: bool) -> Tensor:
+        # A term with zero target probability is 0, also at input = ±inf (where the textbook
+        # 0·inf is NaN), and NaN at a NaN input; the fix is made in place on our own result.
         if log_target:
+            # e^-inf · (-inf - x) is NaN at every zero-probability term
             zero = target == -math.inf
             naive = torch.exp(target) * (target - input)
-        else:
-            zero = target == 0
-            naive = torch.addcmul(torch.xlogy(target, target), target, input, value=-1)
-        # A term with zero target probability is 0, also at input = ±inf (where the textbook
-        # 0·inf is NaN); clamp(x, 0, 0) is 0 for every non-NaN x and keeps a NaN input NaN.
-        return torch.where(zero, input.clamp(0.0, 0.0), naive)
+            return naive.masked_fill_(zero & ~torch.isnan(input), 0.0)
+        # xlogy(0, 0) - 0·x is already 0 at every finite x (and NaN at a NaN one)
+        naive = torch.addcmul(torch.xlogy(target, target), target, input, value=-1)
+        return naive.masked_fill_((target == 0) & torch.isinf(input), 0.0)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -43,8 +50,8 @@ class _KLDiv(torch.autograd.Function):
         if ctx.log_target:
             p = torch.exp(target)  # exactly 0 at target = -inf
             if ctx.needs_input_grad[0]:
-                # 0 - p·g: +0 (not -0) at zero-probability terms.
-                grad_input = sum_to(torch.rsub(p * grad_output, 0.0), input.shape)
+                # 0 - p·g in one op: +0 (not -0) at zero-probability terms.
+                grad_input = sum_to(_neg_product(p, grad_output), input.shape)
             if ctx.needs_input_grad[1]:
                 # d/dt e^t (t - x) = e^t (t - x + 1); 0 at t = -inf (double where).
                 zero = target == -math.inf
@@ -54,8 +61,8 @@ class _KLDiv(torch.autograd.Function):
                 grad_target = sum_to(g * grad_output, target.shape)
         else:
             if ctx.needs_input_grad[0]:
-                # 0 - t·g: +0 (not -0) at zero-probability terms.
-                grad_input = sum_to(torch.rsub(target * grad_output, 0.0), input.shape)
+                # 0 - t·g in one op: +0 (not -0) at zero-probability terms.
+                grad_input = sum_to(_neg_product(target, grad_output), input.shape)
             if ctx.needs_input_grad[1]:
                 # d/dt (t log t - t x) = log t + 1 - x; 0 at t = 0 (double where).
                 zero = target == 0

@@ -28,6 +28,18 @@ from stablelosses._utils import inplace_ok
 _INF = float("inf")
 
 
+def _bounded(x: Tensor, m: Tensor) -> Tensor:
+    """``x`` clamped per slice to ``[lo, hi]`` from the slice max ``m`` (one pass, N-sized
+    bounds): the identity on every slice with a finite max (``finfo.min`` slices included);
+    ``+inf → finfo.max`` on ``+inf`` slices (the ``+inf`` entries then sit far above every
+    other entry but ``finfo.max`` itself, so torch's kernels put uniform mass on them); 0 on
+    all-``-inf`` slices (finite, fixed by the caller from ``m``). NaN stays NaN.
+    """
+    hi = m.clamp(0.0, torch.finfo(x.dtype).max)  # ≥ m on finite slices: no entry is cut
+    lo = torch.where(m == -_INF, hi, -_INF)  # 0 on all-(-inf) slices, else no bound
+    return x.clamp(lo, hi)
+
+
 def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """Return ``z = x - max`` with the infinite-max slices made finite, and the row max.
 
@@ -45,13 +57,6 @@ def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     return z, m
 
 
-def _per_slice(m: Tensor, empty_value: float, other_value: float) -> Tensor:
-    """From the slice max ``m``: ``empty_value`` on all-``-inf`` slices, NaN on NaN slices,
-    ``other_value`` elsewhere."""
-    value = torch.where(m == -_INF, empty_value, other_value).to(m.dtype)
-    return torch.where(torch.isnan(m), m, value)
-
-
 def _save_output(ctx, inputs, output):
     """setup_context of softmax and log_softmax: both differentiate from their output."""
     ctx.dim = inputs[1]
@@ -60,7 +65,8 @@ def _save_output(ctx, inputs, output):
 
 
 class _Softmax(torch.autograd.Function):
-    """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries.
+    """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries (an entry equal to
+    ``finfo.max`` on such a slice counts with them: torch's kernel runs on ``_bounded`` x).
 
     Backward ``y · (g − Σ g·y)`` from the saved output: 0 wherever ``y`` is 0, so masked
     entries and all-masked slices get gradient 0.
@@ -72,14 +78,10 @@ class _Softmax(torch.autograd.Function):
     def forward(x: Tensor, dim: int) -> Tensor:
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.softmax(x, dim)
-        z, m = _shift_by_max(x, dim)
-        # All-(-inf) slices: 0 · 1/n = 0. NaN slices: NaN.
-        scale = _per_slice(m, 0.0, 1.0)
-        if torch.compiler.is_compiling():
-            # exp / sum spelled out fuse with the shift into two passes under inductor
-            e = torch.exp(z)
-            return e * (scale / e.sum(dim, keepdim=True))
-        return torch.softmax(z, dim).mul_(scale)
+        m = x.amax(dim, keepdim=True)
+        # All-(-inf) slices: 1/n · 0 = 0 (NaN slices are NaN through the kernel)
+        scale = (m != -_INF).to(x.dtype)
+        return torch.softmax(_bounded(x, m), dim).mul_(scale)
 
     setup_context = staticmethod(_save_output)
 
@@ -114,8 +116,11 @@ class _LogSoftmax(torch.autograd.Function):
     def forward(x: Tensor, dim: int) -> Tensor:
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.log_softmax(x, dim)
+        # the exact shift, not the bounded x: on a +inf slice the finite entries' log-softmax
+        # must be -inf (torch's kernel on finfo.max gives finite -finfo.max)
         z, m = _shift_by_max(x, dim)
-        fix = _per_slice(m, -_INF, 0.0)  # -inf on all-(-inf) slices, NaN on NaN slices
+        fix = torch.where(m == -_INF, m, 0.0)  # -inf on all-(-inf) slices (NaN ones stay NaN)
+        fix = torch.where(torch.isnan(m), m, fix)
         if torch.compiler.is_compiling():
             return z - (torch.exp(z).sum(dim, keepdim=True).log() - fix)
         return torch.log_softmax(z, dim).add_(fix)
@@ -165,7 +170,9 @@ def _lse_softmax(
     neg_inf = out == -_INF
     diff = x - out.masked_fill(neg_inf, 0)
     if inplace_ok(diff, out, grad):
-        # first order, no transforms: in place on our own buffer, the scale folded in
+        # first order, no transforms: in place on our own buffer, the scale folded in. (Not
+        # torch's softmax kernel on the bounded x: 2 passes fewer, but on CPU that kernel is
+        # 7x slower than exp + sum at 10 classes.)
         e = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
         # nan_to_num also zeroed the NaN slices' exponents: divide them by their NaN
         total = torch.where(torch.isnan(out), out, e.sum(dims, keepdim=True))
@@ -236,15 +243,15 @@ _logsumexp = applier(_LogSumExp)
 
 
 def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
-    """torch's ``log_softmax`` of ``x`` with ``+inf`` clamped to ``finfo.max``, and the row max.
+    """torch's ``log_softmax`` of ``x`` bounded per row (see ``_bounded``), and the row max.
 
-    The clamp is the identity on every row with a finite maximum (``finfo.min`` rows
-    included) and on ``-inf`` entries; on a ``+inf`` row it leaves the ``+inf`` entries far
-    above the rest (all but ``finfo.max`` itself), so their probability is uniform. Fully
-    masked rows come out NaN: the caller reads them off ``m == -inf``.
+    The bounds are the identity on every row with a finite maximum (``finfo.min`` rows
+    included); on a ``+inf`` row ``+inf → finfo.max`` leaves the ``+inf`` entries far above
+    the rest (all but ``finfo.max`` itself), so their probability is uniform; a fully masked
+    row becomes a finite uniform row (the caller reads it off ``m == -inf``).
     """
     m = x.amax(cdim, keepdim=True)
-    return torch.log_softmax(x.clamp(max=torch.finfo(x.dtype).max), cdim), m
+    return torch.log_softmax(_bounded(x, m), cdim), m
 
 
 def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
@@ -263,11 +270,12 @@ def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
 
 
 def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
-    """``exp(lsm)``, 0 where ``lsm`` is NaN on a fully masked row of the fast path (a NaN
-    row's gradient is made NaN through its row scale). ``fresh``: the result may be written
-    in place (the caller's own first-order buffer)."""
+    """``exp(lsm)``; ``lsm`` is finite on fully masked rows (both log-softmaxes above) and
+    NaN only on NaN rows. ``fresh``: first order, the caller's own buffer; the plain ``exp``
+    (a NaN row's gradient is NaN through its row scale anyway). Otherwise 0 where ``lsm`` is
+    NaN."""
     if fresh:
-        return lsm.exp().nan_to_num_(nan=0.0)
+        return lsm.exp()
     # double where: exp never sees the NaN, so double backward stays finite there
     return torch.exp(torch.where(torch.isnan(lsm), -_INF, lsm))
 
