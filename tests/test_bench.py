@@ -88,9 +88,23 @@ def test_backward_is_counted():
 def test_bytes_moved_of_cross_entropy_matches_its_passes():
     x, t = torch.randn(64, 100, requires_grad=True), torch.randint(0, 100, (64,))
     moved = bytes_moved(lambda: F.cross_entropy(x, t))
-    # log_softmax reads and writes the logits; nll_loss reads them once more
+    # log_softmax reads and writes the logits; nll_loss reads one log-probability per row
     assert moved.per_op["_log_softmax"] == 2 * 64 * 100 * 4
-    assert 3 * 64 * 100 * 4 <= moved.total < 4 * 64 * 100 * 4
+    # the target, one entry per row; the loss and the total weight
+    assert moved.per_op["nll_loss_forward"] == 64 * 8 + 64 * 4 + 2 * 4
+    assert 2 * 64 * 100 * 4 <= moved.total < 3 * 64 * 100 * 4
+
+
+def test_indexed_operators_count_what_they_touch():
+    src = torch.randn(64, 100)
+    index = torch.randint(0, 100, (64, 1))
+    with BytesMoved() as moved:
+        got = src.gather(1, index)
+    assert moved.read == 64 * 8 + 64 * 4 and moved.written == got.numel() * 4
+    dest, ones = torch.zeros(64, 100), torch.ones(64, 1)
+    with BytesMoved() as moved:
+        dest.scatter_add_(1, index, ones)
+    assert moved.read == 64 * 8 + 64 * 4 and moved.written == 64 * 4
 
 
 # ---- kernel count --------------------------------------------------------------------------

@@ -15,7 +15,16 @@ as an unfused eager kernel does):
   nothing and count 0; so do the allocators ``empty``/``empty_like``/``empty_strided``;
 * an in-place operator reads its arguments and writes its result (the same memory): ``add_``
   of two N-element tensors counts 3N elements, as ``add`` does;
-* Python scalars count nothing; a 0-dimensional tensor counts its one element.
+* Python scalars count nothing; a 0-dimensional tensor counts its one element;
+* indexed reads and writes move what they touch: ``gather`` (and ``nll_loss``'s forward) reads
+  its index and the gathered elements (not the whole source), an in-place ``scatter_``/``scatter_add_``/
+  ``scatter_reduce_`` reads its index and source and writes as many elements (not the whole
+  destination).
+
+Known limit: an operator whose CPU kernel makes several passes internally (``logsumexp``:
+max, subtract, exp, sum; ``vector_norm`` with a wider ``dtype``: a converted copy first) is
+counted as one read of its input, so its true traffic is under-counted, on torch's side as on
+ours.
 
 Compiled code (``torch.compile``) is not counted here: its fused kernels are not aten calls
 (see `stablelosses.bench.kernels` for the compiled side).
@@ -43,6 +52,8 @@ from torch.utils._pytree import tree_flatten
 __all__ = ["BytesMoved", "bytes_moved", "tensor_bytes"]
 
 _ALLOCATORS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+_SCATTER_INPLACE = {"scatter_", "scatter_add_", "scatter_reduce_"}
+_NLL_FORWARD = {"nll_loss_forward", "nll_loss2d_forward"}
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -88,13 +99,31 @@ class BytesMoved(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if func.is_view or name in _ALLOCATORS:
             return out
-        r = _sum_bytes((args, kwargs))
-        w = _sum_bytes(out)
+        r, w = _indexed_bytes(name, args, kwargs, out)
         self.read += r
         self.written += w
         self.ops += 1
         self.per_op[name] += r + w
         return out
+
+
+def _indexed_bytes(name: str, args: tuple[Any, ...], kwargs: Any, out: Any) -> tuple[int, int]:
+    """Bytes read and written by one operator (see the module's conventions)."""
+    if name == "gather" and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+        index = args[2]
+        touched = index.numel() * args[0].element_size()
+        return tensor_bytes(index) + touched, _sum_bytes(out)
+    if name in _NLL_FORWARD and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+        # reads the target and one log-probability per target (plus the weight), not all C
+        target = args[1]
+        touched = target.numel() * args[0].element_size()
+        return tensor_bytes(target) + touched + _sum_bytes(args[2:]), _sum_bytes(out)
+    if name in _SCATTER_INPLACE and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+        index = args[2]
+        src = _sum_bytes(args[3:]) if len(args) > 3 else 0
+        touched = index.numel() * args[0].element_size()
+        return tensor_bytes(index) + src, touched
+    return _sum_bytes((args, kwargs)), _sum_bytes(out)
 
 
 def bytes_moved(call: Callable[[], Any]) -> BytesMoved:
