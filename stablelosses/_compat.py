@@ -24,6 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (re-ex
 _functorch = getattr(torch._C, "_functorch", None)
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 _current_node = getattr(torch._C, "_current_autograd_node", None)
+_softmax_bwd = getattr(torch, "_softmax_backward_data", None)
+_log_softmax_bwd = getattr(torch, "_log_softmax_backward_data", None)
 _unwrap_dead_wrappers: Any
 try:
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
@@ -106,3 +108,23 @@ def direct_apply(cls: Any) -> Any:
         return c_apply(*unwrap(args))
 
     return call
+
+
+def softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
+    """``y · (g − Σ g·y)`` along ``dim`` from the softmax output ``y``, in torch's fused kernel.
+
+    Fallback: the same formula in three public ops (one more pass over memory).
+    """
+    if _softmax_bwd is None:
+        return output * (grad - (grad * output).sum(dim, keepdim=True))
+    return _softmax_bwd(grad, output, dim, output.dtype)
+
+
+def log_softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
+    """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel.
+
+    Fallback: the same formula in public ops.
+    """
+    if _log_softmax_bwd is None:
+        return grad - torch.exp(output) * grad.sum(dim, keepdim=True)
+    return _log_softmax_bwd(grad, output, dim, output.dtype)

@@ -91,3 +91,13 @@ def test_forward_ad_active_sees_a_dual_level():
     seen = []
     torch.func.jvp(lambda x: seen.append(_compat.forward_ad_active()) or x, (torch.ones(2),), (torch.ones(2),))
     assert seen == [True]
+
+
+def test_softmax_backward_kernels_equal_their_formulas():
+    x = torch.randn(4, 6, dtype=torch.float64)
+    g = torch.randn(4, 6, dtype=torch.float64)
+    y = torch.softmax(x, 1)
+    torch.testing.assert_close(_compat.softmax_backward(g, y, 1), y * (g - (g * y).sum(1, keepdim=True)))
+    ly = torch.log_softmax(x, 1)
+    torch.testing.assert_close(_compat.log_softmax_backward(g, ly, 1), g - ly.exp() * g.sum(1, keepdim=True))
+    assert _compat._softmax_bwd is not None and _compat._log_softmax_bwd is not None

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
+from stablelosses._compat import log_softmax_backward as _log_softmax_kernel_bwd
+from stablelosses._compat import softmax_backward as _softmax_kernel_bwd
 from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
@@ -88,7 +90,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (y,) = ctx.saved_tensors
-        return torch._softmax_backward_data(grad, y, ctx.dim, y.dtype), None
+        return _softmax_kernel_bwd(grad, y, ctx.dim), None
 
     @staticmethod
     def jvp(ctx, x_t: Tensor, _dim_t):
@@ -134,7 +136,7 @@ class _LogSoftmax(torch.autograd.Function):
         # (e.g. label smoothing's -ε/C on a masked class); its own gradient is then
         # g - exp(-inf)·Σg = 0.
         g = grad.masked_fill(y == -_INF, 0)
-        return torch._log_softmax_backward_data(g, y, ctx.dim, y.dtype), None
+        return _log_softmax_kernel_bwd(g, y, ctx.dim), None
 
     @staticmethod
     def jvp(ctx, x_t: Tensor, _dim_t):
