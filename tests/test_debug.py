@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from debug_helpers import line_of, raised
 from torch import nn
 
 import stablelosses.functional as SF
@@ -30,18 +31,7 @@ INF = math.inf
 
 def lineno_of(marker: str) -> int:
     """Line number of the first line of this file containing ``marker``."""
-    with open(HERE) as f:
-        for i, line in enumerate(f, 1):
-            if marker in line and "lineno_of" not in line:
-                return i
-    raise LookupError(marker)
-
-
-def raised(fn, **opts) -> NonFiniteError:
-    with pytest.raises(NonFiniteError) as info:
-        with detect_nonfinite(**opts):
-            fn()
-    return info.value
+    return line_of(HERE, marker)
 
 
 # ---- forward ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from debug_helpers import line_of, raised
 
 import stablelosses as sl
 import stablelosses.functional as SF
@@ -21,18 +22,8 @@ INF = math.inf
 
 
 def lineno_of(marker: str) -> int:
-    with open(HERE) as f:
-        for i, line in enumerate(f, 1):
-            if marker in line and "lineno_of" not in line:
-                return i
-    raise LookupError(marker)
-
-
-def raised(fn, **opts) -> NonFiniteError:
-    with pytest.raises(NonFiniteError) as info:
-        with detect_nonfinite(**opts):
-            fn()
-    return info.value
+    """Line number of the first line of this file containing ``marker``."""
+    return line_of(HERE, marker)
 
 
 # ---- reported -----------------------------------------------------------------------------
