@@ -11,16 +11,10 @@ from stablelosses.functional._divergence import kl_div
 from stablelosses.functional._linear import linear_cross_entropy, linear_focal_loss
 from stablelosses.functional._logaddexp import logaddexp
 from stablelosses.functional._masked import entropy, masked_mean
-from stablelosses.functional._ops import (
-    log_softmax,
-    logsumexp,
-    safe_div,
-    safe_sqrt,
-    softmax,
-    xlogy,
-)
+from stablelosses.functional._ops import safe_div, safe_sqrt, xlogy
 from stablelosses.functional._regression import log_cosh_loss, rmse_loss
 from stablelosses.functional._segmentation import dice_loss
+from stablelosses.functional._softmax import log_softmax, logsumexp, softmax
 from stablelosses.functional._vector import cosine_similarity, normalize
 
 __all__ = [

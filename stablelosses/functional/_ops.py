@@ -1,21 +1,19 @@
-r"""The stable ops: drop-in replacements for ``torch.sqrt``, ``torch.div``, ``torch.logsumexp``,
-``torch.softmax``, ``torch.log_softmax`` and ``torch.special.xlogy`` with finite, defined
-gradients at their singular points.
+r"""The elementwise stable ops: drop-in replacements for ``torch.sqrt``, ``torch.div`` and
+``torch.special.xlogy`` with finite, defined gradients at their singular points, and the
+binary-operand promotion they share (`stablelosses.functional._softmax` holds the softmax family).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from numbers import Number
 
 import torch
 from torch import Tensor
 
 from stablelosses._autograd.div import _safe_div
-from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._autograd.sqrt import _safe_sqrt
 from stablelosses._autograd.xlogy import _xlogy
-from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, promote_types, wrap_dim
+from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, promote_types
 
 _LOW = (torch.float16, torch.bfloat16)
 _WORK = (torch.float32, torch.float64)
@@ -116,62 +114,6 @@ def _check_broadcast(fn: str, a: Tensor, b: Tensor, names: tuple[str, str]) -> N
             f"{fn}: the shapes of {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)} "
             "do not broadcast"
         ) from None
-
-
-def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    """softmax/log_softmax are on CUDA autocast's float32 list (not on CPU's)."""
-    if dtype is not None:
-        return dtype
-    if x.dtype in _LOW and x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
-        return torch.float32
-    return x.dtype
-
-
-def _check_softmax_args(
-    fn: str, input: object, dim: object, mask: object, dtype: object
-) -> tuple[Tensor, int]:
-    x = check_tensor(fn, "input", input)
-    if dtype is not None:
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"{fn}: dtype must be a floating-point torch.dtype or None, got {dtype!r}")
-        x = x.to(dtype)
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{fn}: input must be a floating-point tensor (float16, bfloat16, float32 or float64), "
-            f"got {x.dtype}"
-        )
-    if dim is None:
-        raise TypeError(f"{fn}: dim must be an int, got None (the implicit dim is not supported)")
-    d = wrap_dim(fn, dim, x.ndim)
-    if mask is not None:
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"{fn}: mask must be a bool torch.Tensor or None, got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise TypeError(f"{fn}: mask must have dtype torch.bool (True = takes part), got {mask.dtype}")
-        try:
-            shape = broadcast_shapes(mask.shape, x.shape)
-        except RuntimeError:
-            shape = None
-        if shape != x.shape:
-            raise ValueError(
-                f"{fn}: mask of shape {tuple(mask.shape)} does not broadcast to input of shape "
-                f"{tuple(x.shape)}"
-            )
-    return x, d
-
-
-def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Tensor | None,
-                  dtype: torch.dtype | None) -> Tensor:
-    x, d = _check_softmax_args(name, input, dim, mask, dtype)
-    out_dtype = _softmax_out_dtype(x, dtype)
-    if mask is not None:
-        x = x.masked_fill(~mask.to(x.device), float("-inf"))
-    scalar = x.ndim == 0
-    xc = x.reshape(1) if scalar else x
-    y = fn_apply(xc.to(compute_dtype(xc)), d)
-    if scalar:
-        y = y.reshape(())
-    return y.to(out_dtype)
 
 
 def safe_sqrt(input: Tensor) -> Tensor:
@@ -304,157 +246,3 @@ def xlogy(input: Tensor | float, other: Tensor | float) -> Tensor:
     """
     x, y, out_dtype = _binary_operands("xlogy", input, other, ("input", "other"))
     return _xlogy(x, y).to(out_dtype)
-
-
-def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
-    r"""``log Σ exp(input)`` over ``dim``, with defined gradients on ``±inf`` slices.
-
-    $$ \operatorname{logsumexp}(x)_i = \log \sum_j \exp(x_{ij}) $$
-
-    Same value as ``torch.logsumexp``: a slice of all ``-inf`` gives ``-inf``, a slice with a
-    ``+inf`` entry gives ``+inf``, a NaN gives NaN. Over one dimension it is computed as
-    $m + \operatorname{log1p}(\sum_{j \ne \arg\max} e^{x_j - m})$, correctly rounded also
-    where $\log \sum$ rounds $1 + \delta$ to 1 (``[0, -20]`` gives ``2.06e-9``; torch: 0).
-
-    **Gradient.** $\operatorname{softmax}(x)$ over ``dim``: $\exp(x - \operatorname{lse})$
-    normalised by its computed sum, so it is the exact softmax at every magnitude (on a
-    ``finfo.min`` slice, or ``[-1e30, -1e30]``, torch's $\exp(x - \operatorname{lse})$ is 1 per
-    entry; here it is $1/n$). On an all-``-inf`` slice it is defined as $0$ (torch computes
-    $\exp(-\infty + \infty)$ = NaN); on a slice with $k$ ``+inf`` entries it is the limit
-    $1/k$ on those entries and $0$ elsewhere. Forward-mode AD (``torch.func.jvp``, ``jacfwd``,
-    ``hessian``) uses the same softmax. A finite fill value (``finfo.min``) is an ordinary
-    number; only ``-inf`` entries are masked.
-
-    Args:
-        input: floating-point (or integer, promoted) tensor.
-        dim: dimension or dimensions to reduce.
-        keepdim: keep the reduced dimensions with size 1. Default: ``False``.
-
-    Returns:
-        The reduced tensor, in ``input``'s dtype (float16/bfloat16 computed in float32).
-
-    Raises:
-        TypeError: ``input`` is not a tensor or ``dim`` is not an int or a sequence of ints.
-        IndexError: ``dim`` is out of range.
-
-    Example:
-        >>> import torch
-        >>> from stablelosses.functional import logsumexp
-        >>> x = torch.full((2,), float("-inf"), requires_grad=True)
-        >>> torch.logsumexp(x, 0).backward(); x.grad
-        tensor([nan, nan])
-        >>> x.grad = None
-        >>> logsumexp(x, 0).backward(); x.grad
-        tensor([0., 0.])
-
-    Replaces ``torch.logsumexp``.
-    """
-    x = _float_result(check_tensor("logsumexp", "input", input))
-    if isinstance(dim, (list, tuple)):
-        dims = tuple(wrap_dim("logsumexp", d, x.ndim) for d in dim)
-        if len(set(dims)) != len(dims):
-            raise ValueError(f"logsumexp: dim has repeated dimensions, got {tuple(dim)}")
-        if not dims:
-            raise ValueError("logsumexp: dim must name at least one dimension, got ()")
-    else:
-        dims = (wrap_dim("logsumexp", dim, x.ndim),)
-    if not isinstance(keepdim, bool):
-        raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
-    out_dtype = x.dtype
-    if x.ndim == 0:
-        return _logsumexp(x.reshape(1).to(compute_dtype(x)), (0,), False).to(out_dtype)
-    return _logsumexp(x.to(compute_dtype(x)), dims, keepdim).to(out_dtype)
-
-
-def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
-            dtype: torch.dtype | None = None) -> Tensor:
-    r"""Softmax over ``dim`` with an optional boolean ``mask``, exact on masked and ``±inf`` slices.
-
-    $$ \operatorname{softmax}(x)_{ij} = \frac{\exp(x_{ij})}{\sum_k \exp(x_{ik})} $$
-
-    ``mask`` (bool, broadcastable to ``input``; True = takes part) acts as
-    ``input.masked_fill(~mask, -inf)``. An all-masked or all-``-inf`` slice gives zeros
-    (``torch.softmax`` gives NaN); a slice with $k$ ``+inf`` entries gives the limit $1/k$ on
-    them and 0 elsewhere (torch: NaN). NaN input gives a NaN slice.
-
-    **Gradient.** $y \odot (g - \langle g, y\rangle)$ from the saved output: $0$ for masked
-    entries and for all-masked slices, finite on ``+inf`` slices. Forward-mode AD
-    (``torch.func.jvp``, ``jacfwd``) uses the same formula. A slice filled with the finite
-    ``finfo.min`` is an ordinary slice (uniform), as in torch; only ``-inf`` masks.
-
-    Args:
-        input: floating-point tensor.
-        dim: dimension along which softmax is computed.
-        mask: optional bool tensor broadcastable to ``input``. Default: ``None``.
-        dtype: cast ``input`` to this dtype first, as in ``torch.softmax``. Default: ``None``.
-
-    Returns:
-        Tensor of ``input``'s shape and dtype (float16/bfloat16 computed in float32).
-
-    Raises:
-        TypeError: ``input`` is not floating point, or ``mask`` is not a bool tensor.
-        ValueError: ``mask`` does not broadcast to ``input``.
-        IndexError: ``dim`` is out of range.
-
-    Example:
-        >>> import torch
-        >>> from stablelosses.functional import softmax
-        >>> z = torch.tensor([92.0, 90.0])
-        >>> torch.exp(z) / torch.exp(z).sum()
-        tensor([nan, nan])
-        >>> softmax(z, 0)
-        tensor([0.8808, 0.1192])
-        >>> softmax(torch.zeros(2, 3), -1, mask=torch.tensor([[True, True, False], [False, False, False]]))
-        tensor([[0.5000, 0.5000, 0.0000],
-                [0.0000, 0.0000, 0.0000]])
-
-    Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
-    """
-    return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
-
-
-def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
-                dtype: torch.dtype | None = None) -> Tensor:
-    r"""Log-softmax over ``dim`` with an optional boolean ``mask``; masked entries are ``-inf``.
-
-    $$ \operatorname{log\_softmax}(x)_{ij} = x_{ij} - \log \sum_k \exp(x_{ik}) $$
-
-    ``mask`` as in [`softmax`][stablelosses.functional.softmax]. Masked entries give ``-inf``;
-    an all-masked slice gives ``-inf`` everywhere (``torch.log_softmax``: NaN); a slice with
-    $k$ ``+inf`` entries gives $-\log k$ on them and ``-inf`` elsewhere.
-
-    **Gradient.** $g - \operatorname{softmax}(x)\sum g$ from the saved output. An output that
-    is ``-inf`` (masked entry, all-masked slice, entry dominated by ``+inf``) does not move when
-    any input moves, so its incoming gradient is ignored and its input's gradient is $0$; e.g.
-    label smoothing's $-\varepsilon/C$ on a masked class does not leak into the other classes.
-    Forward-mode AD is supported (the tangent of a ``-inf`` output is 0). A ``finfo.min``
-    slice is an ordinary slice ($-\log n$), as in torch.
-
-    Args:
-        input: floating-point tensor (cast to ``dtype`` first when given, as ``torch.log_softmax``).
-        dim: the dimension normalised over.
-        mask: bool, broadcastable to ``input``, True = takes part; ``None``: all do. Default: ``None``.
-        dtype: see ``input``. Default: ``None``.
-
-    Returns:
-        The log-probabilities: ``input``'s shape and dtype (half precision computed in float32).
-
-    Raises:
-        TypeError: as [`softmax`][stablelosses.functional.softmax] (``input`` not floating
-            point, ``mask`` not bool).
-        ValueError: as `softmax` (``mask`` does not broadcast); IndexError: ``dim`` out of range.
-
-    Example:
-        >>> import torch
-        >>> from stablelosses.functional import log_softmax
-        >>> x = torch.full((1, 3), float("-inf"), requires_grad=True)
-        >>> torch.log_softmax(x, -1)
-        tensor([[nan, nan, nan]], grad_fn=<LogSoftmaxBackward0>)
-        >>> y = log_softmax(x, -1); y
-        tensor([[-inf, -inf, -inf]], grad_fn=<_LogSoftmaxBackward>)
-        >>> y[0, 0].backward(); x.grad
-        tensor([[0., 0., 0.]])
-
-    Replaces ``torch.log_softmax`` / ``F.log_softmax``.
-    """
-    return _softmax_like(_log_softmax, "log_softmax", input, dim, mask, dtype)
