@@ -515,3 +515,16 @@ def test_logsumexp_tail_correctly_rounded(values, dtype):
     ref = _mp_logsumexp(values)
     # a few ulp of the result (torch's log Σ exp rounds 1 + δ to 1 in float32: 0 for [0, -20])
     assert abs(out - ref) <= 4 * torch.finfo(dtype).eps * abs(ref)
+
+
+@pytest.mark.parametrize("margin", [5.0, 15.0, 17.0, 20.0, 25.0, 30.0])
+@pytest.mark.parametrize("classes", [2, 10])
+def test_cross_entropy_exact_tail_against_mpmath(margin, classes):
+    """Issue 9 item 7: a confident correct row keeps its small loss (torch rounds it to 0)."""
+    mpmath.mp.dps = 60
+    x = torch.zeros(1, classes)
+    x[0, 0] = margin
+    got = SF.cross_entropy(x, torch.tensor([0])).item()
+    ref = float(mpmath.log(1 + (classes - 1) * mpmath.exp(-mpmath.mpf(margin))))
+    assert got > 0.0
+    assert abs(got - ref) <= 1e-5 * ref

@@ -149,6 +149,12 @@ class _IndexLoss(torch.autograd.Function):
             lt = torch.where(masked_row | far, -_INF, lt)
         extra = lsm
         if gamma == 0.0:
+            if eps == 0.0:
+                # Exact tail (DESIGN principle 8): as p_t → 1, log p_t = log1p(−Σ_{j≠t} p_j)
+                # keeps full relative accuracy where lse − x_t rounds to 0. It costs one exp
+                # and one sum over the row; no formulation in the passes above gives it.
+                other = other_mass(probs_from(lsm, True), idx, cdim, inplace=True)
+                lt = accurate_log_pt(other, lt)
             val, scale, rest = -lt, torch.ones_like(lt), torch.zeros_like(lt)
         else:
             if eps == 0.0 and inplace_ok(lsm):  # lsm is not needed again: p overwrites it
