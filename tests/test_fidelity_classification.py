@@ -528,3 +528,17 @@ def test_cross_entropy_exact_tail_against_mpmath(margin, classes):
     ref = float(mpmath.log(1 + (classes - 1) * mpmath.exp(-mpmath.mpf(margin))))
     assert got > 0.0
     assert abs(got - ref) <= 1e-5 * ref
+
+
+@pytest.mark.parametrize("margin", [5.0, 17.0, 25.0, 40.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_softmax_exact_tail_against_mpmath(margin, dtype):
+    """Issue 9 item 7: the argmax entry is −log1p(δ), not a rounded 0; the others stay exact."""
+    mpmath.mp.dps = 60
+    x = torch.tensor([[margin, 0.0, -1.0]], dtype=dtype)
+    got = SF.log_softmax(x, 1)[0].double()
+    m = mpmath.mpf(margin)
+    lse = mpmath.log(mpmath.exp(m) + 1 + mpmath.exp(-1))
+    for j, xj in enumerate((m, 0, -1)):
+        ref = float(xj - lse)
+        assert abs(got[j].item() - ref) <= 4 * torch.finfo(dtype).eps * abs(ref), (j, got[j].item(), ref)

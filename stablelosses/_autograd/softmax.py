@@ -123,9 +123,13 @@ class _LogSoftmax(torch.autograd.Function):
         z, m = _shift_by_max(x, dim)
         fix = torch.where(m == -_INF, m, 0.0)  # -inf on all-(-inf) slices (NaN ones stay NaN)
         fix = torch.where(torch.isnan(m), m, fix)
-        if torch.compiler.is_compiling():
-            return z - (torch.exp(z).sum(dim, keepdim=True).log() - fix)
-        return torch.log_softmax(z, dim).add_(fix)
+        # Exact tail (DESIGN principle 8): log Σ e^z = log1p(δ), δ = Σ e^z without one argmax
+        # term (exactly 1), so the argmax entry is −log1p(δ) ≈ −δ where log(1 + δ) rounds to 0.
+        # z = 0 at every maximum (also on +inf and all-(-inf) slices), so δ counts ties.
+        am = z.argmax(dim, keepdim=True)
+        e = torch.exp(z)
+        e = e.scatter_(dim, am, 0.0) if inplace_ok(e) else e.scatter(dim, am, 0.0)
+        return z - (torch.log1p(e.sum(dim, keepdim=True)) - fix)
 
     setup_context = staticmethod(_save_output)
 
