@@ -37,6 +37,17 @@ def _norms_and_loss(
     for i, g in enumerate(grads):
         if g is not None:
             by_key.setdefault((g.device, g.dtype), []).append(i)
+    if len(by_key) == 1 and not wide:
+        # the common case, one device and dtype: the norms and the loss in one stack, one read
+        ((device, dtype), idx), = by_key.items()
+        group = [g for g in (grads[i] for i in idx) if g is not None]
+        ld = loss.detach().reshape(())
+        if ld.device == device and ld.dtype == dtype:
+            *values, value_loss = torch.stack([*foreach_norm(group, 2), ld]).tolist()
+            per = [0.0] * len(grads)
+            for i, v in zip(idx, values):
+                per[i] = v
+            return [*per, value_loss]
     stacks, order = [], []
     for idx in by_key.values():
         group = [g for g in (grads[i] for i in idx) if g is not None]
