@@ -394,14 +394,15 @@ def figures() -> list[Figure]:
     return figs
 
 
-def main(out_dir: Path | None = None) -> list[str]:
-    """Write every figure; return the problems found on the stablelosses side."""
+def main(out_dir: Path | None = None, specs: Callable[[], list] | None = None) -> list[str]:
+    """Write every figure of ``specs()`` (default: this module's); return the problems found
+    on the stablelosses side."""
     out_dir = FIG_DIR if out_dir is None else Path(out_dir)
     problems: list[str] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny ops: thread hand-off would dominate
     try:
-        for spec in figures():
+        for spec in (specs or figures)():
             problems += render(spec, out_dir)
     finally:
         torch.set_num_threads(threads)

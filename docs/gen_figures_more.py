@@ -164,18 +164,7 @@ def _with_zero(xs: np.ndarray) -> np.ndarray:
 
 def main(out_dir: Path | None = None) -> list[str]:
     """Write every figure of this module; return the problems found on the stablelosses side."""
-    g = _base()
-    out_dir = g.FIG_DIR if out_dir is None else Path(out_dir)
-    problems: list[str] = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for spec in figures():
-            problems += g.render(spec, out_dir)
-    finally:
-        torch.set_num_threads(threads)
-    return problems
-
+    return _base().main(out_dir, figures)
 
 if __name__ == "__main__":
     found = main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
