@@ -3,9 +3,6 @@ functions and modules we replace: values (dtype included); in float32/float64 th
 with respect to every differentiable tensor (input, target and weight), and forward-mode (jvp)
 tangents, wherever torch's are finite; where torch raises, we raise too (``error_inputs`` of
 OpInfo and ``module_error_inputs`` of ``module_db``).
-
-The ops owned by the classification family (softmax, log_softmax, logsumexp, cross_entropy,
-kl_div) sit in their own test functions, named ``..._classification``.
 """
 
 from __future__ import annotations
@@ -45,8 +42,6 @@ CLASSIFICATION = {
 }
 OURS = {**ELEMENTWISE, **CLASSIFICATION}
 OPS = [op for op in op_db if (op.name, op.variant_test_name) in OURS]
-ELEMENTWISE_OPS = [op for op in OPS if (op.name, op.variant_test_name) in ELEMENTWISE]
-CLASSIFICATION_OPS = [op for op in OPS if (op.name, op.variant_test_name) in CLASSIFICATION]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
 GRAD_DTYPES = [torch.float32, torch.float64]
 
@@ -267,49 +262,27 @@ def test_every_replaced_op_has_samples():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
-@pytest.mark.parametrize("op", ELEMENTWISE_OPS, ids=_op_id)
+@pytest.mark.parametrize("op", OPS, ids=_op_id)
 def test_opinfo_samples(op, dtype):
     _check_samples(op, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
-@pytest.mark.parametrize("op", CLASSIFICATION_OPS, ids=_op_id)
-def test_opinfo_samples_classification(op, dtype):
-    _check_samples(op, dtype)
-
-
 @pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
-@pytest.mark.parametrize("op", ELEMENTWISE_OPS, ids=_op_id)
+@pytest.mark.parametrize("op", OPS, ids=_op_id)
 def test_opinfo_jvp(op, dtype):
     _check_jvp(op, dtype)
 
 
-@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
-@pytest.mark.parametrize("op", CLASSIFICATION_OPS, ids=_op_id)
-def test_opinfo_jvp_classification(op, dtype):
-    _check_jvp(op, dtype)
-
-
-@pytest.mark.parametrize("op", [o for o in ELEMENTWISE_OPS if o.error_inputs_func is not None], ids=_op_id)
+@pytest.mark.parametrize("op", [o for o in OPS if o.error_inputs_func is not None], ids=_op_id)
 def test_opinfo_error_inputs(op):
     _check_error_inputs(op)
 
 
-@pytest.mark.parametrize("op", [o for o in CLASSIFICATION_OPS if o.error_inputs_func is not None], ids=_op_id)
-def test_opinfo_error_inputs_classification(op):
-    _check_error_inputs(op)
-
-
-def test_module_db_error_inputs_classification():
+def test_module_db_error_inputs():
     _check_module_error_inputs(nn.CrossEntropyLoss)  # the only one of ours with error inputs
 
 
 @pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
-def test_module_db_inputs(dtype):
-    _check_module_inputs(nn.MSELoss, dtype)
-
-
-@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
-@pytest.mark.parametrize("torch_cls", [nn.CrossEntropyLoss, nn.KLDivLoss], ids=lambda c: c.__name__)
-def test_module_db_inputs_classification(torch_cls, dtype):
+@pytest.mark.parametrize("torch_cls", [nn.MSELoss, nn.CrossEntropyLoss, nn.KLDivLoss], ids=lambda c: c.__name__)
+def test_module_db_inputs(torch_cls, dtype):
     _check_module_inputs(torch_cls, dtype)
