@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from stablelosses import cli
 from stablelosses.bench import cli as bench_cli
 from stablelosses.bench.cases import specs
+from stablelosses.bench.checks import TARGETS
 from stablelosses.bench.kernels import count_kernels
 from stablelosses.bench.report import format_table, index, ratio_rows
 from stablelosses.bench.run import Settings, run
@@ -243,6 +244,23 @@ def test_every_goal_names_a_function_and_variants_of_the_registry():
             assert v.replace("-compiled", "") in reg[g.fn].variants, (g, v)
         for case in g.cases + g.quick:
             assert case in {c.label for c in reg[g.fn].cases}, (g, case)
+
+
+def test_every_per_input_check_of_checks_csv_is_well_formed():
+    reg = specs()
+    assert len(TARGETS) == 50
+    for t in TARGETS:
+        assert t.fn in reg, t
+        assert t.kind in ("time", "overhead", "peak", "peak_grad"), t
+        assert (t.den is None) == (t.kind == "peak_grad"), t
+        for v in (t.num, t.den or "stable"):
+            assert v.replace("-compiled", "") in reg[t.fn].variants, (t, v)
+        assert 0 < t.bound < 2, t
+    # the input predicates read the record kind and shape as they are written
+    few = {"kind": "few-class", "shape": [65536, 10]}
+    by_text = {t.text: t.where(few) for t in TARGETS if t.fn == "focal_loss"}
+    assert by_text["peak <= 0.6x F.cross_entropy's"] and by_text["eager <= 1.30x F.cross_entropy"]
+    assert not by_text["eager <= 1.10x F.cross_entropy"]
 
 
 # ---- the command line ----------------------------------------------------------------------

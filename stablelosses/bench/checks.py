@@ -10,14 +10,15 @@ forward+backward, with a slack of 0.5% + 4 KiB.
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 __all__ = ["TARGETS", "Outcome", "Target", "evaluate", "line", "load", "markdown"]
 
-TINY_OVERHEAD_S = 150e-6
 # Memory targets allow 0.5% + 4 KiB: scalars and per-row vectors are not what they are about.
 PEAK_SLACK_REL = 0.005
 PEAK_SLACK_BYTES = 4096
@@ -66,7 +67,6 @@ def numel(n: int) -> Callable[[dict[str, Any]], bool]:
 class Target:
     fn: str
     where: Callable[[dict[str, Any]], bool]
-    where_text: str
     kind: str  # 'time' | 'peak' | 'peak_grad' | 'overhead'
     num: str
     den: str | None
@@ -74,74 +74,19 @@ class Target:
     text: str
 
 
+def _where(name: str) -> Callable[[dict[str, Any]], bool]:
+    if name.startswith("numel="):
+        return numel(int(name.removeprefix("numel=")))
+    preds = {"big_c": big_c, "small_c": small_c, "few_class": few_class, "not_tiny": not_tiny, "tiny": tiny}
+    return preds[name]
+
+
 def _targets() -> list[Target]:
-    T = Target
-    t: list[Target] = [
-        # focal_loss, many classes
-        T("focal_loss", big_c, "C>=1000", "time", "stable", "torch", 1.10, "eager <= 1.10x F.cross_entropy"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable", "naive", 0.65, "eager <= 0.65x naive snippet"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable", "kornia", 0.60, "eager <= 0.6x kornia"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable-compiled", "torch", 0.80,
-          "compiled <= 0.80x eager F.cross_entropy"),
-        T("focal_loss", big_c, "C>=1000", "time", "stable-compiled", "torch-compiled", 0.60,
-          "compiled <= 0.60x compiled F.cross_entropy"),
-        T("focal_loss", big_c, "C>=1000", "peak_grad", "stable", None, 1.10, "peak <= 1.1x gradient size"),
-        # focal_loss, few classes
-        T("focal_loss", small_c, "C<100", "time", "stable", "torch", 1.30, "eager <= 1.30x F.cross_entropy"),
-        T("focal_loss", small_c, "C<100", "time", "stable-compiled", "torch", 1.00,
-          "compiled <= 1.0x eager F.cross_entropy"),
-        T("focal_loss", few_class, "65536x10", "peak", "stable", "torch", 0.60,
-          "peak <= 0.6x F.cross_entropy's"),
-        # cross_entropy
-        T("cross_entropy", big_c, "C>=1000", "time", "stable", "torch", 1.10,
-          "eager <= 1.10x F.cross_entropy"),
-        T("cross_entropy", small_c, "C<100", "time", "stable", "torch", 1.30,
-          "eager <= 1.30x F.cross_entropy"),
-        T("cross_entropy", not_tiny, "all", "time", "stable-compiled", "torch", 1.00,
-          "compiled <= 1.0x eager F.cross_entropy"),
-        T("cross_entropy", not_tiny, "all", "peak_grad", "stable", None, 1.10, "peak <= 1.1x gradient size"),
-        # sigmoid_focal_loss
-        T("sigmoid_focal_loss", not_tiny, "all", "time", "stable", "torch", 0.85,
-          "eager <= 0.85x torchvision formula"),
-        T("sigmoid_focal_loss", not_tiny, "all", "time", "stable-compiled", "torch-compiled", 0.55,
-          "compiled <= 0.55x compiled formula"),
-        T("sigmoid_focal_loss", not_tiny, "all", "peak", "stable", "torch", 0.35,
-          "peak <= 0.35x the formula's"),
-        # rmse_loss
-        T("rmse_loss", numel(10_000_000), "1e7", "time", "stable", "torch", 1.20,
-          "eager <= 1.20x sqrt(mse_loss)"),
-        T("rmse_loss", numel(1_000_000), "1e6", "time", "stable", "torch", 1.25,
-          "eager <= 1.25x sqrt(mse_loss)"),
-        T("rmse_loss", not_tiny, "all", "time", "stable-compiled", "torch-compiled", 1.05,
-          "compiled <= 1.05x compiled sqrt(mse_loss)"),
-        T("rmse_loss", not_tiny, "all", "peak", "stable", "torch", 1.00, "peak <= sqrt(mse_loss)'s"),
-        # log_cosh_loss
-        T("log_cosh_loss", not_tiny, "all", "time", "stable", "naive", 1.00,
-          "eager <= 1.0x log(cosh(x-y)).mean()"),
-        T("log_cosh_loss", not_tiny, "all", "time", "stable-compiled", "naive-compiled", 1.00,
-          "compiled <= 1.0x compiled naive"),
-        T("log_cosh_loss", not_tiny, "all", "peak", "stable", "naive", 1.00, "peak <= naive's"),
-        # safe_div
-        T("safe_div", not_tiny, "all", "time", "stable", "naive-double-where", 1.00,
-          "eager <= 1.0x double-where idiom"),
-        T("safe_div", not_tiny, "all", "time", "stable-compiled", "torch-compiled", 1.10,
-          "compiled <= 1.1x compiled torch.div"),
-        T("safe_div", not_tiny, "all", "peak", "stable", "naive-double-where", 1.00,
-          "peak <= double-where idiom's"),
-    ]
-    for fn in ("softmax", "log_softmax", "logsumexp", "kl_div"):
-        t += [
-            T(fn, not_tiny, "all", "time", "stable", "torch", 1.10, "eager <= 1.10x torch"),
-            T(fn, not_tiny, "all", "time", "stable-compiled", "torch-compiled", 1.05,
-              "compiled <= 1.05x compiled torch"),
-            T(fn, not_tiny, "all", "peak", "stable", "torch", 1.00, "peak <= torch's"),
-        ]
-    refs = {"log_cosh_loss": "naive"}
-    for fn in ("cross_entropy", "focal_loss", "sigmoid_focal_loss", "rmse_loss", "log_cosh_loss",
-               "softmax", "log_softmax", "logsumexp", "kl_div", "safe_div", "safe_sqrt", "xlogy"):
-        t.append(T(fn, tiny, "tiny", "overhead", "stable", refs.get(fn, "torch"), TINY_OVERHEAD_S,
-                   "tiny input: <= built-in + 150 us"))
-    return t
+    """The rows of ``checks.csv`` (package data): one table, read as it is written."""
+    text = resources.files("stablelosses.bench").joinpath("checks.csv").read_text(encoding="utf-8")
+    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    return [Target(r["fn"], _where(r["where"]), r["kind"], r["num"], r["den"] or None, float(r["bound"]),
+                   r["text"]) for r in rows]
 
 
 TARGETS = _targets()
