@@ -10,25 +10,57 @@ are documented once, on those functions. Every ``forward`` takes an optional ``m
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 
 from stablelosses import functional as SF
-from stablelosses._utils import check_nonnegative, check_reduction, legacy_reduction
+from stablelosses._utils import REDUCTIONS, check_nonnegative, check_reduction, legacy_reduction
 from stablelosses.functional._detection import check_focal_args
 
 
 class _Loss(nn.Module):
-    """What the module classes share: their configuration, named in ``_config``, is a set of
-    plain attributes that ``repr`` shows (``weight`` is a buffer and is not shown)."""
+    """What the module classes share.
+
+    A subclass names its function (``_function``) and its configuration (``_config``): the
+    keyword arguments it passes to the function, kept as plain attributes that ``repr`` shows.
+    ``__init__`` checks ``reduction`` against ``_reductions``; ``forward`` is one call of the
+    function.
+    """
 
     _config: tuple[str, ...] = ()
+    _reductions: tuple[str, ...] = REDUCTIONS
+    _function: Callable[..., Tensor]
 
-    def _options(self) -> dict[str, object]:
+    def __init__(self, **config: object) -> None:
+        super().__init__()
+        check_reduction(type(self).__name__, config["reduction"], self._reductions)
+        for name in self._config:
+            setattr(self, name, config[name])
+
+    def _options(self) -> dict[str, Any]:
+        """The keyword arguments of ``_function``."""
         return {name: getattr(self, name) for name in self._config}
 
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        return self._function(input, target, mask=mask, **self._options())
+
     def extra_repr(self) -> str:
-        return ", ".join(f"{name}={value!r}" for name, value in self._options().items())
+        return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._config)
+
+
+class _WeightedLoss(_Loss):
+    """A loss with a per-class ``weight``: a registered buffer (``.to()`` and ``state_dict()``
+    carry it), passed to the function and not shown by ``repr``."""
+
+    weight: Tensor | None
+
+    def __init__(self, weight: Tensor | None, **config: object) -> None:
+        super().__init__(**config)
+        self.register_buffer("weight", weight)
+
+    def _options(self) -> dict[str, Any]:
+        return {"weight": self.weight, **super()._options()}
 
 
 class RMSELoss(_Loss):
@@ -50,19 +82,14 @@ class RMSELoss(_Loss):
     """
 
     _config = ("reduction", "eps")
+    _function = staticmethod(SF.rmse_loss)
 
     def __init__(self, reduction: str = "mean", eps: float = 0.0) -> None:
-        super().__init__()
-        check_reduction("RMSELoss", reduction)
+        super().__init__(reduction=reduction, eps=eps)
         check_nonnegative("RMSELoss", "eps", eps)
-        self.reduction = reduction
-        self.eps = eps
-
-    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.rmse_loss(input, target, reduction=self.reduction, eps=self.eps, mask=mask)
 
 
-class CrossEntropyLoss(_Loss):
+class CrossEntropyLoss(_WeightedLoss):
     r"""Cross-entropy that stays finite with ``-inf`` (masked) logits.
 
     Drop-in for ``nn.CrossEntropyLoss``, same arguments (``size_average`` and ``reduce`` are
@@ -84,39 +111,18 @@ class CrossEntropyLoss(_Loss):
     """
 
     _config = ("ignore_index", "reduction", "label_smoothing")
+    _function = staticmethod(SF.cross_entropy)
 
-    weight: Tensor | None  # a registered buffer
-
-    def __init__(
-        self,
-        weight: Tensor | None = None,
-        size_average: bool | None = None,
-        ignore_index: int = -100,
-        reduce: bool | None = None,
-        reduction: str = "mean",
-        label_smoothing: float = 0.0,
-    ) -> None:
-        super().__init__()
-        reduction = legacy_reduction(size_average, reduce, reduction)
-        check_reduction("CrossEntropyLoss", reduction)
-        self.register_buffer("weight", weight)
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.label_smoothing = label_smoothing
-
-    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.cross_entropy(
-            input,
-            target,
-            weight=self.weight,
-            ignore_index=self.ignore_index,
-            reduction=self.reduction,
-            label_smoothing=self.label_smoothing,
-            mask=mask,
+    def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
+                 ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
+                 label_smoothing: float = 0.0) -> None:
+        super().__init__(
+            weight, ignore_index=ignore_index, reduction=legacy_reduction(size_average, reduce, reduction),
+            label_smoothing=label_smoothing,
         )
 
 
-class FocalLoss(_Loss):
+class FocalLoss(_WeightedLoss):
     r"""Multi-class focal loss on logits, finite for every ``gamma >= 0``.
 
     Replaces the hand-written softmax→log ``FocalLoss`` and kornia's ``focal_loss``. See
@@ -137,34 +143,12 @@ class FocalLoss(_Loss):
     """
 
     _config = ("gamma", "ignore_index", "reduction")
+    _function = staticmethod(SF.focal_loss)
 
-    weight: Tensor | None  # a registered buffer
-
-    def __init__(
-        self,
-        gamma: float = 2.0,
-        weight: Tensor | None = None,
-        ignore_index: int = -100,
-        reduction: str = "mean",
-    ) -> None:
-        super().__init__()
-        check_reduction("FocalLoss", reduction)
+    def __init__(self, gamma: float = 2.0, weight: Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean") -> None:
+        super().__init__(weight, gamma=gamma, ignore_index=ignore_index, reduction=reduction)
         check_nonnegative("FocalLoss", "gamma", gamma)
-        self.gamma = gamma
-        self.register_buffer("weight", weight)
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-
-    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.focal_loss(
-            input,
-            target,
-            gamma=self.gamma,
-            weight=self.weight,
-            ignore_index=self.ignore_index,
-            reduction=self.reduction,
-            mask=mask,
-        )
 
 
 class SigmoidFocalLoss(_Loss):
@@ -188,18 +172,11 @@ class SigmoidFocalLoss(_Loss):
     """
 
     _config = ("alpha", "gamma", "reduction")
+    _function = staticmethod(SF.sigmoid_focal_loss)
 
     def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "mean") -> None:
-        super().__init__()
-        check_focal_args("SigmoidFocalLoss", alpha, gamma, reduction)
-        self.alpha = alpha
-        self.gamma = gamma
-        self.reduction = reduction
-
-    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.sigmoid_focal_loss(
-            input, target, alpha=self.alpha, gamma=self.gamma, reduction=self.reduction, mask=mask
-        )
+        check_focal_args("SigmoidFocalLoss", alpha, gamma, reduction)  # torchvision's messages
+        super().__init__(alpha=alpha, gamma=gamma, reduction=reduction)
 
 
 class KLDivLoss(_Loss):
@@ -221,22 +198,12 @@ class KLDivLoss(_Loss):
     """
 
     _config = ("reduction", "log_target")
+    _reductions = ("none", "batchmean", "mean", "sum")
+    _function = staticmethod(SF.kl_div)
 
-    def __init__(
-        self,
-        size_average: bool | None = None,
-        reduce: bool | None = None,
-        reduction: str = "mean",
-        log_target: bool = False,
-    ) -> None:
-        super().__init__()
-        reduction = legacy_reduction(size_average, reduce, reduction)
-        check_reduction("KLDivLoss", reduction, ("none", "batchmean", "mean", "sum"))
-        self.reduction = reduction
-        self.log_target = log_target
-
-    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.kl_div(input, target, reduction=self.reduction, log_target=self.log_target, mask=mask)
+    def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
+                 log_target: bool = False) -> None:
+        super().__init__(reduction=legacy_reduction(size_average, reduce, reduction), log_target=log_target)
 
 
 class LogCoshLoss(_Loss):
@@ -255,14 +222,10 @@ class LogCoshLoss(_Loss):
     """
 
     _config = ("reduction",)
+    _function = staticmethod(SF.log_cosh_loss)
 
     def __init__(self, reduction: str = "mean") -> None:
-        super().__init__()
-        check_reduction("LogCoshLoss", reduction)
-        self.reduction = reduction
-
-    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.log_cosh_loss(input, target, reduction=self.reduction, mask=mask)
+        super().__init__(reduction=reduction)
 
 
 class InfoNCELoss(_Loss):
@@ -284,22 +247,18 @@ class InfoNCELoss(_Loss):
     """
 
     _config = ("temperature", "reduction", "symmetric")
+    _function = staticmethod(SF.info_nce_loss)
 
     def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
-        super().__init__()
-        check_reduction("InfoNCELoss", reduction)
+        super().__init__(temperature=temperature, reduction=reduction, symmetric=symmetric)
         tau = check_nonnegative("InfoNCELoss", "temperature", temperature)
         if not 0 < tau < float("inf"):
             raise ValueError(f"InfoNCELoss: temperature must be a finite float > 0, got {temperature}")
         if not isinstance(symmetric, bool):
             raise TypeError(f"InfoNCELoss: symmetric must be a bool, got {type(symmetric).__name__}")
-        self.temperature = temperature
-        self.reduction = reduction
-        self.symmetric = symmetric
 
     def forward(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.info_nce_loss(query, key, self.temperature, reduction=self.reduction,
-                                symmetric=self.symmetric, mask=mask)
+        return self._function(query, key, mask=mask, **self._options())
 
 
 class DiceLoss(_Loss):
@@ -320,28 +279,19 @@ class DiceLoss(_Loss):
     """
 
     _config = ("dims", "smooth", "reduction")
+    _function = staticmethod(SF.dice_loss)
 
     def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
                  reduction: str = "mean") -> None:
-        super().__init__()
-        check_reduction("DiceLoss", reduction)
+        super().__init__(dims=dims, smooth=smooth, reduction=reduction)
         check_nonnegative("DiceLoss", "smooth", smooth)
-        self.dims = dims
-        self.smooth = smooth
-        self.reduction = reduction
-
-    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        return SF.dice_loss(
-            input, target, dims=self.dims, smooth=self.smooth, reduction=self.reduction, mask=mask
-        )
 
 
 class _LinearLoss(_Loss):
     """The fused output-layer losses: called with the output layer's ``weight`` (and ``bias``)."""
 
-    _function: Callable[..., Tensor]
-
-    def forward(
+    # the output layer's parameters come with the batch: not _Loss's (input, target, mask)
+    def forward(  # type: ignore[override]
         self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
@@ -377,19 +327,12 @@ class LinearCrossEntropyLoss(_LinearLoss):
     _config = ("ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_size")
     _function = staticmethod(SF.linear_cross_entropy)
 
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        reduction: str = "mean",
-        label_smoothing: float = 0.0,
-        z_loss: float = 0.0,
-        softcap: float | None = None,
-        chunk_size: int | None = None,
-    ) -> None:
-        super().__init__()
-        check_reduction("LinearCrossEntropyLoss", reduction)
-        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
-        self.z_loss, self.softcap, self.chunk_size = z_loss, softcap, chunk_size
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 z_loss: float = 0.0, softcap: float | None = None, chunk_size: int | None = None) -> None:
+        super().__init__(
+            ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
+            softcap=softcap, chunk_size=chunk_size,
+        )
 
 
 class LinearFocalLoss(_LinearLoss):
@@ -417,17 +360,10 @@ class LinearFocalLoss(_LinearLoss):
     _config = ("gamma", "ignore_index", "reduction", "z_loss", "softcap", "chunk_size")
     _function = staticmethod(SF.linear_focal_loss)
 
-    def __init__(
-        self,
-        gamma: float = 2.0,
-        ignore_index: int = -100,
-        reduction: str = "mean",
-        z_loss: float = 0.0,
-        softcap: float | None = None,
-        chunk_size: int | None = None,
-    ) -> None:
-        super().__init__()
-        check_reduction("LinearFocalLoss", reduction)
+    def __init__(self, gamma: float = 2.0, ignore_index: int = -100, reduction: str = "mean",
+                 z_loss: float = 0.0, softcap: float | None = None, chunk_size: int | None = None) -> None:
+        super().__init__(
+            gamma=gamma, ignore_index=ignore_index, reduction=reduction, z_loss=z_loss, softcap=softcap,
+            chunk_size=chunk_size,
+        )
         check_nonnegative("LinearFocalLoss", "gamma", gamma)
-        self.gamma, self.ignore_index, self.reduction = gamma, ignore_index, reduction
-        self.z_loss, self.softcap, self.chunk_size = z_loss, softcap, chunk_size
