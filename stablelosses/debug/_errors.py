@@ -57,7 +57,33 @@ class TensorSummary:
         return text
 
 
-class NonFiniteError(RuntimeError):
+class _ReportError(RuntimeError):
+    """A ``RuntimeError`` whose report fields, named in ``_fields`` (``_lists``: list-valued),
+    are attributes, taken from the keyword arguments (None, or an empty list, when absent)
+    and kept across pickling (multiprocessing)."""
+
+    _fields: tuple[str, ...] = ()
+    _lists: tuple[str, ...] = ()
+
+    def __init__(self, message: str = "", **info: Any) -> None:
+        super().__init__(message)
+        for name in self._fields:
+            setattr(self, name, info.get(name))
+        for name in self._lists:
+            setattr(self, name, list(info.get(name, ())))
+
+    def __reduce__(self):
+        return (_rebuild_error, (type(self), str(self), dict(self.__dict__)))
+
+
+def _rebuild_error(cls, message, info):
+    err = cls.__new__(cls)
+    RuntimeError.__init__(err, message)
+    err.__dict__.update(info)
+    return err
+
+
+class NonFiniteError(_ReportError):
     r"""A NaN or Inf was created (raised by `detect_nonfinite` and `FiniteGuard`).
 
     Attributes:
@@ -81,38 +107,29 @@ class NonFiniteError(RuntimeError):
         outputs: a list of `TensorSummary`, one per floating output.
     """
 
-    def __init__(self, message: str = "", **info: Any) -> None:
-        super().__init__(message)
-        self.op: str | None = info.get("op")
-        self.phase: str | None = info.get("phase")
-        self.kind: str | None = info.get("kind")
-        self.cause: str | None = info.get("cause")
-        self.hint: str | None = info.get("hint")
-        self.module_path: str | None = info.get("module_path")
-        self.filename: str | None = info.get("filename")
-        self.lineno: int | None = info.get("lineno")
-        self.source: str | None = info.get("source")
-        self.node: str | None = info.get("node")
-        self.forward_op: str | None = info.get("forward_op")
-        self.inputs: list = list(info.get("inputs", ()))
-        self.outputs: list = list(info.get("outputs", ()))
+    _fields = ("op", "phase", "kind", "cause", "hint", "module_path", "filename", "lineno", "source",
+               "node", "forward_op")
+    _lists = ("inputs", "outputs")
+
+    op: str | None
+    phase: str | None
+    kind: str | None
+    cause: str | None
+    hint: str | None
+    module_path: str | None
+    filename: str | None
+    lineno: int | None
+    source: str | None
+    node: str | None
+    forward_op: str | None
+    inputs: list[TensorSummary]
+    outputs: list[TensorSummary]
 
     @property
     def location(self) -> str | None:
         if self.filename is None:
             return None
         return f"{self.filename}:{self.lineno}"
-
-    def __reduce__(self):  # keep the attributes across pickling (multiprocessing)
-        info = {k: v for k, v in self.__dict__.items()}
-        return (_rebuild_error, (type(self), str(self), info))
-
-
-def _rebuild_error(cls, message, info):
-    err = cls.__new__(cls)
-    RuntimeError.__init__(err, message)
-    err.__dict__.update(info)
-    return err
 
 
 class NonFiniteWarning(RuntimeWarning):
@@ -134,7 +151,7 @@ class SkippedStepsError(NonFiniteError):
 
 
 
-class DivergenceError(RuntimeError):
+class DivergenceError(_ReportError):
     """`DivergenceMonitor` saw the loss or the gradient norm grow by more than ``growth``.
 
     Raised while both are still finite, so the model and the optimizer state are still
@@ -149,17 +166,15 @@ class DivergenceError(RuntimeError):
         precursors: the known causes found by looking at the model, one sentence each.
     """
 
-    def __init__(self, message: str = "", **info: Any) -> None:
-        super().__init__(message)
-        self.step: int | None = info.get("step")
-        self.quantity: str | None = info.get("quantity")
-        self.growth: float | None = info.get("growth")
-        self.module_path: str | None = info.get("module_path")
-        self.module_type: str | None = info.get("module_type")
-        self.precursors: list[str] = list(info.get("precursors", ()))
+    _fields = ("step", "quantity", "growth", "module_path", "module_type")
+    _lists = ("precursors",)
 
-    def __reduce__(self):  # keep the attributes across pickling (multiprocessing)
-        return (_rebuild_error, (type(self), str(self), dict(self.__dict__)))
+    step: int | None
+    quantity: str | None
+    growth: float | None
+    module_path: str | None
+    module_type: str | None
+    precursors: list[str]
 
 
 class DivergenceWarning(RuntimeWarning):
