@@ -84,10 +84,6 @@ def check_gamma(fn: str, gamma: object) -> float:
     return g
 
 
-def is_low_precision(t: Tensor) -> bool:
-    return t.dtype in _LOW_PRECISION
-
-
 def compute_dtype(t: Tensor) -> torch.dtype:
     """The dtype the math runs in: float32 for float16/bfloat16, else the input's."""
     return torch.float32 if t.dtype in _LOW_PRECISION else t.dtype
@@ -116,6 +112,16 @@ def loss_out_dtype(t: Tensor) -> torch.dtype:
     if t.dtype in _LOW_PRECISION and autocast_to_float32(t):
         return torch.float32
     return t.dtype
+
+
+def operand_dtypes(a: Tensor, b: Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """``(compute dtype, returned dtype)`` of a loss of two tensors: their promoted dtype, float32
+    for the math when that is float16/bfloat16, and float32 for the result under autocast (as
+    ``loss_out_dtype``). ``b`` may be an integer tensor that joins a float ``a``."""
+    dtype = promote_types(a.dtype, b.dtype)
+    if dtype not in _LOW_PRECISION:
+        return dtype, dtype
+    return torch.float32, torch.float32 if autocast_to_float32(a) else dtype
 
 
 def reduce(loss: Tensor, reduction) -> Tensor:

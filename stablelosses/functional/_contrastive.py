@@ -7,7 +7,7 @@ from torch import Tensor
 
 import stablelosses.functional as _functional
 from stablelosses._autograd.vector import _normalize
-from stablelosses._utils import check_floating, check_reduction, loss_out_dtype, promote_types, upcast
+from stablelosses._utils import check_floating, check_reduction, operand_dtypes
 from stablelosses.functional._masked import check_mask
 
 _FN = "info_nce_loss"
@@ -114,8 +114,7 @@ def info_nce_loss(
     check_reduction(_FN, reduction)
     if not isinstance(symmetric, bool):
         raise TypeError(f"{_FN}: symmetric must be a bool, got {type(symmetric).__name__}")
-    out_dtype = promote_types(loss_out_dtype(q), loss_out_dtype(k))
-    work = promote_types(upcast(q).dtype, upcast(k).dtype)
+    work, out_dtype = operand_dtypes(q, k)
     qw, kw = q.to(work), k.to(device=q.device, dtype=work)
     m = None
     if mask is not None:

@@ -13,13 +13,12 @@ from stablelosses._utils import (
     NONE,
     REDUCTION_MODE,
     SUM,
-    autocast_to_float32,
     check_floating,
     check_nonnegative,
     check_reduction,
     check_tensor,
     loss_out_dtype,
-    promote_types,
+    operand_dtypes,
     upcast,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
@@ -43,13 +42,11 @@ def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tenso
     ``promote_types`` of the two dtypes (an integer target joins a float input).
     """
     x, y = check_tensor(fn, "input", input), check_tensor(fn, "target", target)
-    dtype = promote_types(x.dtype, y.dtype)
-    if not dtype.is_floating_point:
+    work, out = operand_dtypes(x, y)
+    if not work.is_floating_point:
         raise RuntimeError(
             f"{fn}: input or target must be a floating-point tensor, got {x.dtype} and {y.dtype}"
         )
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    out = torch.float32 if work != dtype and autocast_to_float32(x) else dtype
     return x.to(work), y.to(work), out
 
 

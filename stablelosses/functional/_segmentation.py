@@ -13,9 +13,7 @@ from stablelosses._utils import (
     check_nonnegative,
     check_reduction,
     check_tensor,
-    loss_out_dtype,
-    promote_types,
-    upcast,
+    operand_dtypes,
     wrap_dim,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
@@ -146,12 +144,9 @@ def dice_loss(
         raise ValueError(
             f"{_FN}: target of shape {tuple(t.shape)} does not broadcast to input of shape {tuple(x.shape)}"
         )
-    out_dtype = loss_out_dtype(x)
-    if t.is_floating_point():
-        out_dtype = promote_types(out_dtype, t.dtype)
-    p = upcast(x)
-    work = promote_types(p.dtype, upcast(t).dtype) if t.is_floating_point() else p.dtype
-    p = p.to(work)
+    # a bool/integer target takes the input's dtype; a float one joins it
+    work, out_dtype = operand_dtypes(x, t if t.is_floating_point() else x)
+    p = x.to(work)
     tt = t.to(device=x.device, dtype=work).expand(x.shape)
     m = None
     if mask is not None:
