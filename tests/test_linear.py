@@ -519,6 +519,13 @@ def test_argument_errors(kwargs, exc, match):
         SF.linear_cross_entropy(**args)
 
 
+@pytest.mark.parametrize("eps", [True, 1, 0])
+def test_label_smoothing_takes_what_cross_entropy_takes(eps):
+    # F.cross_entropy takes a bool or an int label_smoothing as a float; so does the fused loss
+    loss = SF.linear_cross_entropy(_X, _W, _T, _B, label_smoothing=eps)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(_X, _W, _B), _T, label_smoothing=eps))
+
+
 @pytest.mark.parametrize("gamma, exc", [(-1.0, ValueError), (INF, ValueError), (float("nan"), ValueError),
                                         ("2", TypeError)])
 def test_focal_gamma_errors(gamma, exc):

@@ -18,6 +18,7 @@ from stablelosses._utils import (
     check_tensor,
     promote_types,
 )
+from stablelosses.functional._classification import _check_label_smoothing
 from stablelosses.functional._masked import check_mask
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
@@ -125,18 +126,9 @@ def _linear_loss(
 
 
 def linear_cross_entropy(
-    input: Tensor,
-    weight: Tensor,
-    target: Tensor,
-    bias: Tensor | None = None,
-    *,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-    z_loss: float = 0.0,
-    softcap: float | None = None,
-    chunk_size: int | None = None,
-    mask: Tensor | None = None,
+    input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, *, ignore_index: int = -100,
+    reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
+    chunk_size: int | None = None, mask: Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear layer's logits, computed chunk by chunk: the $(N, V)$ logits never exist.
 
@@ -237,27 +229,16 @@ def linear_cross_entropy(
     z, cap, chunk = _check_args(
         fn, input, weight, target, bias, ignore_index, reduction, z_loss, softcap, chunk_size
     )
-    eps = _check_real(fn, "label_smoothing", label_smoothing)
-    if not 0.0 <= eps <= 1.0:
-        raise RuntimeError(f"{fn}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    eps = _check_label_smoothing(fn, label_smoothing)  # cross_entropy's check: the same values pass
     return _linear_loss(
         fn, input, weight, target, bias, ignore_index, reduction, eps, z, cap, None, chunk, mask
     )
 
 
 def linear_focal_loss(
-    input: Tensor,
-    weight: Tensor,
-    target: Tensor,
-    bias: Tensor | None = None,
-    *,
-    gamma: float = 2.0,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    z_loss: float = 0.0,
-    softcap: float | None = None,
-    chunk_size: int | None = None,
-    mask: Tensor | None = None,
+    input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, *, gamma: float = 2.0,
+    ignore_index: int = -100, reduction: str = "mean", z_loss: float = 0.0, softcap: float | None = None,
+    chunk_size: int | None = None, mask: Tensor | None = None,
 ) -> Tensor:
     r"""Focal loss of a linear layer's logits, chunked like `linear_cross_entropy`.
 
