@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from stablelosses.bench.checks import Outcome, evaluate, load
@@ -79,60 +80,52 @@ def _pytest_section(path: str, command: str) -> str:
     return "\n".join(lines)
 
 
-def _bytes_section(result: dict[str, Any]) -> str:
-    """MB moved (read + written by the aten ops of one call) per variant, eager variants only."""
+_VARIANT_ORDER = ["torch", "naive", "naive-double-where", "kornia", "stable", "one-pass",
+                  "torch-compiled", "naive-compiled", "naive-double-where-compiled", "kornia-compiled",
+                  "stable-compiled"]
+
+
+def _variant_table(records: list[dict[str, Any]], cell: Callable[[dict[str, Any]], str],
+                   order: list[str] | None = None) -> str:
+    """One row per (function, input, dtype, mode), one column per variant (in ``order`` first)."""
     by: dict[Any, dict[str, Any]] = {}
     variants: list[str] = []
-    for r in result["results"]:
-        if r.get("bytes_read") is None:
-            continue
+    for r in records:
         by.setdefault((r["fn"], r["case"], r["dtype"], r["mode"]), {})[r["variant"]] = r
         if r["variant"] not in variants:
             variants.append(r["variant"])
-    if not by:
-        return "(not measured in this run)"
+    if order is not None:
+        variants = [v for v in order if v in variants] + [v for v in variants if v not in order]
     lines = ["| function | input | mode | " + " | ".join(variants) + " |",
              "|---|---|---|" + "---:|" * len(variants)]
     for (fn, case, dt, mode), vs in by.items():
-        cells = []
-        for v in variants:
-            r = vs.get(v)
-            cells.append("" if r is None else
-                         f"{(r['bytes_read'] + r['bytes_written']) / 1e6:.4g} ({r.get('aten_ops', '?')} ops)")
+        cells = ["" if vs.get(v) is None else cell(vs[v]) for v in variants]
         lines.append(f"| {fn} | {case} {dt} | {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _bytes_section(result: dict[str, Any]) -> str:
+    """MB moved (read + written by the aten ops of one call) per variant, eager variants only."""
+    measured = [r for r in result["results"] if r.get("bytes_read") is not None]
+    if not measured:
+        return "(not measured in this run)"
+    return _variant_table(measured, lambda r: (f"{(r['bytes_read'] + r['bytes_written']) / 1e6:.4g} "
+                                               f"({r.get('aten_ops', '?')} ops)"))
+
+
+def _raw_cell(r: dict[str, Any]) -> str:
+    """The median in ms, and the peak memory when measured."""
+    if r.get("median_s") is None:
+        return "err"
+    ms = r["median_s"] * 1e3
+    cell = f"{ms:.3f}" if ms < 10 else f"{ms:.1f}"
+    if r.get("peak_bytes") is not None:
+        cell += f" ({r['peak_bytes'] / 2**20:.1f} MiB)"
+    return cell
 
 
 def _raw_section(result: dict[str, Any]) -> str:
-    by: dict[Any, dict[str, Any]] = {}
-    variants: list[str] = []
-    for r in result["results"]:
-        k = (r["fn"], r["case"], r["dtype"], r["mode"])
-        by.setdefault(k, {})[r["variant"]] = r
-        if r["variant"] not in variants:
-            variants.append(r["variant"])
-    order = ["torch", "naive", "naive-double-where", "kornia", "stable", "one-pass",
-             "torch-compiled", "naive-compiled", "naive-double-where-compiled", "kornia-compiled",
-             "stable-compiled"]
-    variants = [v for v in order if v in variants] + [v for v in variants if v not in order]
-    lines = ["| function | input | mode | " + " | ".join(variants) + " |",
-             "|---|---|---|" + "---:|" * len(variants)]
-    for (fn, case, dt, mode), vs in by.items():
-        cells = []
-        for v in variants:
-            r = vs.get(v)
-            if r is None:
-                cells.append("")
-            elif r.get("median_s") is None:
-                cells.append("err")
-            else:
-                ms = r["median_s"] * 1e3
-                cell = f"{ms:.3f}" if ms < 10 else f"{ms:.1f}"
-                if r.get("peak_bytes") is not None:
-                    cell += f" ({r['peak_bytes'] / 2**20:.1f} MiB)"
-                cells.append(cell)
-        lines.append(f"| {fn} | {case} {dt} | {mode} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _variant_table(result["results"], _raw_cell, _VARIANT_ORDER)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,19 @@ def tol(dtype: torch.dtype) -> dict:
     return {"rtol": rtol, "atol": atol}
 
 
+def assert_compiled_matches_eager(f, x: torch.Tensor) -> torch.Tensor:
+    """``torch.compile(f, fullgraph=True)`` at ``x`` gives eager's value and gradient with
+    respect to ``x``; returns that gradient for the test's own checks."""
+    x1, x2 = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    out = torch.compile(f, fullgraph=True)(x1)
+    ref = f(x2)
+    torch.testing.assert_close(out, ref)
+    (g,) = torch.autograd.grad(out, x1)
+    (g_ref,) = torch.autograd.grad(ref, x2)
+    torch.testing.assert_close(g, g_ref)
+    return g
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param

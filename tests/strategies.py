@@ -98,6 +98,18 @@ def broadcast_pair(draw, dtype: torch.dtype = torch.float32, max_abs: float | No
     return a, b
 
 
+def assert_first_nan_propagates(fn, x, reduction):
+    """A NaN planted at ``x``'s first element makes ``fn(x, 0)``'s first output element and
+    the gradient there NaN (NaN in, NaN out)."""
+    if x.numel() == 0:
+        return
+    x = x.clone()
+    x.view(-1)[0] = float("nan")
+    out, gx, _ = value_and_grads(fn, x, torch.zeros_like(x), reduction=reduction)
+    assert torch.isnan(out.view(-1)[0])
+    assert torch.isnan(gx.view(-1)[0])
+
+
 def value_and_grads(fn, x, y, **kw):
     """``fn(x, y, **kw)`` and the gradients of its sum with respect to both operands."""
     x = x.detach().clone().requires_grad_()

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import tol
+from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import logits_with_masks, shapes, tensors
@@ -297,11 +297,4 @@ def test_compile_fullgraph():
         return SF.entropy(t).sum() + SF.masked_mean(t.nan_to_num(0.0, 0.0, 0.0), mask) \
             + reduce_masked(t.clamp(-5, 5), mask, "sum")
 
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out = torch.compile(f, fullgraph=True)(x1)
-    ref = f(x2)
-    torch.testing.assert_close(out, ref)
-    out.backward()
-    ref.backward()
-    torch.testing.assert_close(x1.grad, x2.grad)
-    assert torch.isfinite(x1.grad).all()
+    assert torch.isfinite(assert_compiled_matches_eager(f, x)).all()
