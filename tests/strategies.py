@@ -115,5 +115,5 @@ def value_and_grads(fn, x, y, **kw):
     x = x.detach().clone().requires_grad_()
     y = y.detach().clone().requires_grad_()
     out = fn(x, y, **kw)
-    gx, gy = torch.autograd.grad(out.sum(), (x, y), allow_unused=True)
+    gx, gy = torch.autograd.grad(out.sum(), (x, y))
     return out.detach(), gx, gy

@@ -8,6 +8,7 @@ import torch
 from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import value_and_grads
 from torch.autograd import gradcheck, gradgradcheck
 
 import stablelosses as sl
@@ -31,21 +32,13 @@ def _ref(p: np.ndarray, t: np.ndarray, smooth: float) -> np.ndarray:
     return np.where(den == 0, 0.0, 1 - num / np.where(den == 0, 1.0, den))
 
 
-def _grads(fn, p, t, **kw):
-    p = p.detach().clone().requires_grad_()
-    t = t.detach().clone().requires_grad_()
-    out = fn(p, t, **kw)
-    gp, gt = torch.autograd.grad(out.sum(), (p, t))
-    return out.detach(), gp, gt
-
-
 def test_regression_both_empty():
     p = torch.zeros(2, 1, 3, 3)
     t = torch.zeros(2, 1, 3, 3)
     t[1, 0, 1, 1] = 1.0
-    naive = _grads(naive_dice, p, t)
+    naive = value_and_grads(naive_dice, p, t)
     assert torch.isnan(naive[0][0]) and torch.isnan(naive[1][0]).all()
-    out, gp, gt = _grads(SF.dice_loss, p, t, reduction="none")
+    out, gp, gt = value_and_grads(SF.dice_loss, p, t, reduction="none")
     assert out.tolist() == [0.0, 1.0]
     assert (gp[0] == 0).all() and (gt[0] == 0).all()
     torch.testing.assert_close(gp[1], naive[1][1])
@@ -73,10 +66,10 @@ def _case(draw):
 def test_matches_float64_reference_and_naive_gradient(case, dtype):
     p, t, smooth = case
     p, t = p.to(dtype).double(), t.to(dtype).double()  # the reference sees the rounded inputs
-    out, gp, gt = _grads(SF.dice_loss, p.to(dtype), t.to(dtype), smooth=smooth, reduction="none")
+    out, gp, gt = value_and_grads(SF.dice_loss, p.to(dtype), t.to(dtype), smooth=smooth, reduction="none")
     ref = _ref(p.numpy(), t.numpy(), smooth)
     torch.testing.assert_close(out.double(), torch.from_numpy(ref), **tol(dtype))
-    _, rp, rt = _grads(naive_dice, p, t, smooth=smooth)
+    _, rp, rt = value_and_grads(naive_dice, p, t, smooth=smooth)
     den = p.sum(tuple(range(1, p.ndim))) + t.sum(tuple(range(1, p.ndim))) + smooth
     live = den > 0
     # gradients are of order 1/den: compare them in units of that scale
@@ -101,8 +94,8 @@ def test_smooth_is_the_smp_monai_formula_everywhere():
     p[1] = torch.tensor([0.2, 0.9, 0.0, 0.4])
     t[1] = torch.tensor([0.0, 1.0, 0.0, 1.0])
     for smooth in (1e-5, 1.0):
-        ours = _grads(SF.dice_loss, p, t, smooth=smooth, reduction="none")
-        theirs = _grads(naive_dice, p, t, smooth=smooth)
+        ours = value_and_grads(SF.dice_loss, p, t, smooth=smooth, reduction="none")
+        theirs = value_and_grads(naive_dice, p, t, smooth=smooth)
         for a, b in zip(ours, theirs):
             torch.testing.assert_close(a, b)
         assert ours[0][0] == 0 and (ours[1][0] == 1 / smooth).all()  # the formula's gradient
@@ -126,7 +119,7 @@ def test_reductions_dims_broadcast_and_bool_targets():
 def test_nan_propagates():
     p = torch.tensor([[NAN, 0.5], [0.0, 0.0]])
     t = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
-    out, gp, _ = _grads(SF.dice_loss, p, t, reduction="none")
+    out, gp, _ = value_and_grads(SF.dice_loss, p, t, reduction="none")
     assert torch.isnan(out[0]) and torch.isnan(gp[0]).all()
     assert out[1] == 0 and (gp[1] == 0).all()
 

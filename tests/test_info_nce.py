@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import finite_floats, tensors
+from strategies import finite_floats, tensors, value_and_grads
 from torch.autograd import gradcheck, gradgradcheck
 
 import stablelosses as sl
@@ -45,21 +45,13 @@ def _ref(q: np.ndarray, k: np.ndarray, tau: float, symmetric: bool) -> np.ndarra
     return (ce(logits) + ce(logits.T)) / 2 if symmetric else ce(logits)
 
 
-def _grads(fn, q, k, **kw):
-    q = q.detach().clone().requires_grad_()
-    k = k.detach().clone().requires_grad_()
-    out = fn(q, k, **kw)
-    gq, gk = torch.autograd.grad(out.sum(), (q, k))
-    return out.detach(), gq, gk
-
-
 def test_regression_zero_embedding_gradient():
     q = torch.randn(4, 8)
     k = torch.randn(4, 8)
     q[2] = 0.0  # a collapsed / padded embedding
-    _, nq, _ = _grads(naive_info_nce, q, k)
+    _, nq, _ = value_and_grads(naive_info_nce, q, k)
     assert nq[2].abs().max() > 1e9  # F.normalize's 1/eps
-    out, gq, gk = _grads(SF.info_nce_loss, q, k, reduction="none")
+    out, gq, gk = value_and_grads(SF.info_nce_loss, q, k, reduction="none")
     assert (gq[2] == 0).all() and torch.isfinite(gk).all()
     assert out[2].item() == pytest.approx(math.log(4))
 
@@ -67,7 +59,7 @@ def test_regression_zero_embedding_gradient():
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_all_zero_embeddings_give_log_n_and_zero_gradients(symmetric):
     z = torch.zeros(5, 3)
-    out, gq, gk = _grads(SF.info_nce_loss, z, z, symmetric=symmetric)
+    out, gq, gk = value_and_grads(SF.info_nce_loss, z, z, symmetric=symmetric)
     assert out.item() == pytest.approx(math.log(5))
     assert (gq == 0).all() and (gk == 0).all()
 
@@ -80,7 +72,7 @@ def test_matches_float64_reference(n, d, tau, symmetric, data):
     out = SF.info_nce_loss(q.float(), k.float(), tau, reduction="none", symmetric=symmetric)
     ref = _ref(q.float().double().numpy(), k.float().double().numpy(), tau, symmetric)
     torch.testing.assert_close(out.double(), torch.from_numpy(ref), rtol=1e-5, atol=1e-4 / tau)
-    _, gq, gk = _grads(SF.info_nce_loss, q.float(), k.float(), temperature=tau, symmetric=symmetric)
+    _, gq, gk = value_and_grads(SF.info_nce_loss, q.float(), k.float(), temperature=tau, symmetric=symmetric)
     assert not torch.isnan(gq).any() and not torch.isnan(gk).any()
 
 
@@ -89,8 +81,8 @@ def test_matches_float64_reference(n, d, tau, symmetric, data):
 def test_parity_with_the_torch_snippet(symmetric, reduction):
     q = torch.randn(6, 16)
     k = torch.randn(6, 16)
-    ours = _grads(SF.info_nce_loss, q, k, temperature=0.1, symmetric=symmetric, reduction=reduction)
-    theirs = _grads(naive_info_nce, q, k, temperature=0.1, symmetric=symmetric, reduction=reduction)
+    ours = value_and_grads(SF.info_nce_loss, q, k, temperature=0.1, symmetric=symmetric, reduction=reduction)
+    theirs = value_and_grads(naive_info_nce, q, k, temperature=0.1, symmetric=symmetric, reduction=reduction)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b)
 

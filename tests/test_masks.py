@@ -34,13 +34,18 @@ def _grad(loss: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return torch.autograd.grad(loss.sum(), xs, allow_unused=True)
 
 
-def _masked_ref(loss_none: torch.Tensor, mask: torch.Tensor, reduction: str) -> torch.Tensor:
+def _masked_ref(loss_none: torch.Tensor, mask: torch.Tensor, reduction: str,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's reduction over the kept entries; ``weights``: the per-row weights whose kept sum
+    divides the ``'mean'`` (cross_entropy's weighted mean)."""
     m = mask.expand(loss_none.shape)
     if reduction == "none":
         return torch.where(m, loss_none, 0.0)
     kept = loss_none[m]
     if reduction == "sum":
         return kept.sum()
+    if weights is not None:
+        return kept.sum() / weights[m].sum()
     return kept.mean() if kept.numel() else loss_none.new_zeros(())
 
 
@@ -242,12 +247,7 @@ def test_focal_loss_mask_with_ignore_and_weight(reduction):
     x, t, m, w = _ce_inputs(1)
     got = SF.focal_loss(x, t, 1.5, w, reduction=reduction, mask=m)
     terms, wt = _torch_focal_none(x, t, 1.5, w)
-    if reduction == "none":
-        want = torch.where(m, terms, 0.0)
-    elif reduction == "sum":
-        want = terms[m].sum()
-    else:
-        want = terms[m].sum() / wt[m].sum()
+    want = _masked_ref(terms, m, reduction, wt)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
 
@@ -257,7 +257,7 @@ def test_cross_entropy_weight_gradient_with_mask():
     w = w.requires_grad_()
     got = SF.cross_entropy(x, t, w, mask=m)
     terms, wt = _torch_focal_none(x, t, 0.0, w)  # torch refuses weight.requires_grad: by hand
-    want = terms[m].sum() / wt[m].sum()
+    want = _masked_ref(terms, m, "mean", wt)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(_grad(got, w)[0], _grad(want, w)[0])
 
@@ -426,12 +426,7 @@ def test_linear_losses_row_mask(reduction, fn):
     else:
         full, w_rows = _torch_focal_none(logits.reshape(-1, 7), t.reshape(-1), 2.0, None)
         full, w_rows = full.reshape(2, 5), w_rows.reshape(2, 5)
-    if reduction == "none":
-        want = torch.where(m, full, 0.0)
-    elif reduction == "sum":
-        want = full[m].sum()
-    else:
-        want = full[m].sum() / w_rows[m].sum()
+    want = _masked_ref(full, m, reduction, w_rows)
     torch.testing.assert_close(got, want)
     gx, gw = _grad(got, xn, W)
     wx, ww = _grad(want, x, W)
