@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import stablelosses.functional as SF
-from stablelosses._bench import peak_memory
+from stablelosses.bench.memory import cpu_allocation_events, peak_memory
 from stablelosses.functional._linear import default_chunk_size
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
@@ -98,20 +98,7 @@ def test_fwdbwd(benchmark, case, variant):
 
 def allocations(call: Callable[[], Any]) -> list[int]:
     """Sizes of the CPU allocations (positive events) that ``torch.profiler`` records in one call."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        res = call()
-        del res
-    sizes = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag == _EventType.Allocation and node.extra_fields.alloc_size > 0:
-            sizes.append(node.extra_fields.alloc_size)
-    return sizes
+    return [size for _, size in cpu_allocation_events(call) if size > 0]
 
 
 @pytest.mark.parametrize("case", [p for p in _params(False) if "cuda" not in p.id])

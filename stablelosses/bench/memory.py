@@ -59,6 +59,16 @@ def peak_memory(call: Callable[[], Any], device: str) -> int:
         peak = torch.cuda.max_memory_allocated() - before
         del res
         return int(peak)
+    cur = peak = 0
+    for _, size in cpu_allocation_events(call):
+        cur += size
+        peak = max(peak, cur)
+    return int(peak)
+
+
+def cpu_allocation_events(call: Callable[[], Any]) -> list[tuple[int, int]]:
+    """``(start ns, bytes)`` of every CPU allocation (positive) and free (negative) that
+    ``torch.profiler`` records during one ``call()``, in time order."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
@@ -72,12 +82,7 @@ def peak_memory(call: Callable[[], Any], device: str) -> int:
         stack.extend(node.children)
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
             events.append((node.start_time_ns, node.extra_fields.alloc_size))
-    events.sort()
-    cur = peak = 0
-    for _, size in events:
-        cur += size
-        peak = max(peak, cur)
-    return int(peak)
+    return sorted(events)
 
 
 def prefault_heap(device: str, mib: int | None = None) -> int:
