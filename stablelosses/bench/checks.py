@@ -17,11 +17,19 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from stablelosses.bench.cases import specs
+from stablelosses.bench.report import Key, index
+
 __all__ = ["TARGETS", "Outcome", "Target", "evaluate", "line", "load", "markdown"]
 
 # Memory targets allow 0.5% + 4 KiB: scalars and per-row vectors are not what they are about.
 PEAK_SLACK_REL = 0.005
 PEAK_SLACK_BYTES = 4096
+
+
+def peak_within(peak: float, ref: float, bound: float) -> bool:
+    """``peak <= bound * ref``, with the memory targets' slack of 0.5% + 4 KiB."""
+    return peak <= bound * ref * (1 + PEAK_SLACK_REL) + PEAK_SLACK_BYTES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,9 +104,6 @@ TARGETS = _targets()
 # Loading
 # ---------------------------------------------------------------------------------------------
 
-Key = tuple[str, str, str, str, str]  # fn, case, dtype, device, mode
-
-
 def load(path: str) -> tuple[dict[Key, dict[str, dict[str, Any]]], dict[str, Any]]:
     """Records of one result file, indexed by (fn, case, dtype, device, mode) then variant."""
     with open(path) as f:
@@ -131,11 +136,7 @@ def load(path: str) -> tuple[dict[Key, dict[str, dict[str, Any]]], dict[str, Any
     else:
         raise ValueError(f"{path}: neither a 'stablelosses bench --json' file nor a "
                          f"pytest-benchmark JSON file")
-    index: dict[Key, dict[str, dict[str, Any]]] = {}
-    for r in records:
-        k = (r["fn"], r["case"], r["dtype"], r["device"], r["mode"])
-        index.setdefault(k, {})[r["variant"]] = r
-    return index, machine
+    return index(records), machine
 
 
 def _is_tiny_label(label: str) -> bool:
@@ -143,9 +144,7 @@ def _is_tiny_label(label: str) -> bool:
 
 
 def _fill_kinds(records: list[dict[str, Any]]) -> None:
-    """pytest-benchmark records carry no ``kind``: take it from the registry when importable."""
-    from stablelosses.bench.cases import specs
-
+    """pytest-benchmark records carry no ``kind``: take it from the case registry."""
     kinds = {(s.name, c.label): c.kind for s in specs().values() for c in s.cases}
     for r in records:
         r["kind"] = kinds.get((r["fn"], r["case"]), r.get("kind") or "")
@@ -219,7 +218,7 @@ def evaluate(index: dict[Key, dict[str, dict[str, Any]]], modes: Sequence[str],
                 detail = f"peak {t.num} {_fmt_b(nv)} / gradient {_fmt_b(g)} = {v:.3f} (bound {t.bound:.2f})"
             if t.kind in ("peak", "peak_grad"):
                 ref = dv if t.kind == "peak" else ((num or {}).get("grad_bytes") or 0)
-                ok = nv <= t.bound * ref * (1 + PEAK_SLACK_REL) + PEAK_SLACK_BYTES
+                ok = peak_within(nv, ref, t.bound)
             else:
                 ok = v <= t.bound
             out.append(Outcome("ok" if ok else "MISS", t, key, v, detail))

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stablelosses.bench.checks import PEAK_SLACK_BYTES, PEAK_SLACK_REL
+from stablelosses.bench.checks import peak_within
 from stablelosses.bench.report import Key, moved, ratio, render
 
 __all__ = ["BYTES_BOUND", "GOALS", "Goal", "format_goals", "goal_rows"]
@@ -123,7 +123,7 @@ def _row(goal: Goal, case: str, vs: dict[str, dict[str, Any]] | None) -> dict[st
         return row
     row["value"] = v
     if goal.kind == "peak":  # a scalar or a per-row vector more is not what a peak target is about
-        met = num["peak_bytes"] <= goal.bound * den["peak_bytes"] * (1 + PEAK_SLACK_REL) + PEAK_SLACK_BYTES
+        met = peak_within(num["peak_bytes"], den["peak_bytes"], goal.bound)
     else:
         met = v < goal.bound if goal.strict else v <= goal.bound
     row["status"] = "met" if met else "missed"
