@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from stablelosses.debug._checks import _all_finite, _finite_number, _has_inf, _has_nan
+from stablelosses.debug._checks import _all_finite, _has_nan
 from stablelosses.debug._errors import NonFiniteError, TensorSummary
-from stablelosses.debug._frames import _user_frame
+from stablelosses.debug._frames import _user_line
+from stablelosses.debug._report import _judge_inputs, _kind, make_error
 
 __all__ = ["install", "uninstall", "call", "public_functions"]
 
@@ -134,27 +135,15 @@ def _diagnose(det: Any, fn: Any, name: str, args: tuple, kwargs: dict, outs: lis
         return None
     flat = tree_flatten((args, kwargs))[0]
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-    in_finite = all(_all_finite(t) for t in tensors) and all(
-        _finite_number(a) for a in flat if isinstance(a, (float, complex))
-    )
-    in_nan = any(_has_nan(t) for t in tensors) or any(isinstance(a, float) and a != a for a in flat)
-    out_nan = any(_has_nan(o) for o in outs)
-    out_posinf = any(bool((o == float("inf")).any()) for o in outs)
-    if out_nan and not in_nan and det.nan:
-        kind = "nan"
-    elif in_finite and not out_nan and det.inf:
-        if short in NEG_INF_OK and not out_posinf:
-            return None  # a defined -inf: a masked entry or a zero probability
-        kind = "overflow"
-    elif in_finite and out_nan and not det.nan and det.inf and any(_has_inf(o) for o in outs):
-        kind = "overflow"
-    else:
+    in_finite, in_nan = _judge_inputs(args, flat, tensors, (), None)
+    kind = _kind(det, outs, in_finite, in_nan)
+    if kind is None:
         return None
+    if (kind == "overflow" and short in NEG_INF_OK
+            and not any(_has_nan(o) or bool((o == float("inf")).any()) for o in outs)):
+        return None  # a defined -inf: a masked entry or a zero probability
     cause, detail = _cause(fn, short, kind, args, kwargs, in_finite)
-    uf, _ = _user_frame(sys._getframe())
-    filename, lineno = (uf.f_code.co_filename, uf.f_lineno) if uf is not None else (None, None)
-    from stablelosses.debug._report import make_error
-
+    filename, lineno = _user_line(sys._getframe())
     return make_error(
         op=name, phase="forward", kind=kind, cause=cause, detail=detail, hint=None,
         module_path=det._module_path(), filename=filename, lineno=lineno, node=None, forward_op=None,

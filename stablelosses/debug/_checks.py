@@ -27,7 +27,6 @@ _NOT_ARITHMETIC = frozenset(
     """.split()
 )
 
-_SKIP_FUNC, _CHECK = 0, 1
 _func_info: dict = {}
 
 

@@ -140,7 +140,8 @@ class DivergenceMonitor:
             raise ValueError(f"DivergenceMonitor: mode must be 'raise' or 'warn', got {mode!r}")
         self.model, self.optimizer = model, optimizer
         self.window, self.growth, self.mode = window, float(growth), mode
-        self.root = _root_name(model) if type(model).__name__ != _root_name(model) else "model"
+        name = _root_name(model)  # walks the caller's frames: once
+        self.root = name if name != type(model).__name__ else "model"
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
         self._owners = [n.rpartition(".")[0] for n, _ in named]

@@ -56,6 +56,12 @@ def _user_frame(frame):
     return None, trusted
 
 
+def _user_line(frame) -> tuple[str | None, int | None]:
+    """(file name, line number) of the first user frame from ``frame`` outward, or (None, None)."""
+    uf, _ = _user_frame(frame)
+    return (uf.f_code.co_filename, uf.f_lineno) if uf is not None else (None, None)
+
+
 def _nearest_is_trusted(frame) -> bool:
     """Whether the innermost frame outside torch belongs to stablelosses' own ops."""
     while frame is not None:

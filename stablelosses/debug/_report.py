@@ -11,7 +11,7 @@ from torch.utils._pytree import tree_flatten
 from stablelosses.debug._causes import detail_of, hint_for, name_cause
 from stablelosses.debug._checks import _all_finite, _finite_number, _has_inf, _has_nan
 from stablelosses.debug._errors import NonFiniteError, TensorSummary
-from stablelosses.debug._frames import _nearest_is_trusted, _user_frame
+from stablelosses.debug._frames import _nearest_is_trusted, _user_line
 
 FWD_KEY = "stablelosses.debug.forward"
 
@@ -52,9 +52,7 @@ def _locate(det, node, frame) -> tuple[Any, ...] | None:
     if node is None:
         if _nearest_is_trusted(frame):
             return None  # inside a stablelosses function: checked at its boundary
-        uf, _ = _user_frame(frame)
-        filename, lineno = (uf.f_code.co_filename, uf.f_lineno) if uf is not None else (None, None)
-        return det._module_path(), filename, lineno, None, None
+        return det._module_path(), *_user_line(frame), None, None
     rec = node.metadata.get(FWD_KEY)
     if rec is not None and rec.trusted:
         return None
@@ -63,9 +61,7 @@ def _locate(det, node, frame) -> tuple[Any, ...] | None:
     if rec is not None:
         return rec.module_path, rec.filename, rec.lineno, node.name(), rec.op
     # the backward ran without a forward record: name the frame that ran it
-    uf, _ = _user_frame(frame)
-    filename, lineno = (uf.f_code.co_filename, uf.f_lineno) if uf is not None else (None, None)
-    return None, filename, lineno, node.name(), None
+    return None, *_user_line(frame), node.name(), None
 
 
 def diagnose(det, func, args, kwargs, out, node, writes, before, frame) -> NonFiniteError | None:
