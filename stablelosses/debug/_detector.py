@@ -226,7 +226,7 @@ class detect_nonfinite:
         self.mode = mode
         self.allow = frozenset(_normalize_op(a) for a in allow)
         self.reports: list = []
-        self._warned: set = set()
+        self._warned: dict[tuple, NonFiniteError] = {}  # (op, phase, file, line) → its first report
         self._suspended = False
         self._mode: _Mode | None = None
         self._hooks: list = []
@@ -324,7 +324,7 @@ class detect_nonfinite:
             raise err
         key = (err.op, err.phase, err.filename, err.lineno)
         if key not in self._warned:
-            self._warned.add(key)
+            self._warned[key] = err
             warnings.warn_explicit(
                 str(err), NonFiniteWarning, err.filename or "<unknown>", err.lineno or 0
             )

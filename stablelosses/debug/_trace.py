@@ -139,16 +139,6 @@ def _print_crash(exc: BaseException, script: str) -> None:
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 
 
-def _unique(reports: list[NonFiniteError]) -> list[NonFiniteError]:
-    seen, out = set(), []
-    for r in reports:
-        key = (r.op, r.phase, r.filename, r.lineno)
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
-    return out
-
-
 def _run(
     script: str, args: list[str], detector: detect_nonfinite, watch: bool, warn: bool
 ) -> tuple[Any, ...]:
@@ -206,7 +196,7 @@ def run_trace(script: str, args: list[str], *, warn: bool = False, watch: bool =
         _print_crash(crash, script)
     reports = detector.reports
     if reports and warn:
-        unique = _unique(reports)
+        unique = list(detector._warned.values())  # warn mode: the first report of each line
         print(f"{_PROG}: {len(unique)} distinct NaN/Inf creations in {script}:")
         for r in unique:
             print(str(r), end="\n\n")
