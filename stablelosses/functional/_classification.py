@@ -15,7 +15,7 @@ from stablelosses._utils import (
     check_tensor,
     legacy_reduction,
     loss_out_dtype,
-    promote_types,
+    operand_dtypes,
     upcast,
 )
 from stablelosses.functional._masked import check_mask
@@ -285,8 +285,8 @@ def cross_entropy(
                 f"ignore_index={ignore_index} (use a negative value or class indices)"
             )
         # type promotion as torch: cross_entropy(float32, float64 probabilities) is float64
-        dtype = promote_types(input.dtype, target.dtype)
-        x = upcast(input.to(dtype))
+        work, out_dtype = operand_dtypes(input, target)
+        x = input.to(work)
         w = _check_weight(fn, weight, input, x.dtype)
         y = target.to(x.dtype)
         if mask is None:
@@ -299,7 +299,6 @@ def cross_entropy(
             kept = res.valid & m
             loss = torch.where(m, res.loss, 0.0)
             out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True)
-        out_dtype = dtype if dtype not in (torch.float16, torch.bfloat16) else loss_out_dtype(input.to(dtype))
         return out.to(out_dtype)
     return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction)
 

@@ -9,12 +9,11 @@ from torch import Tensor
 
 from stablelosses._autograd.kl import _kl_div
 from stablelosses._utils import (
+    broadcast_shapes,
     check_floating,
     check_reduction,
     legacy_reduction,
-    loss_out_dtype,
-    promote_types,
-    upcast,
+    operand_dtypes,
 )
 from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
 from stablelosses.functional._masked import check_mask, reduce_masked
@@ -23,16 +22,15 @@ _KL_REDUCTIONS = ("none", "batchmean", "mean", "sum")
 
 
 def _kl_div_masked(
-    input: Tensor, target: Tensor, dtype: torch.dtype, log_target: bool, mask: object, base: str,
-    reduction: str,
+    input: Tensor, target: Tensor, log_target: bool, mask: object, base: str, reduction: str,
 ) -> Tensor:
     """The pointwise terms at the True entries of ``mask``, reduced; ``'batchmean'`` divides by
     the number of batch rows (slices along dim 0) with at least one True entry (at least 1)."""
-    shape = torch.broadcast_shapes(input.shape, target.shape)
+    shape = broadcast_shapes(input.shape, target.shape)
     m = check_mask("kl_div", mask, shape).to(input.device)
     # select, do not multiply: a NaN at a False entry is never read (0 · log 0 terms give 0)
-    x = torch.where(m, upcast(input.to(dtype)), 0.0)
-    t = torch.where(m, upcast(target.to(dtype)), 0.0)
+    x = torch.where(m, input, 0.0)
+    t = torch.where(m, target, 0.0)
     loss = reduce_masked(_kl_div(x, t, log_target), m, base)
     if reduction == "batchmean" and len(shape) != 0:
         rows = m.expand(shape).reshape(shape[0], -1).any(1).sum().clamp_min(1)
@@ -141,12 +139,12 @@ def kl_div(
             "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
             stacklevel=2,
         )
-    # type promotion as torch: kl_div(float32, float64) is float64
-    dtype = promote_types(input.dtype, target.dtype)
-    out_dtype = loss_out_dtype(input.to(dtype))
+    # type promotion as torch: kl_div(float32, float64) is float64 (half precision computed in float32)
+    work, out_dtype = operand_dtypes(input, target)
+    x, t = input.to(work), target.to(work)
     if mask is not None:
-        return _kl_div_masked(input, target, dtype, bool(log_target), mask, base, reduction).to(out_dtype)
-    loss = _kl_div(upcast(input.to(dtype)), upcast(target.to(dtype)), bool(log_target))
+        return _kl_div_masked(x, t, bool(log_target), mask, base, reduction).to(out_dtype)
+    loss = _kl_div(x, t, bool(log_target))
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:
         loss = loss / input.size(0)
