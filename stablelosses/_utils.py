@@ -67,13 +67,19 @@ def wrap_dim(fn: str, dim: object, ndim: int, name: str = "dim") -> int:
     return dim % rank
 
 
-def check_nonnegative(fn: str, name: str, value: object) -> float:
-    """Raise ``TypeError``/``ValueError`` unless ``value`` is a real number ``>= 0``."""
+def check_real(fn: str, name: str, value: object) -> float:
+    """``value`` as a float, or ``TypeError`` unless it is an int or a float (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{fn}: {name} must be a float, got {type(value).__name__}")
-    if not value >= 0:  # also rejects NaN
-        raise ValueError(f"{fn}: {name} must be >= 0, got {value}")
     return float(value)
+
+
+def check_nonnegative(fn: str, name: str, value: object) -> float:
+    """Raise ``TypeError``/``ValueError`` unless ``value`` is a real number ``>= 0``."""
+    v = check_real(fn, name, value)
+    if not v >= 0:  # also rejects NaN
+        raise ValueError(f"{fn}: {name} must be >= 0, got {value}")  # as given: -1, not -1.0
+    return v
 
 
 def check_gamma(fn: str, gamma: object) -> float:

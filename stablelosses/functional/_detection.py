@@ -14,6 +14,7 @@ from stablelosses._utils import (
     REDUCTIONS,
     check_floating,
     check_gamma,
+    check_real,
     loss_out_dtype,
     upcast,
 )
@@ -30,13 +31,12 @@ def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -
             f"{fn}: Invalid reduction: reduction must be 'none', 'mean' or 'sum', got {reduction!r}"
         )
     gamma_f = check_gamma(fn, gamma)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"{fn}: alpha must be a float, got {type(alpha).__name__}")
-    if not -math.inf < alpha < math.inf:  # also NaN
+    alpha_f = check_real(fn, "alpha", alpha)
+    if not -math.inf < alpha_f < math.inf:  # also NaN
         raise ValueError(
             f"{fn}: alpha must be a finite number (in [0, 1], or < 0 for no weighting), got {alpha}"
         )
-    return float(alpha), gamma_f
+    return alpha_f, gamma_f
 
 
 def sigmoid_focal_loss(

@@ -14,16 +14,16 @@ from stablelosses._utils import (
     check_floating,
     check_gamma,
     check_nonnegative,
+    check_real,
     check_reduction,
     check_tensor,
     promote_types,
 )
-from stablelosses.functional._classification import _check_label_smoothing
+from stablelosses.functional._classification import _INDEX_DTYPES, _check_label_smoothing
 from stablelosses.functional._masked import check_mask
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
 CHUNK_BYTES = 64 * 2**20
-_INDEX_DTYPES = (torch.int64, torch.uint8)
 
 _rows, _reduced = fast_apply(_LinearLossRows), fast_apply(_LinearLossReduced)
 
@@ -36,12 +36,6 @@ def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
     """
     rows = max(1, CHUNK_BYTES // (max(vocab, 1) * (torch.finfo(dtype).bits // 8)))
     return 1 << (rows.bit_length() - 1)
-
-
-def _check_real(fn: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{fn}: {name} must be a float, got {type(value).__name__}")
-    return float(value)
 
 
 def _check_args(
@@ -76,7 +70,7 @@ def _check_args(
         raise ValueError(f"{fn}: z_loss must be finite, got {z}")
     cap = None
     if softcap is not None:
-        cap = _check_real(fn, "softcap", softcap)
+        cap = check_real(fn, "softcap", softcap)
         if not (cap > 0 and math.isfinite(cap)):
             raise ValueError(f"{fn}: softcap must be None or a finite number > 0, got {softcap}")
     if chunk_size is not None:
