@@ -67,6 +67,20 @@ def wrap_dim(fn: str, dim: object, ndim: int, name: str = "dim") -> int:
     return dim % rank
 
 
+def wrap_dims(
+    fn: str, dims: object, ndim: int, name: str = "dim", allow_empty: bool = True
+) -> tuple[int, ...]:
+    """An int or a list/tuple of ints, each wrapped by `wrap_dim`; ``ValueError`` on a repeated
+    dimension, and on an empty list unless ``allow_empty``."""
+    seq = tuple(dims) if isinstance(dims, (list, tuple)) else (dims,)
+    if not seq and not allow_empty:
+        raise ValueError(f"{fn}: {name} must name at least one dimension, got ()")
+    out = tuple(wrap_dim(fn, d, ndim, name) for d in seq)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{fn}: {name} has repeated dimensions, got {seq}")
+    return out
+
+
 def check_real(fn: str, name: str, value: object) -> float:
     """``value`` as a float, or ``TypeError`` unless it is an int or a float (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

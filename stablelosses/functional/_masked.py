@@ -8,7 +8,16 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.masked import _entropy
-from stablelosses._utils import MEAN, SUM, broadcast_shapes, check_floating, reduce, upcast, wrap_dim
+from stablelosses._utils import (
+    MEAN,
+    SUM,
+    broadcast_shapes,
+    check_floating,
+    reduce,
+    upcast,
+    wrap_dim,
+    wrap_dims,
+)
 
 
 def check_mask(fn: str, mask: object, shape: torch.Size, what: str = "input") -> Tensor:
@@ -29,14 +38,7 @@ def check_mask(fn: str, mask: object, shape: torch.Size, what: str = "input") ->
 
 
 def _dims(fn: str, dim: object, ndim: int) -> tuple[int, ...]:
-    if dim is None:
-        return tuple(range(ndim))
-    if isinstance(dim, (list, tuple)):
-        dims = tuple(wrap_dim(fn, d, ndim) for d in dim)
-        if len(set(dims)) != len(dims):
-            raise ValueError(f"{fn}: dim has repeated dimensions, got {tuple(dim)}")
-        return dims
-    return (wrap_dim(fn, dim, ndim),)
+    return tuple(range(ndim)) if dim is None else wrap_dims(fn, dim, ndim)
 
 
 def _masked_mean(x: Tensor, mask: Tensor, dims: tuple[int, ...], keepdim: bool) -> Tensor:

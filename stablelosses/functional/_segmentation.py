@@ -14,7 +14,7 @@ from stablelosses._utils import (
     check_reduction,
     check_tensor,
     operand_dtypes,
-    wrap_dim,
+    wrap_dims,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
 
@@ -29,13 +29,7 @@ def _dice_dims(dims: object, ndim: int) -> tuple[int, ...]:
                 f"{ndim} dimension(s); pass dims= to choose the dimensions to sum over"
             )
         return tuple(range(1, ndim))
-    seq = tuple(dims) if isinstance(dims, (list, tuple)) else (dims,)
-    if not seq:
-        raise ValueError(f"{_FN}: dims must name at least one dimension, got ()")
-    out = tuple(wrap_dim(_FN, d, ndim, "dims") for d in seq)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{_FN}: dims has repeated dimensions, got {seq}")
-    return out
+    return wrap_dims(_FN, dims, ndim, "dims", allow_empty=False)
 
 
 def _mask_samples(

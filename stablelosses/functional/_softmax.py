@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
-from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, wrap_dim
+from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, wrap_dim, wrap_dims
 from stablelosses.functional._ops import _LOW, _float_result
 
 
@@ -115,14 +115,7 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
     Replaces ``torch.logsumexp``.
     """
     x = _float_result(check_tensor("logsumexp", "input", input))
-    if isinstance(dim, (list, tuple)):
-        dims = tuple(wrap_dim("logsumexp", d, x.ndim) for d in dim)
-        if len(set(dims)) != len(dims):
-            raise ValueError(f"logsumexp: dim has repeated dimensions, got {tuple(dim)}")
-        if not dims:
-            raise ValueError("logsumexp: dim must name at least one dimension, got ()")
-    else:
-        dims = (wrap_dim("logsumexp", dim, x.ndim),)
+    dims = wrap_dims("logsumexp", dim, x.ndim, allow_empty=False)
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     out_dtype = x.dtype
