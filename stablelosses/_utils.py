@@ -212,6 +212,14 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     return torch.Size(out)
 
 
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without growing it."""
+    try:
+        return broadcast_shapes(shape, target) == tuple(target)
+    except RuntimeError:
+        return False
+
+
 _PROMOTED = {
     (a, b): torch.promote_types(a, b)
     for a in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

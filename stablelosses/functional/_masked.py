@@ -11,7 +11,7 @@ from stablelosses._autograd.masked import _entropy
 from stablelosses._utils import (
     MEAN,
     SUM,
-    broadcast_shapes,
+    broadcasts_to,
     check_floating,
     reduce,
     upcast,
@@ -26,11 +26,7 @@ def check_mask(fn: str, mask: object, shape: torch.Size, what: str = "input") ->
         raise TypeError(f"{fn}: mask must be a bool torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise TypeError(f"{fn}: mask must have dtype torch.bool (True = counts), got {mask.dtype}")
-    try:
-        ok = broadcast_shapes(mask.shape, shape) == shape
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(mask.shape, shape):
         raise ValueError(
             f"{fn}: mask of shape {tuple(mask.shape)} does not broadcast to {what} of shape {tuple(shape)}"
         )

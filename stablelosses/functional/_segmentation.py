@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._utils import (
-    broadcast_shapes,
+    broadcasts_to,
     check_floating,
     check_nonnegative,
     check_reduction,
@@ -130,11 +130,7 @@ def dice_loss(
     check_reduction(_FN, reduction)
     s = check_nonnegative(_FN, "smooth", smooth)
     reduce_dims = _dice_dims(dims, x.ndim)
-    try:
-        ok = broadcast_shapes(t.shape, x.shape) == x.shape
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(t.shape, x.shape):
         raise ValueError(
             f"{_FN}: target of shape {tuple(t.shape)} does not broadcast to input of shape {tuple(x.shape)}"
         )

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
-from stablelosses._utils import broadcast_shapes, check_tensor, compute_dtype, wrap_dim, wrap_dims
+from stablelosses._utils import broadcasts_to, check_tensor, compute_dtype, wrap_dim, wrap_dims
 from stablelosses.functional._ops import _LOW, _float_result
 
 
@@ -45,11 +45,7 @@ def _check_softmax_args(
             raise TypeError(f"{fn}: mask must be a bool torch.Tensor or None, got {type(mask).__name__}")
         if mask.dtype != torch.bool:
             raise TypeError(f"{fn}: mask must have dtype torch.bool (True = takes part), got {mask.dtype}")
-        try:
-            shape = broadcast_shapes(mask.shape, x.shape)
-        except RuntimeError:
-            shape = None
-        if shape != x.shape:
+        if not broadcasts_to(mask.shape, x.shape):
             raise ValueError(
                 f"{fn}: mask of shape {tuple(mask.shape)} does not broadcast to input of shape "
                 f"{tuple(x.shape)}"
