@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from stablelosses import functional as SF
 from stablelosses._utils import REDUCTIONS, check_nonnegative, check_reduction, legacy_reduction
+from stablelosses.functional._contrastive import check_symmetric
 from stablelosses.functional._detection import check_focal_args
 
 
@@ -254,8 +255,7 @@ class InfoNCELoss(_Loss):
         tau = check_nonnegative("InfoNCELoss", "temperature", temperature)
         if not 0 < tau < float("inf"):
             raise ValueError(f"InfoNCELoss: temperature must be a finite float > 0, got {temperature}")
-        if not isinstance(symmetric, bool):
-            raise TypeError(f"InfoNCELoss: symmetric must be a bool, got {type(symmetric).__name__}")
+        check_symmetric("InfoNCELoss", symmetric)
 
     def forward(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
         return self._function(query, key, mask=mask, **self._options())

@@ -26,6 +26,11 @@ def _check_temperature(temperature: object) -> float | Tensor:
     return float(temperature)
 
 
+def check_symmetric(fn: str, symmetric: object) -> None:
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"{fn}: symmetric must be a bool, got {type(symmetric).__name__}")
+
+
 def info_nce_loss(
     query: Tensor,
     key: Tensor,
@@ -112,8 +117,7 @@ def info_nce_loss(
         )
     tau = _check_temperature(temperature)
     check_reduction(_FN, reduction)
-    if not isinstance(symmetric, bool):
-        raise TypeError(f"{_FN}: symmetric must be a bool, got {type(symmetric).__name__}")
+    check_symmetric(_FN, symmetric)
     work, out_dtype = operand_dtypes(q, k)
     qw, kw = q.to(work), k.to(device=q.device, dtype=work)
     m = None
