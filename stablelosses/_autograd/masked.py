@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
+from stablelosses._autograd.softmax import _shift_by_max
 
 _INF = float("inf")
 
@@ -21,9 +22,7 @@ def _log_softmax(x: Tensor, dim: int) -> Tensor:
     """log-softmax with ``-inf`` on all-``-inf`` slices and ``-log k`` on ``k`` ``+inf`` entries."""
     if x.shape[dim] == 0:
         return torch.log_softmax(x, dim)
-    m = x.amax(dim, keepdim=True)
-    z = x - m
-    z = z.masked_fill(z != z, 0.0)  # inf − inf at the max entries of ±inf slices
+    z, m = _shift_by_max(x, dim)
     fix = m.masked_fill(m > -_INF, 0.0)  # -inf on all--inf slices, NaN on NaN slices, else 0
     return torch.log_softmax(z, dim) + fix
 
