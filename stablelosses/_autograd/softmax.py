@@ -42,21 +42,22 @@ def _bounded(x: Tensor, m: Tensor) -> Tensor:
     return x.clamp(lo, hi)
 
 
-def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
-    """Return ``z = x - max`` with the infinite-max slices made finite, and the row max.
+def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Return ``z = x - max`` with the infinite-max slices made finite, the row max, and the
+    index of a maximum (from the same pass over ``x``; ``z`` is 0 there).
 
     ``x - m`` is NaN exactly where ``x == m == ±inf`` (and in NaN slices); mapping that NaN to 0
     turns a ``+inf`` slice into ``0`` at its ``+inf`` entries and ``-inf`` elsewhere (so the
     kernels put uniform mass on them) and an all-``-inf`` slice into zeros (fixed by the
     caller from ``m``). NaN slices are restored by the caller from ``m`` too.
     """
-    m = x.amax(dim, keepdim=True)
+    m, am = x.max(dim, keepdim=True)
     z = x - m
     if torch.compiler.is_compiling():
         # same map written as a where: inductor vectorizes it (nan_to_num it does not)
-        return torch.where(z != z, 0.0, z), m
+        return torch.where(z != z, 0.0, z), m, am
     z.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
-    return z, m
+    return z, m, am
 
 
 def _save_output(ctx, inputs, output):
@@ -120,13 +121,13 @@ class _LogSoftmax(torch.autograd.Function):
             return torch.log_softmax(x, dim)
         # the exact shift, not the bounded x: on a +inf slice the finite entries' log-softmax
         # must be -inf (torch's kernel on finfo.max gives finite -finfo.max)
-        z, m = _shift_by_max(x, dim)
+        z, m, am = _shift_by_max(x, dim)
         fix = torch.where(m == -_INF, m, 0.0)  # -inf on all-(-inf) slices (NaN ones stay NaN)
         fix = torch.where(torch.isnan(m), m, fix)
         # Exact tail (DESIGN principle 8): log Σ e^z = log1p(δ), δ = Σ e^z without one argmax
         # term (exactly 1), so the argmax entry is −log1p(δ) ≈ −δ where log(1 + δ) rounds to 0.
-        # z = 0 at every maximum (also on +inf and all-(-inf) slices), so δ counts ties.
-        am = z.argmax(dim, keepdim=True)
+        # z = 0 at every maximum (also on +inf and all-(-inf) slices), so δ counts ties; am is
+        # one of them (on a NaN slice the NaN's index: the result is NaN from fix anyway).
         e = torch.exp(z)
         e = e.scatter_(dim, am, 0.0) if inplace_ok(e) else e.scatter(dim, am, 0.0)
         return z - (torch.log1p(e.sum(dim, keepdim=True)) - fix)
