@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import MEAN, reduce, sum_to
+from stablelosses._autograd._residual import residual_grads, residual_tangent
+from stablelosses._utils import MEAN, reduce
 
 _LOG2 = math.log(2.0)
 
@@ -16,15 +17,6 @@ _LOG2 = math.log(2.0)
 def _slope(r: Tensor, mode: int, g: Tensor) -> Tensor:
     """``g · tanh(r)`` (times ``1/N`` for the mean): d log cosh r / d r = tanh r, bounded by 1."""
     return torch.tanh(r) * (g / r.numel() if mode == MEAN else g)
-
-
-def _tangent_of_difference(r: Tensor, t_input: Tensor | None, t_target: Tensor | None) -> Tensor:
-    """``ṫ_input − ṫ_target`` in ``r``'s shape (tangents are not materialized: a missing one is None)."""
-    if t_input is None:
-        t = torch.zeros_like(r) if t_target is None else -t_target
-    else:
-        t = t_input if t_target is None else t_input - t_target
-    return t.expand(r.shape)
 
 
 class _LogCosh(torch.autograd.Function):
@@ -62,18 +54,12 @@ class _LogCosh(torch.autograd.Function):
     def backward(ctx, grad: Tensor | None, grad_r: Tensor | None):
         (r,) = ctx.saved_tensors
         g = None if grad is None else _slope(r, ctx.mode, grad)
-        if grad_r is not None:
-            g = grad_r if g is None else g + grad_r
-        if g is None:
-            return None, None, None
-        grad_input = sum_to(g, ctx.shapes[0]) if ctx.needs_input_grad[0] else None
-        grad_target = sum_to(-g, ctx.shapes[1]) if ctx.needs_input_grad[1] else None
-        return grad_input, grad_target, None
+        return *residual_grads(ctx, g, grad_r), None
 
     @staticmethod
     def jvp(ctx, t_input: Tensor | None, t_target: Tensor | None, _: None):
         (r,) = ctx.saved_tensors
-        t_r = _tangent_of_difference(r, t_input, t_target)
+        t_r = residual_tangent(r, t_input, t_target)
         # The forward's reduction, applied to the elementwise tangent tanh(r)·ṙ.
         return reduce(torch.tanh(r) * t_r, ctx.mode), t_r
 

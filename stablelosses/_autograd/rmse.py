@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import MEAN, NONE, sum_to
+from stablelosses._autograd._residual import residual_grads, residual_tangent
+from stablelosses._utils import MEAN, NONE
 
 # 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
 _DOWN, _UP = 2.0**-600, 2.0**600
@@ -103,24 +104,13 @@ class _RMSE(torch.autograd.Function):
                  ) -> tuple[Tensor | None, Tensor | None, None, None]:
         r, value = ctx.saved_tensors
         g = None if grad is None else _sensitivity(r, value, ctx.mode, grad)
-        if grad_r is not None:
-            g = grad_r if g is None else g + grad_r
-        if g is None:
-            return None, None, None, None
-        grad_input = sum_to(g, ctx.shapes[0]) if ctx.needs_input_grad[0] else None
-        grad_target = sum_to(-g, ctx.shapes[1]) if ctx.needs_input_grad[1] else None
-        return grad_input, grad_target, None, None
+        return *residual_grads(ctx, g, grad_r), None, None
 
     @staticmethod
     def jvp(ctx: Any, t_input: Tensor | None, t_target: Tensor | None, _m: None, _e: None
             ) -> tuple[Tensor, Tensor]:
         r, value = ctx.saved_tensors
-        # (tangents are not materialized: a missing one is None)
-        if t_input is None:
-            t_r = torch.zeros_like(r) if t_target is None else -t_target
-        else:
-            t_r = t_input if t_target is None else t_input - t_target
-        t_r = t_r.expand(r.shape)
+        t_r = residual_tangent(r, t_input, t_target)
         g = _sensitivity(r, value, ctx.mode, torch.ones_like(value))
         return (g * t_r if ctx.mode == NONE else (g * t_r).sum()), t_r
 
