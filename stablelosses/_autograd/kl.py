@@ -46,57 +46,44 @@ class _KLDiv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         input, target = ctx.saved_tensors
+        log_target = ctx.log_target
+        p = torch.exp(target) if log_target else target  # the probability: exactly 0 at zero terms
         grad_input = grad_target = None
-        if ctx.log_target:
-            p = torch.exp(target)  # exactly 0 at target = -inf
-            if ctx.needs_input_grad[0]:
-                # 0 - p·g in one op: +0 (not -0) at zero-probability terms.
-                grad_input = sum_to(_neg_product(p, grad_output), input.shape)
-            if ctx.needs_input_grad[1]:
-                # d/dt e^t (t - x) = e^t (t - x + 1); 0 at t = -inf (double where).
-                zero = target == -math.inf
-                t_safe = torch.where(zero, 0.0, target)
-                x_safe = torch.where(zero, 0.0, input)
-                g = torch.where(zero, 0.0, p * (t_safe - x_safe + 1))
-                grad_target = sum_to(g * grad_output, target.shape)
-        else:
-            if ctx.needs_input_grad[0]:
-                # 0 - t·g in one op: +0 (not -0) at zero-probability terms.
-                grad_input = sum_to(_neg_product(target, grad_output), input.shape)
-            if ctx.needs_input_grad[1]:
-                # d/dt (t log t - t x) = log t + 1 - x; 0 at t = 0 (double where).
-                zero = target == 0
-                t_safe = torch.where(zero, 1.0, target)
-                x_safe = torch.where(zero, 0.0, input)
-                g = torch.where(zero, 0.0, torch.log(t_safe) + 1 - x_safe)
-                grad_target = sum_to(g * grad_output, target.shape)
+        if ctx.needs_input_grad[0]:
+            # 0 - p·g in one op: +0 (not -0) at zero-probability terms.
+            grad_input = sum_to(_neg_product(p, grad_output), input.shape)
+        if ctx.needs_input_grad[1]:
+            d = _d_target(input, target, _zero_probability(target, log_target), p, log_target)
+            grad_target = sum_to(d * grad_output, target.shape)
         return grad_input, grad_target, None
 
     @staticmethod
     def jvp(ctx, input_t, target_t, _log_target_t):
         # the same derivatives as backward, times the tangents; 0 at zero-probability terms
         input, target = ctx.saved_tensors
+        log_target = ctx.log_target
+        zero = _zero_probability(target, log_target)
+        p = torch.exp(target) if log_target else target
         out = None
-        if ctx.log_target:
-            zero = target == -math.inf
-            p = torch.exp(target)
-            if input_t is not None:
-                out = torch.where(zero, 0.0, -p * input_t)
-            if target_t is not None:
-                t_safe = torch.where(zero, 0.0, target)
-                x_safe = torch.where(zero, 0.0, input)
-                d = torch.where(zero, 0.0, p * (t_safe - x_safe + 1) * target_t)
-                out = d if out is None else out + d
-        else:
-            zero = target == 0
-            if input_t is not None:
-                out = torch.where(zero, 0.0, -target * input_t)
-            if target_t is not None:
-                t_safe = torch.where(zero, 1.0, target)
-                x_safe = torch.where(zero, 0.0, input)
-                d = torch.where(zero, 0.0, (torch.log(t_safe) + 1 - x_safe) * target_t)
-                out = d if out is None else out + d
+        if input_t is not None:
+            out = torch.where(zero, 0.0, -p * input_t)
+        if target_t is not None:
+            d = torch.where(zero, 0.0, _d_target(input, target, zero, p, log_target) * target_t)
+            out = d if out is None else out + d
         return out
+
+
+def _zero_probability(target: Tensor, log_target: bool) -> Tensor:
+    return target == -math.inf if log_target else target == 0
+
+
+def _d_target(input: Tensor, target: Tensor, zero: Tensor, p: Tensor, log_target: bool) -> Tensor:
+    """The derivative of a term with respect to ``target``, 0 at zero-probability terms (double
+    where): ``d/dt e^t (t - x) = e^t (t - x + 1)``, or ``d/dt (t log t - t x) = log t + 1 - x``."""
+    x_safe = torch.where(zero, 0.0, input)
+    if log_target:
+        return torch.where(zero, 0.0, p * (torch.where(zero, 0.0, target) - x_safe + 1))
+    return torch.where(zero, 0.0, torch.log(torch.where(zero, 1.0, target)) + 1 - x_safe)
 
 
 _kl_div = applier(_KLDiv)
