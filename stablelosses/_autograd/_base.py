@@ -37,30 +37,25 @@ def applier(cls: Any) -> Callable[..., Any]:
         {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__},
     )
 
-    eager = fast_apply(cls)
-
-    def apply(*args: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return twin.apply(*args)
-        return eager(*args)
-
-    apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
-    return apply
+    return fast_apply(cls, compiled=twin)
 
 
-def fast_apply(cls: Any) -> Callable[..., Any]:
+def fast_apply(cls: Any, compiled: Any = None) -> Callable[..., Any]:
     """``cls.apply`` with two per-call shortcuts (every argument given positionally).
 
     Outside compilation and functorch transforms: ``forward`` itself under ``no_grad`` when no
     forward-mode level is open (there is no graph to record and no tangent to push), else the
     C++ ``apply`` without ``Function.apply``'s binding of defaults (``inspect``, ~40 µs).
-    `applier` uses it for the eager path of the Functions that define ``jvp``.
+    While compiling it calls ``compiled.apply`` (`applier`'s jvp-free twin) when given.
     """
     fast = direct_apply(cls)
     forward = cls.forward
+    traced = cls if compiled is None else compiled
 
     def apply(*args: Any) -> Any:
-        if torch.compiler.is_compiling() or functorch_transforms_active():
+        if torch.compiler.is_compiling():
+            return traced.apply(*args)
+        if functorch_transforms_active():
             return cls.apply(*args)
         if not _grad_enabled() and not forward_ad_active():
             return forward(*args)
