@@ -30,10 +30,10 @@ from stablelosses._autograd._base import applier
 from stablelosses._autograd.focal import accurate_log_pt, focal_terms, other_mass
 from stablelosses._autograd.softmax import (
     exact_log_softmax,
+    extra_log_softmax_grad,
+    extra_softmax_grad,
     fast_log_softmax,
-    log_softmax_backward,
     probs_from,
-    softmax_backward,
 )
 from stablelosses._utils import inplace_ok
 
@@ -230,9 +230,9 @@ class _IndexLoss(torch.autograd.Function):
             rest_t = None if gamma == 0.0 else rest
             gx = softmax_minus_target(p, row, idx, a, cdim, dense, own_p=fresh, rest=rest_t)
         if gamma == 0.0:
-            gx = _plus(gx, log_softmax_backward(extra, grad_extra, cdim))
+            gx = _plus(gx, extra_log_softmax_grad(extra, grad_extra, cdim))
         else:
-            gx = _plus(gx, softmax_backward(extra, grad_extra, cdim))
+            gx = _plus(gx, extra_softmax_grad(extra, grad_extra, cdim))
         return gx, None, None, gw, None, None, None, None
 
     @staticmethod
@@ -348,7 +348,7 @@ class _ProbLoss(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 qn = _target_dist(x, target, None, eps, cdim)
                 gw = _per_class_sum(-torch.where(qn == 0, 0.0, qn * lsm) * s, cdim)
-        gx = _plus(gx, log_softmax_backward(lsm, grad_lsm, cdim))
+        gx = _plus(gx, extra_log_softmax_grad(lsm, grad_lsm, cdim))
         return gx, gt, gw, None, None
 
     @staticmethod

@@ -287,14 +287,14 @@ def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
     return torch.exp(torch.where(torch.isnan(lsm), -_INF, lsm))
 
 
-def log_softmax_backward(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> Tensor | None:
+def extra_log_softmax_grad(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> Tensor | None:
     """Gradient through the extra log-softmax output: ``g − softmax · Σ g``."""
     if grad_lsm is None:
         return None
     return grad_lsm - probs_from(lsm, False) * grad_lsm.sum(cdim, keepdim=True)
 
 
-def softmax_backward(p: Tensor, grad_p: Tensor | None, cdim: int) -> Tensor | None:
+def extra_softmax_grad(p: Tensor, grad_p: Tensor | None, cdim: int) -> Tensor | None:
     """Gradient through the extra softmax output: ``p ⊙ (g − Σ g·p)``."""
     if grad_p is None:
         return None
