@@ -29,9 +29,8 @@ from stablelosses.bench.targets import format_goals, goal_rows
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _targets_section(path: str, modes: list[str]) -> str:
-    index, _ = load(path)
-    outcomes = evaluate(index, modes, ["float32"])
+def _targets_section(result: dict[str, Any], modes: list[str]) -> str:
+    outcomes = evaluate(index(result["results"]), modes, ["float32"])
     n = {s: sum(o.status == s for o in outcomes) for s in ("ok", "MISS", "skip")}
     # One row per (target, input): a time target holds only if it holds in every mode.
     rows: dict[Any, list[Outcome]] = {}
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "From `python benchmarks/check_targets.py` on the same JSON. A time check holds only if "
         "it holds for the forward and for forward+backward.",
         "",
-        _targets_section(args.bench, ["fwd", "fwdbwd"]),
+        _targets_section(result, ["fwd", "fwdbwd"]),
         "",
     ]
     if args.pytest:
