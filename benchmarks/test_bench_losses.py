@@ -29,7 +29,7 @@ import torch
 from stablelosses.bench import cases as C
 from stablelosses.bench import timing as T
 from stablelosses.bench.memory import peak_memory
-from stablelosses.bench.traffic import bytes_moved
+from stablelosses.bench.run import Settings, extras, input_sizes, selected
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
 COMPILE = os.environ.get("STABLELOSSES_BENCH_COMPILE", "1") != "0"
@@ -38,30 +38,27 @@ ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "7"))
 SAMPLE_S = 0.02
 DTYPES = ("float32", "bfloat16") if FULL else ("float32",)
 HAS_CUDA = torch.cuda.is_available()
-SPECS = C.specs()
 #: One record per benchmark of the session, in `stablelosses bench`'s JSON format: conftest.py
 #: prints the issue-12 target table from them at the end of the session.
 RECORDS: list[dict[str, Any]] = []
 
 
+#: case id ("fn-label-dtype-device") → (spec, case, dtype, device)
+CASES: dict[str, tuple[C.Spec, C.Case, str, str]] = {}
+
+
 def _cases(mode: str) -> list[Any]:
     params = []
-    for spec in SPECS.values():
-        for case in spec.cases:
-            if TIER not in case.tiers:
-                continue
-            for dt in DTYPES:
-                if dt != "float32" and case.kind == "tiny":
-                    continue
-                for dev in ("cpu", "cuda"):
-                    cid = f"{spec.name}-{case.label}-{dt}-{dev}"
-                    compiled = COMPILE and (FULL or (mode == "fwdbwd" and dt == "float32"
-                                                     and case.kind != "tiny"))
-                    for v in T.variant_ids(spec, compiled=compiled, only_available=False):
-                        marks = []
-                        if dev == "cuda" and not HAS_CUDA:
-                            marks.append(pytest.mark.skip(reason="needs CUDA"))
-                        params.append(pytest.param(cid, v, marks=marks, id=f"{cid}-{v}"))
+    for spec, case, dt in selected(Settings(tier=TIER, dtypes=DTYPES)):
+        for dev in ("cpu", "cuda"):
+            cid = f"{spec.name}-{case.label}-{dt}-{dev}"
+            CASES[cid] = (spec, case, dt, dev)
+            compiled = COMPILE and (FULL or (mode == "fwdbwd" and dt == "float32" and case.kind != "tiny"))
+            for v in T.variant_ids(spec, compiled=compiled, only_available=False):
+                marks = []
+                if dev == "cuda" and not HAS_CUDA:
+                    marks.append(pytest.mark.skip(reason="needs CUDA"))
+                params.append(pytest.param(cid, v, marks=marks, id=f"{cid}-{v}"))
     return params
 
 
@@ -71,45 +68,32 @@ _INPUTS: dict[str, Any] = {}
 def _inputs(cid: str):
     if cid not in _INPUTS:
         _INPUTS.clear()  # parameters come case by case: keep one case's tensors alive
-        fn, label, dt, dev = cid.split("-")
-        spec = SPECS[fn]
-        case = next(c for c in spec.cases if c.label == label)
+        spec, case, dt, dev = CASES[cid]
         _INPUTS[cid] = C.make_inputs(spec, case, C.DTYPES[dt], dev)
     return _INPUTS[cid]
 
 
 def _run(benchmark, cid: str, variant: str, mode: str):
-    fn, label, dt, dev = cid.split("-")
-    spec = SPECS[fn]
+    spec, case, dt, dev = CASES[cid]
+    fn = spec.name
     if not T.available(variant):
         pytest.skip(f"{variant}: optional package not installed")
     tensors, grad_idx = _inputs(cid)
-    key = (label, dt, dev)
+    key = (case.label, dt, dev)
     call = T.make_callable(spec, variant, tensors, grad_idx, mode, dev, key)
     inner = T.calibrate(T.timer(call, fn, cid, variant), SAMPLE_S, warm_s=0.1, min_warm=3)
     benchmark.group = fn
     benchmark.extra_info.update(
-        fn=fn, case=label, dtype=dt, device=dev, mode=mode, variant=variant,
-        shape=list(next(c.shape for c in spec.cases if c.label == label)),
-        grad_bytes=sum(tensors[i].numel() * tensors[i].element_size() for i in grad_idx),
-        input_bytes=sum(t.numel() * t.element_size() for t in tensors),
-        threads=torch.get_num_threads(),
-        torch_version=torch.__version__,
+        fn=fn, case=case.label, dtype=dt, device=dev, mode=mode, variant=variant, shape=list(case.shape),
+        **input_sizes(tensors, grad_idx), threads=torch.get_num_threads(), torch_version=torch.__version__,
     )
     result = benchmark.pedantic(call, rounds=ROUNDS, iterations=inner, warmup_rounds=1)
-    if variant.endswith("-compiled"):
-        kc = T.kernel_count(spec, variant, mode, key)
-        if kc is not None:
-            benchmark.extra_info.update(kernels=kc.total, kernels_generated=kc.generated,
-                                        kernels_extern=kc.extern)
-    else:
-        moved = bytes_moved(call)
-        benchmark.extra_info.update(bytes_read=moved.read, bytes_written=moved.written, aten_ops=moved.ops)
+    benchmark.extra_info.update(extras(spec, variant, mode, key, call))
     if mode == "fwdbwd":
         benchmark.extra_info["peak_bytes"] = peak_memory(call, dev)
     if benchmark.stats is not None:  # None under --benchmark-disable
         RECORDS.append(dict(benchmark.extra_info, median_s=benchmark.stats.stats.median, error=None,
-                            kind=next(c.kind for c in spec.cases if c.label == label)))
+                            kind=case.kind))
     if variant.startswith("stable"):
         outs = result if isinstance(result, tuple) else (result,)
         for o in outs:

@@ -12,7 +12,7 @@ import datetime
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,8 @@ from stablelosses.bench.memory import MALLOC_ENV, peak_memory, prefault_heap
 from stablelosses.bench.timing import interleaved, kernel_count, make_callable, variant_ids
 from stablelosses.bench.traffic import bytes_moved
 
-__all__ = ["MODES", "SCHEMA", "TIERS", "Settings", "run", "run_case", "selected", "tier_settings"]
+__all__ = ["MODES", "SCHEMA", "TIERS", "Settings", "extras", "input_sizes", "run", "run_case", "selected",
+           "tier_settings"]
 
 SCHEMA = "stablelosses-bench/2"
 MODES = ("fwd", "fwdbwd")
@@ -86,19 +87,20 @@ def _check_values(a: Any, b: Any, dtype: torch.dtype) -> str | None:
     return None
 
 
-def _extras(spec: Spec, v: str, mode: str, key: tuple[Any, ...], call: Callable[[], Any],
-            settings: Settings, notes: list[str], where: str) -> dict[str, Any]:
-    """Bytes moved (eager variants), peak memory (fwdbwd) and kernel count (compiled)."""
+def input_sizes(tensors: Sequence[Any], grad_idx: Sequence[int]) -> dict[str, int]:
+    """``grad_bytes`` (the tensors that get a gradient) and ``input_bytes`` (all) of one input."""
+    return {"grad_bytes": sum(tensors[i].numel() * tensors[i].element_size() for i in grad_idx),
+            "input_bytes": sum(t.numel() * t.element_size() for t in tensors)}
+
+
+def extras(spec: Spec, v: str, mode: str, key: tuple[Any, ...], call: Callable[[], Any],
+           measure_bytes: bool = True) -> dict[str, Any]:
+    """Bytes moved (eager variants, when ``measure_bytes``) and kernel count (compiled)."""
     rec: dict[str, Any] = {}
     compiled = v.endswith("-compiled")
-    if settings.bytes and not compiled:
+    if measure_bytes and not compiled:
         moved = bytes_moved(call)
         rec.update(bytes_read=moved.read, bytes_written=moved.written, aten_ops=moved.ops)
-    if settings.peak and mode == "fwdbwd":
-        try:
-            rec["peak_bytes"] = peak_memory(call, settings.device)
-        except RuntimeError as e:
-            notes.append(f"{where} {v}: peak memory failed: {short_error(e)}")
     kc = kernel_count(spec, v, mode, key) if compiled else None
     if kc is not None:
         rec.update(kernels=kc.total, kernels_generated=kc.generated, kernels_extern=kc.extern)
@@ -110,9 +112,7 @@ def run_case(spec: Spec, case: Case, dtype_name: str, settings: Settings,
     """Measure every variant of one (spec, case, dtype) in every mode; append the records."""
     tensors, grad_idx = make_inputs(spec, case, DTYPES[dtype_name], settings.device)
     base = {"fn": spec.name, "case": case.label, "kind": case.kind, "shape": list(case.shape),
-            "dtype": dtype_name, "device": settings.device,
-            "grad_bytes": sum(tensors[i].numel() * tensors[i].element_size() for i in grad_idx),
-            "input_bytes": sum(t.numel() * t.element_size() for t in tensors)}
+            "dtype": dtype_name, "device": settings.device, **input_sizes(tensors, grad_idx)}
     key = (tuple(case.shape), dtype_name, settings.device)
     where = f"{spec.name} {case.label} {dtype_name}"
     for mode in settings.modes:
@@ -138,7 +138,12 @@ def run_case(spec: Spec, case: Case, dtype_name: str, settings: Settings,
             else:
                 m = times[v]
                 rec.update(error=None, median_s=m.median, times_s=list(m.times), inner=m.number_per_run)
-                rec.update(_extras(spec, v, mode, key, calls[v], settings, notes, where))
+                rec.update(extras(spec, v, mode, key, calls[v], settings.bytes))
+                if settings.peak and mode == "fwdbwd":
+                    try:
+                        rec["peak_bytes"] = peak_memory(calls[v], settings.device)
+                    except RuntimeError as e:
+                        notes.append(f"{where} {v}: peak memory failed: {short_error(e)}")
             if v == "stable" and mismatch:
                 rec["value_mismatch"] = mismatch
             records.append(rec)
