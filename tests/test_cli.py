@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from debug_helpers import line_of
 
 from stablelosses import cli
 
@@ -29,7 +30,7 @@ def test_trace_finds_the_planted_overflow():
     script = os.path.join(SCRIPTS, "overflow.py")
     proc = run("trace", script)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    planted = next(i for i, ln in enumerate(open(script), 1) if "PLANTED" in ln)
+    planted = line_of(script, "PLANTED")
     assert f"overflow.py:{planted}" in proc.stdout
     assert "aten::exp" in proc.stdout and "forward" in proc.stdout
     assert "module:   weighting" in proc.stdout
@@ -64,7 +65,7 @@ def test_trace_crash_exits_2_with_the_scripts_traceback():
     script = os.path.join(SCRIPTS, "crash.py")
     proc = run("trace", script)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    crash = next(i for i, ln in enumerate(open(script), 1) if "# CRASH" in ln)
+    crash = line_of(script, "# CRASH")
     assert f'File "{script}", line {crash}, in load' in proc.stderr
     assert proc.stderr.strip().endswith("KeyError: 'missing'")
     assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr and "_trace.py" not in proc.stderr
@@ -81,7 +82,7 @@ def test_trace_reports_a_nan_made_inside_stablelosses(capsys):
     script = os.path.join(SCRIPTS, "library_nan.py")
     assert cli.main(["trace", script]) == 1
     out = capsys.readouterr().out
-    line = next(i for i, ln in enumerate(open(script), 1) if "# LIBRARY" in ln)
+    line = line_of(script, "# LIBRARY")
     assert "stablelosses.functional.cross_entropy produced NaN" in out and "0/0" in out
     assert f"library_nan.py:{line}" in out
 
