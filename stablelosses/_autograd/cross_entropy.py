@@ -29,12 +29,14 @@ from torch import Tensor
 from stablelosses._autograd._base import applier
 from stablelosses._autograd.focal import accurate_log_pt, focal_terms, other_mass
 from stablelosses._autograd.softmax import (
+    _bounded,
     exact_log_softmax,
     extra_log_softmax_grad,
     extra_softmax_grad,
     fast_log_softmax,
     probs_from,
 )
+from stablelosses._compat import functorch_transforms_active
 from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
@@ -375,3 +377,137 @@ class _ProbLoss(torch.autograd.Function):
 
 
 _prob_loss = applier(_ProbLoss)
+
+
+class RowResult(NamedTuple):
+    """What ``_ClassIndexCE`` returns: the per-element loss (0 on invalid elements) and the
+    valid mask (target not ``ignore_index``, row not fully masked)."""
+
+    loss: Tensor
+    valid: Tensor
+
+
+def _tail_softmax(x: Tensor, m: Tensor, idx: Tensor, am: Tensor, cdim: int) -> tuple[Tensor, ...]:
+    """The softmax with its target entry zeroed, ``p_t``, ``p`` at the row max and
+    ``rest = Σ_{j≠t} p_j``.
+
+    The softmax runs on ``x`` clamped per row from the N-sized row max ``m`` (the `_bounded`
+    rule): the identity on every row with a finite max (``finfo.min`` rows included);
+    ``+inf → finfo.max`` on ``+inf`` rows, so that the kernel puts uniform mass on the ``+inf``
+    entries (the limit); 0 on fully masked rows (finite; their gradient is 0 from the valid
+    mask). NaN rows stay NaN. The clamp is the one pass the hazard rows cost.
+    """
+    p = torch.softmax(_bounded(x, m), cdim)
+    p_t, p_am = p.gather(cdim, idx), p.gather(cdim, am)
+    # the Function's own fresh p: zero p_t in place (a vmap wrapper cannot grow in place)
+    p = p.scatter(cdim, idx, 0.0) if functorch_transforms_active() else p.scatter_(cdim, idx, 0.0)
+    return p, p_t.squeeze(cdim), p_am.squeeze(cdim), p.sum(cdim)
+
+
+class _ClassIndexCE(torch.autograd.Function):
+    """Class-index cross-entropy ``−w_t log p_t`` (no smoothing) in torch's passes.
+
+    Forward: the row max (with its index) and torch's ``softmax`` kernel; ``log p_t`` is
+    ``(x_t − m) + log p_max`` (torch's log-softmax), or ``log1p(−rest)`` where
+    ``rest = Σ_{j≠t} p_j < ½`` (the exact tail: where ``lse − x_t`` rounds to 0 the small part
+    is kept). The softmax with ``p_t`` zeroed and
+    ``rest`` are saved; the first-order backward is that softmax scaled per row, with the
+    target entry ``−rest·a`` (``p_t − 1`` without cancellation): one pass, in place.
+
+    Double backward differentiates `_IndexLoss` (same values) from the saved input.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, target, idx, weight, ignore_index, cdim):
+        # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
+        # IndexError ("Target 3 is out of bounds.") for the others out of range.
+        x_t = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none").neg()
+        m, am = x.max(cdim, keepdim=True)
+        idx = idx.unsqueeze(cdim)
+        p, p_t, p_am, rest = _tail_softmax(x, m, idx, am, cdim)
+        m = m.squeeze(cdim)
+        masked_row = m == -_INF
+        # log p_t = (x_t − m) + log p_max: torch's log-softmax, both terms ≤ 0 (no cancellation)
+        lt = (x_t - m) + torch.log(p_am)
+        # +inf rows: x_t − m is inf − inf; p_t is the limit (1/k on the k +inf entries, else 0)
+        lt = torch.where(m == _INF, torch.log(p_t), lt)
+        # the exact tail where p_t > ½; a NaN row is not (with one class its rest is 0)
+        near_one = (rest < 0.5) & ~torch.isnan(m)
+        # double where: log1p(−1) is never formed on the discarded branch
+        lt = torch.where(near_one, torch.log1p(-torch.where(near_one, rest, 0.0)), lt)
+        lt = torch.where(masked_row, -_INF, lt)  # fully masked: dropped, not NaN
+        val = -lt
+        if weight is not None:
+            w_t = weight[idx.squeeze(cdim)]
+            val = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
+        valid = (target != ignore_index) & ~masked_row
+        return torch.where(valid, val, 0.0), valid, p, p_t, rest, lt
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, target, idx, weight, ignore_index, cdim = inputs
+        _, valid, p, p_t, rest, lt = output
+        ctx.mark_non_differentiable(valid, p, p_t, rest, lt)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, target, idx, weight, valid, p, p_t, rest, lt)
+        ctx.save_for_forward(x, target, idx, weight, valid, p, p_t, rest, lt)
+        ctx.ignore_index, ctx.cdim = ignore_index, cdim
+
+    @staticmethod
+    def backward(ctx, grad_loss, _gv, _gp, _gpt, _gr, _gl):
+        x, target, idx, weight, valid, p, _p_t, rest, lt = ctx.saved_tensors
+        cdim = ctx.cdim
+        if grad_loss is None:
+            return None, None, None, None, None, None
+        if torch.is_grad_enabled():
+            return _double_backward(ctx, x, target, idx, weight, grad_loss)
+        s = torch.where(valid, grad_loss, 0.0)
+        a = s if weight is None else s * weight[idx]
+        a = torch.where(torch.isnan(lt), lt, a)  # NaN rows: NaN gradient
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            idx_u = idx.unsqueeze(cdim)
+            a_u = a.unsqueeze(cdim)
+            # out of place: the saved p stays intact for a second backward (retain_graph)
+            g = p * a_u
+            t_val = (-rest * a).unsqueeze(cdim)
+            gx = g.scatter(cdim, idx_u, t_val) if functorch_transforms_active() else g.scatter_(
+                cdim, idx_u, t_val)
+        if ctx.needs_input_grad[3]:
+            contrib = torch.where(valid, -s * lt, 0.0)
+            gw = torch.zeros_like(weight).index_add(0, idx.flatten(), contrib.flatten())
+        return gx, None, None, gw, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _cdim):
+        x, target, idx, weight, valid, p, p_t, rest, lt = ctx.saved_tensors
+        cdim = ctx.cdim
+        idx_u = idx.unsqueeze(cdim)
+        pf = p.scatter(cdim, idx_u, p_t.unsqueeze(cdim))
+        # zero-probability entries carry no tangent (double where: 0·inf never forms)
+        x_t = torch.zeros_like(pf) if x_t is None else torch.where(pf == 0, 0.0, x_t)
+        lt_t = x_t.gather(cdim, idx_u).squeeze(cdim) - (pf * x_t).sum(cdim)
+        val_t = -lt_t
+        if weight is not None:
+            val_t = weight[idx] * val_t
+            if w_t is not None:
+                wt = w_t[idx]
+                val_t = val_t + torch.where(wt == 0, 0.0, -wt * lt)
+        return torch.where(valid, val_t, 0.0), None, None, None, None, None
+
+
+def _double_backward(ctx, x, target, idx, weight, grad_loss):
+    """First derivatives as a differentiable graph: `_IndexLoss`'s (same values) on the saved
+    ``x`` and ``weight``, so that a second backward reaches them."""
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+    res = IndexResult(*_index_loss(x, target, idx, weight, ctx.ignore_index, 0.0, 0.0, ctx.cdim))
+    wrt = [t for t, need in ((x, need_x), (weight, need_w)) if need]
+    grads = iter(torch.autograd.grad(res.loss, wrt, grad_loss, create_graph=True, allow_unused=True))
+    gx = next(grads) if need_x else None
+    gw = next(grads) if need_w else None
+    return gx, None, None, gw, None, None
+
+
+_class_index_ce = applier(_ClassIndexCE)

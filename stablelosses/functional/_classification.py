@@ -7,7 +7,14 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.cross_entropy import IndexResult, ProbResult, _index_loss, _prob_loss
+from stablelosses._autograd.cross_entropy import (
+    IndexResult,
+    ProbResult,
+    RowResult,
+    _class_index_ce,
+    _index_loss,
+    _prob_loss,
+)
 from stablelosses._utils import (
     check_floating,
     check_gamma,
@@ -108,7 +115,11 @@ def _index_loss_reduced(
     if mask is not None:
         target = torch.where(mask, target, ignore_index)
     idx = torch.where(target != ignore_index, target, 0)
-    res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
+    res: IndexResult | RowResult
+    if gamma == 0.0 and eps == 0.0:
+        res = RowResult(*_class_index_ce(x, target, idx, w, ignore_index, cdim)[:2])
+    else:
+        res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, res.valid, reduction, False)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
