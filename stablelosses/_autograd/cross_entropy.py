@@ -405,14 +405,16 @@ def _tail_softmax(x: Tensor, m: Tensor, idx: Tensor, am: Tensor, cdim: int) -> t
 
 
 class _ClassIndexCE(torch.autograd.Function):
-    """Class-index cross-entropy ``−w_t log p_t`` (no smoothing) in torch's passes.
+    """Class-index cross-entropy ``−w_t log p_t`` and focal loss ``−w_t (1 − p_t)^γ log p_t``
+    (no smoothing) in torch's passes.
 
     Forward: the row max (with its index) and torch's ``softmax`` kernel; ``log p_t`` is
     ``(x_t − m) + log p_max`` (torch's log-softmax), or ``log1p(−rest)`` where
     ``rest = Σ_{j≠t} p_j < ½`` (the exact tail: where ``lse − x_t`` rounds to 0 the small part
     is kept). The softmax with ``p_t`` zeroed and
     ``rest`` are saved; the first-order backward is that softmax scaled per row, with the
-    target entry ``−rest·a`` (``p_t − 1`` without cancellation): one pass, in place.
+    target entry ``−rest·a`` (``p_t − 1`` without cancellation): one pass. The focal row scale
+    (`focal_terms`, N-sized) is an extra output of the forward.
 
     Double backward differentiates `_IndexLoss` (same values) from the saved input.
     """
@@ -420,7 +422,7 @@ class _ClassIndexCE(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, target, idx, weight, ignore_index, cdim):
+    def forward(x, target, idx, weight, ignore_index, gamma, cdim):
         # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
         # IndexError ("Target 3 is out of bounds.") for the others out of range.
         x_t = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none").neg()
@@ -438,33 +440,35 @@ class _ClassIndexCE(torch.autograd.Function):
         # double where: log1p(−1) is never formed on the discarded branch
         lt = torch.where(near_one, torch.log1p(-torch.where(near_one, rest, 0.0)), lt)
         lt = torch.where(masked_row, -_INF, lt)  # fully masked: dropped, not NaN
-        val = -lt
+        # the focal value and backward row scale (N-sized); none for cross-entropy
+        val, scale = (-lt, lt.new_empty(0)) if gamma == 0.0 else focal_terms(rest, lt, gamma)
         if weight is not None:
             w_t = weight[idx.squeeze(cdim)]
             val = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
         valid = (target != ignore_index) & ~masked_row
-        return torch.where(valid, val, 0.0), valid, p, p_t, rest, lt
+        return torch.where(valid, val, 0.0), valid, p, p_t, rest, lt, scale
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, idx, weight, ignore_index, cdim = inputs
-        _, valid, p, p_t, rest, lt = output
-        ctx.mark_non_differentiable(valid, p, p_t, rest, lt)
+        x, target, idx, weight, ignore_index, gamma, cdim = inputs
+        _, valid, p, p_t, rest, lt, scale = output
+        ctx.mark_non_differentiable(valid, p, p_t, rest, lt, scale)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, target, idx, weight, valid, p, p_t, rest, lt)
-        ctx.save_for_forward(x, target, idx, weight, valid, p, p_t, rest, lt)
-        ctx.ignore_index, ctx.cdim = ignore_index, cdim
+        ctx.save_for_backward(x, target, idx, weight, valid, p, p_t, rest, lt, scale)
+        ctx.save_for_forward(x, target, idx, weight, valid, p, p_t, rest, lt, scale)
+        ctx.ignore_index, ctx.gamma, ctx.cdim = ignore_index, gamma, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, _gv, _gp, _gpt, _gr, _gl):
-        x, target, idx, weight, valid, p, _p_t, rest, lt = ctx.saved_tensors
-        cdim = ctx.cdim
+    def backward(ctx, grad_loss, _gv, _gp, _gpt, _gr, _gl, _gs):
+        x, target, idx, weight, valid, p, _p_t, rest, lt, scale = ctx.saved_tensors
+        cdim, gamma = ctx.cdim, ctx.gamma
         if grad_loss is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         if torch.is_grad_enabled():
             return _double_backward(ctx, x, target, idx, weight, grad_loss)
         s = torch.where(valid, grad_loss, 0.0)
-        a = s if weight is None else s * weight[idx]
+        a = s if gamma == 0.0 else torch.where(valid, s * scale, 0.0)  # the focal row scale
+        a = a if weight is None else a * weight[idx]
         a = torch.where(torch.isnan(lt), lt, a)  # NaN rows: NaN gradient
         gx = gw = None
         if ctx.needs_input_grad[0]:
@@ -476,38 +480,41 @@ class _ClassIndexCE(torch.autograd.Function):
             gx = g.scatter(cdim, idx_u, t_val) if functorch_transforms_active() else g.scatter_(
                 cdim, idx_u, t_val)
         if ctx.needs_input_grad[3]:
-            contrib = torch.where(valid, -s * lt, 0.0)
+            # the unweighted value (recomputed: N-sized, needed only for weight's gradient)
+            val = -lt if gamma == 0.0 else focal_terms(rest, lt, gamma)[0]
+            contrib = torch.where(valid, s * val, 0.0)
             gw = torch.zeros_like(weight).index_add(0, idx.flatten(), contrib.flatten())
-        return gx, None, None, gw, None, None
+        return gx, None, None, gw, None, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _cdim):
-        x, target, idx, weight, valid, p, p_t, rest, lt = ctx.saved_tensors
-        cdim = ctx.cdim
+    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _gamma, _cdim):
+        x, target, idx, weight, valid, p, p_t, rest, lt, scale = ctx.saved_tensors
+        cdim, gamma = ctx.cdim, ctx.gamma
         idx_u = idx.unsqueeze(cdim)
         pf = p.scatter(cdim, idx_u, p_t.unsqueeze(cdim))
         # zero-probability entries carry no tangent (double where: 0·inf never forms)
         x_t = torch.zeros_like(pf) if x_t is None else torch.where(pf == 0, 0.0, x_t)
         lt_t = x_t.gather(cdim, idx_u).squeeze(cdim) - (pf * x_t).sum(cdim)
-        val_t = -lt_t
+        val_t = -lt_t if gamma == 0.0 else -scale * lt_t
         if weight is not None:
             val_t = weight[idx] * val_t
             if w_t is not None:
                 wt = w_t[idx]
-                val_t = val_t + torch.where(wt == 0, 0.0, -wt * lt)
-        return torch.where(valid, val_t, 0.0), None, None, None, None, None
+                val = -lt if gamma == 0.0 else focal_terms(rest, lt, gamma)[0]
+                val_t = val_t + torch.where(wt == 0, 0.0, wt * val)
+        return torch.where(valid, val_t, 0.0), None, None, None, None, None, None
 
 
 def _double_backward(ctx, x, target, idx, weight, grad_loss):
     """First derivatives as a differentiable graph: `_IndexLoss`'s (same values) on the saved
     ``x`` and ``weight``, so that a second backward reaches them."""
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
-    res = IndexResult(*_index_loss(x, target, idx, weight, ctx.ignore_index, 0.0, 0.0, ctx.cdim))
+    res = IndexResult(*_index_loss(x, target, idx, weight, ctx.ignore_index, ctx.gamma, 0.0, ctx.cdim))
     wrt = [t for t, need in ((x, need_x), (weight, need_w)) if need]
     grads = iter(torch.autograd.grad(res.loss, wrt, grad_loss, create_graph=True, allow_unused=True))
     gx = next(grads) if need_x else None
     gw = next(grads) if need_w else None
-    return gx, None, None, gw, None, None
+    return gx, None, None, gw, None, None, None
 
 
 _class_index_ce = applier(_ClassIndexCE)

@@ -116,8 +116,8 @@ def _index_loss_reduced(
         target = torch.where(mask, target, ignore_index)
     idx = torch.where(target != ignore_index, target, 0)
     res: IndexResult | RowResult
-    if gamma == 0.0 and eps == 0.0:
-        res = RowResult(*_class_index_ce(x, target, idx, w, ignore_index, cdim)[:2])
+    if eps == 0.0:
+        res = RowResult(*_class_index_ce(x, target, idx, w, ignore_index, gamma, cdim)[:2])
     else:
         res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
     if reduction != "mean":
