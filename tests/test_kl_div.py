@@ -211,6 +211,15 @@ def test_bad_arguments():
         SF.kl_div(x, torch.rand(4))
 
 
+@pytest.mark.parametrize("log_target", ["False", 1, None, torch.tensor(True)])
+def test_log_target_must_be_a_bool_as_torch(log_target):
+    x = torch.zeros(2)
+    with pytest.raises(TypeError):
+        F.kl_div(x, x, reduction="sum", log_target=log_target)
+    with pytest.raises(TypeError, match=r"kl_div: log_target must be a bool, got "):
+        SF.kl_div(x, x, reduction="sum", log_target=log_target)
+
+
 @pytest.mark.slow
 def test_compile_fullgraph():
     t = torch.tensor([[1.0, 0.0]])
