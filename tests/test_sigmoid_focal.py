@@ -214,6 +214,23 @@ def test_dtypes_and_autocast(dtype):
         assert SF.sigmoid_focal_loss(x, t).dtype == expected
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
+                                    (torch.float16, torch.float32), (torch.bfloat16, torch.float64)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_mixed_dtypes_follow_torch_type_promotion(dtypes, mask):
+    x_dtype, t_dtype = dtypes
+    x = (torch.randn(6) * 3).to(x_dtype).requires_grad_()
+    t = torch.rand(6).to(t_dtype)
+    expected = torchvision_formula(x, t, reduction="sum")
+    kwargs = {"mask": torch.ones(6, dtype=torch.bool)} if mask else {}
+    out = SF.sigmoid_focal_loss(x, t, reduction="sum", **kwargs)
+    assert out.dtype == expected.dtype == torch.promote_types(x_dtype, t_dtype)
+    ref = torchvision_formula(x.detach().double(), t.double(), reduction="sum")
+    torch.testing.assert_close(out.double(), ref, **tol(torch.promote_types(x_dtype, t_dtype)))
+    out.backward()
+    assert x.grad.dtype == x_dtype
+
+
 def test_defaults_match_torchvision():
     x, t = torch.randn(2, 3), (torch.rand(2, 3) > 0.5).float()
     assert SF.sigmoid_focal_loss(x, t).shape == (2, 3)  # reduction='none' by default

@@ -15,8 +15,7 @@ from stablelosses._utils import (
     check_floating,
     check_gamma,
     check_real,
-    loss_out_dtype,
-    upcast,
+    operand_dtypes,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
 
@@ -104,8 +103,9 @@ def sigmoid_focal_loss(
             ``None``: every entry counts. Default: ``None``.
 
     Returns:
-        A scalar for ``'mean'``/``'sum'``, else ``input``'s shape; dtype the input's
-        (float32 for half input under autocast).
+        A scalar for ``'mean'``/``'sum'``, else ``input``'s shape; dtype ``input`` and
+        ``target`` promoted as torch (``(float32, float64)`` is float64), float32 for half
+        input under autocast.
 
     Raises:
         ValueError: ``reduction`` is not one of the above (the message says ``Invalid``, as
@@ -142,11 +142,13 @@ def sigmoid_focal_loss(
         raise ValueError(
             f"{fn}: target size ({target.size()}) must be the same as input size ({input.size()})"
         )
-    out_dtype = loss_out_dtype(input)
+    # type promotion as torchvision's formula: (float32, float64) is float64 (half in float32)
+    work, out_dtype = operand_dtypes(input, target)
+    x, t = input.to(work), target.to(work)
     if mask is not None:
         m = check_mask(fn, mask, input.shape).to(input.device)
         # select, do not multiply: a NaN at a False entry is never read
-        x, t = torch.where(m, upcast(input), 0.0), torch.where(m, upcast(target), 0.0)
+        x, t = torch.where(m, x, 0.0), torch.where(m, t, 0.0)
         return reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction).to(out_dtype)
-    loss = _sigmoid_focal(upcast(input), upcast(target), alpha_f, gamma_f, REDUCTION_MODE[reduction])
+    loss = _sigmoid_focal(x, t, alpha_f, gamma_f, REDUCTION_MODE[reduction])
     return loss.to(out_dtype)
