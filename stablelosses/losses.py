@@ -159,7 +159,7 @@ class SigmoidFocalLoss(_Loss):
     reduction is ``'mean'``. See [`sigmoid_focal_loss`][stablelosses.functional.sigmoid_focal_loss].
 
     Args:
-        alpha: weight of the positive class in ``[0, 1]``; ``< 0`` disables weighting.
+        alpha: weight of the positive class in ``[0, 1]``; ``-1`` disables weighting.
             Default: ``0.25``.
         gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
