@@ -128,6 +128,21 @@ def test_dtypes_and_autocast(dtype):
         assert SF.log_cosh_loss(x, y).dtype == expected
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float16, torch.float32), (torch.float32, torch.float64),
+                                    (torch.float64, torch.bfloat16), (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_mixed_dtypes_follow_torch_type_promotion(dtypes, mask):
+    x = torch.randn(5).to(dtypes[0]).requires_grad_()
+    y = torch.randn(5).to(dtypes[1])
+    expected = torch.log(torch.cosh(x - y)).sum()
+    kwargs = {"mask": torch.ones(5, dtype=torch.bool)} if mask else {}
+    out = SF.log_cosh_loss(x, y, "sum", **kwargs)
+    assert out.dtype == expected.dtype == torch.promote_types(*dtypes)
+    torch.testing.assert_close(out.double(), reference(x.detach(), y, "sum"), **tol(out.dtype))
+    out.backward()
+    assert x.grad.dtype == dtypes[0]
+
+
 def test_half_large_residual_in_float32():
     x = torch.tensor([60000.0], dtype=torch.float16)
     out = SF.log_cosh_loss(x, -x, "none")  # residual 120000 overflows float16 itself

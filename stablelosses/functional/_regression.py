@@ -17,9 +17,7 @@ from stablelosses._utils import (
     check_nonnegative,
     check_reduction,
     check_tensor,
-    loss_out_dtype,
     operand_dtypes,
-    upcast,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
 
@@ -205,8 +203,9 @@ def log_cosh_loss(
             ``None``: every entry counts. Default: ``None``.
 
     Returns:
-        A scalar for ``'mean'``/``'sum'``, else the broadcast shape; dtype as ``F.mse_loss``
-        would return for ``input`` (float32 for half input under autocast).
+        A scalar for ``'mean'``/``'sum'``, else the broadcast shape; dtype ``input`` and
+        ``target`` promoted as torch (``(float16, float32)`` is float32), float32 for half
+        input under autocast.
 
     Raises:
         ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'``, or ``mask`` does
@@ -232,8 +231,10 @@ def log_cosh_loss(
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
     check_reduction(fn, reduction)
-    out_dtype = loss_out_dtype(input)
+    # type promotion as torch.log(torch.cosh(input - target)): (float16, float32) is float32
+    work, out_dtype = operand_dtypes(input, target)
+    x, y = input.to(work), target.to(work)
     if mask is not None:
-        r, m = _masked_residual(fn, upcast(input), upcast(target), mask)
+        r, m = _masked_residual(fn, x, y, mask)
         return reduce_masked(_log_cosh(r, r.new_zeros(()), NONE)[0], m, reduction).to(out_dtype)
-    return _log_cosh(upcast(input), upcast(target), REDUCTION_MODE[reduction])[0].to(out_dtype)
+    return _log_cosh(x, y, REDUCTION_MODE[reduction])[0].to(out_dtype)
