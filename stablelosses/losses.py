@@ -15,9 +15,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from stablelosses import functional as SF
-from stablelosses._utils import REDUCTIONS, check_nonnegative, check_reduction, legacy_reduction
-from stablelosses.functional._contrastive import check_symmetric
+from stablelosses._utils import REDUCTIONS, check_gamma, check_nonnegative, check_reduction, legacy_reduction
+from stablelosses.functional._classification import _check_label_smoothing
+from stablelosses.functional._contrastive import check_symmetric, check_temperature
 from stablelosses.functional._detection import check_focal_args
+from stablelosses.functional._divergence import check_log_target
+from stablelosses.functional._linear import check_linear_options
+from stablelosses.functional._segmentation import check_smooth
 
 
 class _Loss(nn.Module):
@@ -121,6 +125,7 @@ class CrossEntropyLoss(_WeightedLoss):
             weight, ignore_index=ignore_index, reduction=legacy_reduction(size_average, reduce, reduction),
             label_smoothing=label_smoothing,
         )
+        _check_label_smoothing("CrossEntropyLoss", label_smoothing)
 
 
 class FocalLoss(_WeightedLoss):
@@ -149,7 +154,7 @@ class FocalLoss(_WeightedLoss):
     def __init__(self, gamma: float = 2.0, weight: Tensor | None = None, ignore_index: int = -100,
                  reduction: str = "mean") -> None:
         super().__init__(weight, gamma=gamma, ignore_index=ignore_index, reduction=reduction)
-        check_nonnegative("FocalLoss", "gamma", gamma)
+        check_gamma("FocalLoss", gamma)
 
 
 class SigmoidFocalLoss(_Loss):
@@ -205,6 +210,7 @@ class KLDivLoss(_Loss):
     def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
                  log_target: bool = False) -> None:
         super().__init__(reduction=legacy_reduction(size_average, reduce, reduction), log_target=log_target)
+        check_log_target("KLDivLoss", log_target)
 
 
 class LogCoshLoss(_Loss):
@@ -252,9 +258,7 @@ class InfoNCELoss(_Loss):
 
     def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
         super().__init__(temperature=temperature, reduction=reduction, symmetric=symmetric)
-        tau = check_nonnegative("InfoNCELoss", "temperature", temperature)
-        if not 0 < tau < float("inf"):
-            raise ValueError(f"InfoNCELoss: temperature must be a finite float > 0, got {temperature}")
+        check_temperature(temperature, "InfoNCELoss")
         check_symmetric("InfoNCELoss", symmetric)
 
     def forward(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -284,7 +288,7 @@ class DiceLoss(_Loss):
     def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
                  reduction: str = "mean") -> None:
         super().__init__(dims=dims, smooth=smooth, reduction=reduction)
-        check_nonnegative("DiceLoss", "smooth", smooth)
+        check_smooth("DiceLoss", smooth)
 
 
 class _LinearLoss(_Loss):
@@ -333,6 +337,8 @@ class LinearCrossEntropyLoss(_LinearLoss):
             ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
             softcap=softcap, chunk_size=chunk_size,
         )
+        _check_label_smoothing("LinearCrossEntropyLoss", label_smoothing)
+        check_linear_options("LinearCrossEntropyLoss", ignore_index, z_loss, softcap, chunk_size)
 
 
 class LinearFocalLoss(_LinearLoss):
@@ -366,4 +372,5 @@ class LinearFocalLoss(_LinearLoss):
             gamma=gamma, ignore_index=ignore_index, reduction=reduction, z_loss=z_loss, softcap=softcap,
             chunk_size=chunk_size,
         )
-        check_nonnegative("LinearFocalLoss", "gamma", gamma)
+        check_gamma("LinearFocalLoss", gamma)
+        check_linear_options("LinearFocalLoss", ignore_index, z_loss, softcap, chunk_size)

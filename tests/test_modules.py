@@ -113,6 +113,32 @@ def test_constructor_checks_config(make, match):
         make()
 
 
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: sl.FocalLoss(gamma=INF), ValueError, "FocalLoss: gamma must be finite and >= 0, got inf"),
+    (lambda: sl.LinearFocalLoss(gamma=INF), ValueError, "LinearFocalLoss: gamma must be finite"),
+    (lambda: sl.SigmoidFocalLoss(alpha=1.5), ValueError, r"SigmoidFocalLoss: alpha must be in \[0, 1\]"),
+    (lambda: sl.DiceLoss(smooth=INF), ValueError, "DiceLoss: smooth must be finite and >= 0, got inf"),
+    (lambda: sl.DiceLoss(smooth=NAN), ValueError, "DiceLoss: smooth must be >= 0, got nan"),
+    (lambda: sl.KLDivLoss(log_target="False"), TypeError, "KLDivLoss: log_target must be a bool, got str"),
+    (lambda: sl.CrossEntropyLoss(label_smoothing=1.5), RuntimeError,
+     "CrossEntropyLoss: label_smoothing must be between 0.0 and 1.0"),
+    (lambda: sl.LinearCrossEntropyLoss(label_smoothing=-0.1), RuntimeError,
+     "LinearCrossEntropyLoss: label_smoothing must be between"),
+    (lambda: sl.LinearCrossEntropyLoss(z_loss=INF), ValueError, "LinearCrossEntropyLoss: z_loss must be finite"),
+    (lambda: sl.LinearFocalLoss(softcap=0.0), ValueError, "LinearFocalLoss: softcap must be None or a finite"),
+    (lambda: sl.LinearFocalLoss(chunk_size=0), ValueError, "LinearFocalLoss: chunk_size must be >= 1"),
+    (lambda: sl.LinearCrossEntropyLoss(ignore_index=1.0), TypeError, "LinearCrossEntropyLoss: ignore_index"),
+    (lambda: sl.InfoNCELoss(temperature=INF), ValueError, "InfoNCELoss: temperature must be a finite float > 0"),
+    (lambda: sl.InfoNCELoss(temperature="0.1"), TypeError, "InfoNCELoss: temperature must be a float > 0"),
+])
+def test_constructor_checks_arguments_with_the_functions_messages(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
 def _export_cases():
     def reg(n):
         return torch.randn(n, 3), torch.randn(n, 3)

@@ -38,6 +38,13 @@ def _kl_div_masked(
     return loss
 
 
+def check_log_target(fn: str, log_target: object) -> None:
+    """``TypeError`` unless ``log_target`` is a bool, as ``F.kl_div`` (not an int, a string or a
+    tensor either)."""
+    if not isinstance(log_target, bool):
+        raise TypeError(f"{fn}: log_target must be a bool, got {type(log_target).__name__}")
+
+
 def kl_div(
     input: Tensor,
     target: Tensor,
@@ -130,8 +137,7 @@ def kl_div(
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
     check_reduction(fn, reduction, _KL_REDUCTIONS)
-    if not isinstance(log_target, bool):  # as F.kl_div: not an int, a string or a tensor either
-        raise TypeError(f"{fn}: log_target must be a bool, got {type(log_target).__name__}")
+    check_log_target(fn, log_target)
     # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
     # the result by input.size(0) afterwards (torch keeps that quirk).
     base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
