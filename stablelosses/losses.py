@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
+from torch.nn.modules.loss import _Loss as _TorchLoss
+from torch.nn.modules.loss import _WeightedLoss as _TorchWeightedLoss
 
 from stablelosses import functional as SF
 from stablelosses._utils import REDUCTIONS, check_gamma, check_nonnegative, check_reduction, legacy_reduction
@@ -24,8 +26,8 @@ from stablelosses.functional._linear import check_linear_options
 from stablelosses.functional._segmentation import check_smooth
 
 
-class _Loss(nn.Module):
-    """What the module classes share.
+class _Loss(_TorchLoss):
+    """What the module classes share; a ``torch.nn.modules.loss._Loss``, as torch's losses are.
 
     A subclass names its function (``_function``) and its configuration (``_config``): the
     keyword arguments it passes to the function, kept as plain attributes that ``repr`` shows.
@@ -38,8 +40,10 @@ class _Loss(nn.Module):
     _function: Callable[..., Tensor]
 
     def __init__(self, **config: object) -> None:
-        super().__init__()
         check_reduction(type(self).__name__, config["reduction"], self._reductions)
+        # torch's _Loss (and _WeightedLoss, with weight None until ours registers it) keeps the
+        # reduction, as torch's own modules do
+        super().__init__(reduction=str(config["reduction"]))
         for name in self._config:
             setattr(self, name, config[name])
 
@@ -54,9 +58,10 @@ class _Loss(nn.Module):
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._config)
 
 
-class _WeightedLoss(_Loss):
+class _WeightedLoss(_Loss, _TorchWeightedLoss):
     """A loss with a per-class ``weight``: a registered buffer (``.to()`` and ``state_dict()``
-    carry it), passed to the function and not shown by ``repr``."""
+    carry it; ``None`` is not in ``state_dict()``, as in torch), passed to the function and not
+    shown by ``repr``. A ``torch.nn.modules.loss._WeightedLoss``, as torch's weighted losses."""
 
     weight: Tensor | None
 

@@ -78,6 +78,40 @@ def test_weight_is_a_buffer_and_config_attributes():
     assert sl.FocalLoss(weight=w).to(torch.float64).weight.dtype == torch.float64
 
 
+def test_modules_are_torch_loss_modules_with_torchs_state_dict():
+    from torch.nn.modules.loss import _Loss, _WeightedLoss
+
+    w = torch.rand(5)
+    pairs = [
+        (sl.CrossEntropyLoss(weight=w), nn.CrossEntropyLoss(weight=w), True),
+        (sl.CrossEntropyLoss(), nn.CrossEntropyLoss(), True),
+        (sl.FocalLoss(weight=w), nn.NLLLoss(weight=w), True),
+        (sl.FocalLoss(), nn.NLLLoss(), True),
+        (sl.KLDivLoss(reduction="sum"), nn.KLDivLoss(reduction="sum"), False),
+        (sl.RMSELoss(reduction="none"), nn.MSELoss(reduction="none"), False),
+        (sl.LogCoshLoss(), nn.MSELoss(), False),
+        (sl.SigmoidFocalLoss(), nn.BCEWithLogitsLoss(), False),
+        (sl.DiceLoss(), nn.L1Loss(), False),
+        (sl.InfoNCELoss(), nn.L1Loss(), False),
+        (sl.LinearCrossEntropyLoss(), nn.L1Loss(), False),
+        (sl.LinearFocalLoss(), nn.L1Loss(), False),
+    ]
+    for ours, theirs, weighted in pairs:
+        name = type(ours).__name__
+        assert isinstance(ours, _Loss), name
+        assert isinstance(ours, _WeightedLoss) == weighted == isinstance(theirs, _WeightedLoss), name
+        assert ours.reduction == theirs.reduction, name
+        assert list(ours.state_dict()) == list(theirs.state_dict()), name
+        assert [n for n, _ in ours.named_buffers()] == [n for n, _ in theirs.named_buffers()], name
+        assert list(ours.parameters()) == [], name
+    # a torch module's state loads into ours and back
+    ours, theirs = sl.CrossEntropyLoss(weight=torch.zeros(5)), nn.CrossEntropyLoss(weight=w)
+    ours.load_state_dict(theirs.state_dict())
+    assert torch.equal(ours.weight, w)
+    nn.CrossEntropyLoss(weight=torch.zeros(5)).load_state_dict(ours.state_dict())
+    assert repr(sl.CrossEntropyLoss(weight=w)) == "CrossEntropyLoss(ignore_index=-100, reduction='mean', label_smoothing=0.0)"
+
+
 def test_reprs_show_config():
     assert repr(sl.RMSELoss(reduction="sum", eps=0.5)) == "RMSELoss(reduction='sum', eps=0.5)"
     assert "label_smoothing=0.1" in repr(sl.CrossEntropyLoss(label_smoothing=0.1))
