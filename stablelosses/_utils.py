@@ -96,12 +96,17 @@ def check_nonnegative(fn: str, name: str, value: object) -> float:
     return v
 
 
+def check_finite_nonnegative(fn: str, name: str, value: object) -> float:
+    """Raise ``TypeError``/``ValueError`` unless ``value`` is a finite real number ``>= 0``."""
+    v = check_nonnegative(fn, name, value)
+    if v == math.inf:  # a comparison, not math.isinf: Dynamo traces it on a SymFloat
+        raise ValueError(f"{fn}: {name} must be finite and >= 0, got {v}")
+    return v
+
+
 def check_gamma(fn: str, gamma: object) -> float:
     """Raise ``TypeError``/``ValueError`` unless ``gamma`` is a finite real number ``>= 0``."""
-    g = check_nonnegative(fn, "gamma", gamma)
-    if g == math.inf:  # a comparison, not math.isinf: Dynamo traces it on a SymFloat
-        raise ValueError(f"{fn}: gamma must be finite and >= 0, got {g}")
-    return g
+    return check_finite_nonnegative(fn, "gamma", gamma)
 
 
 def compute_dtype(t: Tensor) -> torch.dtype:

@@ -12,16 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
+from torch.nn.modules.loss import _Loss as _TorchLoss
+from torch.nn.modules.loss import _WeightedLoss as _TorchWeightedLoss
 
 from stablelosses import functional as SF
-from stablelosses._utils import REDUCTIONS, check_nonnegative, check_reduction, legacy_reduction
-from stablelosses.functional._contrastive import check_symmetric
+from stablelosses._utils import REDUCTIONS, check_gamma, check_nonnegative, check_reduction, legacy_reduction
+from stablelosses.functional._classification import _check_label_smoothing
+from stablelosses.functional._contrastive import check_symmetric, check_temperature
 from stablelosses.functional._detection import check_focal_args
+from stablelosses.functional._divergence import check_log_target
+from stablelosses.functional._linear import check_linear_options
+from stablelosses.functional._segmentation import check_smooth
 
 
-class _Loss(nn.Module):
-    """What the module classes share.
+class _Loss(_TorchLoss):
+    """What the module classes share; a ``torch.nn.modules.loss._Loss``, as torch's losses are.
 
     A subclass names its function (``_function``) and its configuration (``_config``): the
     keyword arguments it passes to the function, kept as plain attributes that ``repr`` shows.
@@ -34,8 +40,10 @@ class _Loss(nn.Module):
     _function: Callable[..., Tensor]
 
     def __init__(self, **config: object) -> None:
-        super().__init__()
         check_reduction(type(self).__name__, config["reduction"], self._reductions)
+        # torch's _Loss (and _WeightedLoss, with weight None until ours registers it) keeps the
+        # reduction, as torch's own modules do
+        super().__init__(reduction=str(config["reduction"]))
         for name in self._config:
             setattr(self, name, config[name])
 
@@ -50,9 +58,10 @@ class _Loss(nn.Module):
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._config)
 
 
-class _WeightedLoss(_Loss):
+class _WeightedLoss(_Loss, _TorchWeightedLoss):
     """A loss with a per-class ``weight``: a registered buffer (``.to()`` and ``state_dict()``
-    carry it), passed to the function and not shown by ``repr``."""
+    carry it; ``None`` is not in ``state_dict()``, as in torch), passed to the function and not
+    shown by ``repr``. A ``torch.nn.modules.loss._WeightedLoss``, as torch's weighted losses."""
 
     weight: Tensor | None
 
@@ -121,6 +130,7 @@ class CrossEntropyLoss(_WeightedLoss):
             weight, ignore_index=ignore_index, reduction=legacy_reduction(size_average, reduce, reduction),
             label_smoothing=label_smoothing,
         )
+        _check_label_smoothing("CrossEntropyLoss", label_smoothing)
 
 
 class FocalLoss(_WeightedLoss):
@@ -149,7 +159,7 @@ class FocalLoss(_WeightedLoss):
     def __init__(self, gamma: float = 2.0, weight: Tensor | None = None, ignore_index: int = -100,
                  reduction: str = "mean") -> None:
         super().__init__(weight, gamma=gamma, ignore_index=ignore_index, reduction=reduction)
-        check_nonnegative("FocalLoss", "gamma", gamma)
+        check_gamma("FocalLoss", gamma)
 
 
 class SigmoidFocalLoss(_Loss):
@@ -159,7 +169,7 @@ class SigmoidFocalLoss(_Loss):
     reduction is ``'mean'``. See [`sigmoid_focal_loss`][stablelosses.functional.sigmoid_focal_loss].
 
     Args:
-        alpha: weight of the positive class in ``[0, 1]``; ``< 0`` disables weighting.
+        alpha: weight of the positive class in ``[0, 1]``; ``-1`` disables weighting.
             Default: ``0.25``.
         gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
@@ -205,6 +215,7 @@ class KLDivLoss(_Loss):
     def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
                  log_target: bool = False) -> None:
         super().__init__(reduction=legacy_reduction(size_average, reduce, reduction), log_target=log_target)
+        check_log_target("KLDivLoss", log_target)
 
 
 class LogCoshLoss(_Loss):
@@ -252,9 +263,7 @@ class InfoNCELoss(_Loss):
 
     def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
         super().__init__(temperature=temperature, reduction=reduction, symmetric=symmetric)
-        tau = check_nonnegative("InfoNCELoss", "temperature", temperature)
-        if not 0 < tau < float("inf"):
-            raise ValueError(f"InfoNCELoss: temperature must be a finite float > 0, got {temperature}")
+        check_temperature(temperature, "InfoNCELoss")
         check_symmetric("InfoNCELoss", symmetric)
 
     def forward(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -284,7 +293,7 @@ class DiceLoss(_Loss):
     def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
                  reduction: str = "mean") -> None:
         super().__init__(dims=dims, smooth=smooth, reduction=reduction)
-        check_nonnegative("DiceLoss", "smooth", smooth)
+        check_smooth("DiceLoss", smooth)
 
 
 class _LinearLoss(_Loss):
@@ -333,6 +342,8 @@ class LinearCrossEntropyLoss(_LinearLoss):
             ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
             softcap=softcap, chunk_size=chunk_size,
         )
+        _check_label_smoothing("LinearCrossEntropyLoss", label_smoothing)
+        check_linear_options("LinearCrossEntropyLoss", ignore_index, z_loss, softcap, chunk_size)
 
 
 class LinearFocalLoss(_LinearLoss):
@@ -366,4 +377,5 @@ class LinearFocalLoss(_LinearLoss):
             gamma=gamma, ignore_index=ignore_index, reduction=reduction, z_loss=z_loss, softcap=softcap,
             chunk_size=chunk_size,
         )
-        check_nonnegative("LinearFocalLoss", "gamma", gamma)
+        check_gamma("LinearFocalLoss", gamma)
+        check_linear_options("LinearFocalLoss", ignore_index, z_loss, softcap, chunk_size)

@@ -153,6 +153,18 @@ def test_gradcheck_gradgradcheck_forward_ad_and_transforms():
                                .reshape(3, 2).mean(1))
 
 
+@pytest.mark.parametrize(("smooth", "message"), [
+    (float("inf"), r"smooth must be finite and >= 0, got inf"),
+    (1e309, r"smooth must be finite and >= 0, got inf"),
+    (float("nan"), r"smooth must be >= 0, got nan"),
+    (-1e-300, r"smooth must be >= 0, got -1e-300"),
+])
+def test_smooth_must_be_finite_and_nonnegative(smooth, message):
+    p, t = torch.rand(2, 5), torch.rand(2, 5)
+    with pytest.raises(ValueError, match="dice_loss: " + message):
+        SF.dice_loss(p, t, smooth=smooth)
+
+
 def test_module_and_errors():
     p, t = torch.rand(2, 5), torch.rand(2, 5)
     mod = sl.DiceLoss(smooth=1.0, reduction="sum")

@@ -177,6 +177,28 @@ def test_module_matches_function():
     assert torch.equal(m(x, t), SF.kl_div(x, t, reduction="batchmean", log_target=True))
 
 
+@pytest.mark.parametrize("log_target", [False, True])
+def test_target_gradient_with_zero_upstream_gradient_matches_torch(log_target):
+    # a negative (or otherwise off-support) target under a zero upstream gradient: torch's
+    # target gradient is 0 there (its log term is xlogy(grad, target)), not 0 * NaN
+    x = torch.tensor([0.0, 1.0, -2.0, 0.5])
+    t_values = [-0.5, -2.0, 0.25, 3.0]
+    g = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    grads = []
+    for f in (F.kl_div, SF.kl_div):
+        t = torch.tensor(t_values, requires_grad=True)
+        f(x, t, reduction="none", log_target=log_target).backward(g)
+        grads.append(t.grad)
+    torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+    assert not grads[1].isnan().any()
+
+
+def test_target_gradient_forward_mode_with_zero_tangent_is_zero():
+    x, t = torch.zeros(2), torch.tensor([-0.5, 0.5])
+    _, out_t = torch.func.jvp(lambda tt: SF.kl_div(x, tt, reduction="none"), (t,), (torch.tensor([0.0, 1.0]),))
+    torch.testing.assert_close(out_t, torch.tensor([0.0, 1.0 + torch.log(torch.tensor(0.5)).item()]))
+
+
 def test_bad_arguments():
     x = torch.randn(3)
     with pytest.raises(ValueError, match=r"kl_div: reduction must be 'none', 'batchmean', 'mean' or 'sum', got 'avg'"):
@@ -187,6 +209,15 @@ def test_bad_arguments():
         SF.kl_div(x, torch.arange(3))
     with pytest.raises(RuntimeError, match="size"):
         SF.kl_div(x, torch.rand(4))
+
+
+@pytest.mark.parametrize("log_target", ["False", 1, None, torch.tensor(True)])
+def test_log_target_must_be_a_bool_as_torch(log_target):
+    x = torch.zeros(2)
+    with pytest.raises(TypeError):
+        F.kl_div(x, x, reduction="sum", log_target=log_target)
+    with pytest.raises(TypeError, match=r"kl_div: log_target must be a bool, got "):
+        SF.kl_div(x, x, reduction="sum", log_target=log_target)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import mpmath
 import pytest
 import torch
 from conftest import assert_compiled_matches_eager, tol
@@ -65,9 +66,46 @@ def test_extremes_vs_float64(value):
     x = torch.tensor([value])
     out = SF.log_cosh_loss(x, torch.zeros(1), "none")
     ref = reference(x, torch.zeros(1), "none")
-    # absolute error of a few ulp of log 2 near 0 (the identity subtracts log 2), relative elsewhere
-    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=2e-7)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-45)
     assert torch.isfinite(out).all()
+
+
+def _ulps_from_mpmath(out: torch.Tensor, r: torch.Tensor) -> list[float]:
+    """|out - log cosh r| in ulps of the exact value (at least the smallest subnormal)."""
+    finfo = torch.finfo(out.dtype)
+    errors = []
+    for got, v in zip(out.tolist(), r.tolist()):
+        exact = mpmath.log(mpmath.cosh(mpmath.mpf(v)))
+        near = torch.tensor(float(exact), dtype=out.dtype).abs()
+        ulp = max(float(torch.nextafter(near, torch.tensor(math.inf, dtype=out.dtype)) - near),
+                  finfo.smallest_normal * finfo.eps)
+        errors.append(float(abs(mpmath.mpf(got) - exact) / ulp))
+    return errors
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_value_within_few_ulp_of_mpmath_from_tiny_to_huge_residuals(dtype):
+    # |r| + softplus(-2|r|) - log 2 alone cancels at small |r|; log1p(2 sinh^2(r/2)) does not
+    magnitudes = torch.logspace(-30, 4, 341, dtype=torch.float64)
+    extra = torch.tensor([1e-4, 0.5, 1.0, 1.9999, 2.0, 2.0001, 3.0, 20.0, 88.0, 1e3], dtype=torch.float64)
+    r = torch.cat([magnitudes, extra, -magnitudes, -extra]).to(dtype)
+    out = SF.log_cosh_loss(r, torch.zeros_like(r), "none")
+    with mpmath.workprec(600):  # cosh(1e-30) = 1 + 5e-61 (2^-200) must be held and more
+        errors = _ulps_from_mpmath(out, r)
+    worst = max(range(len(errors)), key=errors.__getitem__)
+    assert errors[worst] <= 3.0, (r[worst].item(), out[worst].item(), errors[worst])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_small_residual_gradients_and_second_derivative_stay_exact(dtype):
+    r = torch.tensor([1e-30, 1e-4, 0.5, 1.999, 2.0, 2.001, 50.0], dtype=dtype, requires_grad=True)
+    (g,) = torch.autograd.grad(SF.log_cosh_loss(r, torch.zeros_like(r), "sum"), r, create_graph=True)
+    torch.testing.assert_close(g, torch.tanh(r.detach()))
+    (h,) = torch.autograd.grad(g.sum(), r)
+    torch.testing.assert_close(h, 1 - torch.tanh(r.detach()) ** 2)
+    _, t = torch.func.jvp(lambda a: SF.log_cosh_loss(a, torch.zeros_like(a), "none"), (r.detach(),),
+                          (torch.ones_like(r),))
+    torch.testing.assert_close(t, torch.tanh(r.detach()))
 
 
 def test_user_regression_overflow():
@@ -126,6 +164,21 @@ def test_dtypes_and_autocast(dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected = torch.nn.functional.mse_loss(x, y).dtype
         assert SF.log_cosh_loss(x, y).dtype == expected
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float16, torch.float32), (torch.float32, torch.float64),
+                                    (torch.float64, torch.bfloat16), (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_mixed_dtypes_follow_torch_type_promotion(dtypes, mask):
+    x = torch.randn(5).to(dtypes[0]).requires_grad_()
+    y = torch.randn(5).to(dtypes[1])
+    expected = torch.log(torch.cosh(x - y)).sum()
+    kwargs = {"mask": torch.ones(5, dtype=torch.bool)} if mask else {}
+    out = SF.log_cosh_loss(x, y, "sum", **kwargs)
+    assert out.dtype == expected.dtype == torch.promote_types(*dtypes)
+    torch.testing.assert_close(out.double(), reference(x.detach(), y, "sum"), **tol(out.dtype))
+    out.backward()
+    assert x.grad.dtype == dtypes[0]
 
 
 def test_half_large_residual_in_float32():

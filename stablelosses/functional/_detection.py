@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -15,8 +13,7 @@ from stablelosses._utils import (
     check_floating,
     check_gamma,
     check_real,
-    loss_out_dtype,
-    upcast,
+    operand_dtypes,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
 
@@ -32,10 +29,10 @@ def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -
         )
     gamma_f = check_gamma(fn, gamma)
     alpha_f = check_real(fn, "alpha", alpha)
-    if not -math.inf < alpha_f < math.inf:  # also NaN
-        raise ValueError(
-            f"{fn}: alpha must be a finite number (in [0, 1], or < 0 for no weighting), got {alpha}"
-        )
+    # [0, 1] (also rejects inf and NaN), or torchvision's -1 for no weighting: any other value
+    # (1.5, -0.5, 1e300) is a mistake that would weight one class negatively or by a huge factor
+    if not (0.0 <= alpha_f <= 1.0 or alpha_f == -1.0):
+        raise ValueError(f"{fn}: alpha must be in [0, 1], or -1 for no weighting, got {alpha}")
     return alpha_f, gamma_f
 
 
@@ -52,7 +49,7 @@ def sigmoid_focal_loss(
 
     With logits $x$, targets $t \in [0, 1]$ (hard or soft), $p = \sigma(x)$,
     $p_t = p\,t + (1-p)(1-t)$ and $\alpha_t = \alpha t + (1-\alpha)(1-t)$
-    ($\alpha_t = 1$ when $\alpha < 0$):
+    ($\alpha_t = 1$ when $\alpha = -1$):
 
     $$
     \ell_i = \alpha_t\,\mathrm{BCE}(x_i, t_i)\,(1 - p_t)^{\gamma},\qquad
@@ -65,7 +62,7 @@ def sigmoid_focal_loss(
     logits), and $(1-p_t)^\gamma = \exp(\gamma \log(1-p_t))$ with $\log(1-p_t)$ exact, so it
     does not round to 0 before the product does. At $\gamma = 0$ the value is
     $\alpha_t$ times torch's own ``binary_cross_entropy_with_logits`` term, bit for bit
-    (torchvision's tests compare ``focal <= BCE`` and ``focal == BCE`` at $\alpha < 0$ exactly).
+    (torchvision's tests compare ``focal <= BCE`` and ``focal == BCE`` at $\alpha = -1$ exactly).
     Reductions: none $\ell$; mean $\tfrac{1}{N}\sum_i \ell_i$; sum $\sum_i \ell_i$.
     float16/bfloat16 inputs are computed in float32. One code path for every size (no
     size-dependent branch), so ``torch.export`` with a dynamic batch dimension works.
@@ -96,7 +93,7 @@ def sigmoid_focal_loss(
     Args:
         input: logits, any shape, floating point.
         target: targets of the same shape as ``input``, 0/1 labels or probabilities.
-        alpha: weight of the positive class in ``[0, 1]``; ``< 0`` disables weighting.
+        alpha: weight of the positive class in ``[0, 1]``; ``-1`` disables weighting.
             Default: ``0.25``.
         gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'none'`` (as torchvision).
@@ -104,13 +101,14 @@ def sigmoid_focal_loss(
             ``None``: every entry counts. Default: ``None``.
 
     Returns:
-        A scalar for ``'mean'``/``'sum'``, else ``input``'s shape; dtype the input's
-        (float32 for half input under autocast).
+        A scalar for ``'mean'``/``'sum'``, else ``input``'s shape; dtype ``input`` and
+        ``target`` promoted as torch (``(float32, float64)`` is float64), float32 for half
+        input under autocast.
 
     Raises:
         ValueError: ``reduction`` is not one of the above (the message says ``Invalid``, as
-            torchvision's), ``gamma`` is negative, infinite or NaN, ``alpha`` is infinite or
-            NaN, or ``target`` and ``input`` differ in shape (as torchvision).
+            torchvision's), ``gamma`` is negative, infinite or NaN, ``alpha`` is neither in
+            ``[0, 1]`` nor ``-1``, or ``target`` and ``input`` differ in shape (as torchvision).
         TypeError: ``input``/``target`` is not a floating-point tensor, or ``alpha``/``gamma``
             is not a number.
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
@@ -142,11 +140,13 @@ def sigmoid_focal_loss(
         raise ValueError(
             f"{fn}: target size ({target.size()}) must be the same as input size ({input.size()})"
         )
-    out_dtype = loss_out_dtype(input)
+    # type promotion as torchvision's formula: (float32, float64) is float64 (half in float32)
+    work, out_dtype = operand_dtypes(input, target)
+    x, t = input.to(work), target.to(work)
     if mask is not None:
         m = check_mask(fn, mask, input.shape).to(input.device)
         # select, do not multiply: a NaN at a False entry is never read
-        x, t = torch.where(m, upcast(input), 0.0), torch.where(m, upcast(target), 0.0)
+        x, t = torch.where(m, x, 0.0), torch.where(m, t, 0.0)
         return reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction).to(out_dtype)
-    loss = _sigmoid_focal(upcast(input), upcast(target), alpha_f, gamma_f, REDUCTION_MODE[reduction])
+    loss = _sigmoid_focal(x, t, alpha_f, gamma_f, REDUCTION_MODE[reduction])
     return loss.to(out_dtype)

@@ -38,6 +38,13 @@ def _kl_div_masked(
     return loss
 
 
+def check_log_target(fn: str, log_target: object) -> None:
+    """``TypeError`` unless ``log_target`` is a bool, as ``F.kl_div`` (not an int, a string or a
+    tensor either)."""
+    if not isinstance(log_target, bool):
+        raise TypeError(f"{fn}: log_target must be a bool, got {type(log_target).__name__}")
+
+
 def kl_div(
     input: Tensor,
     target: Tensor,
@@ -106,6 +113,7 @@ def kl_div(
     Raises:
         ValueError: ``reduction`` is not one of the above.
         TypeError: ``input``/``target`` is not a floating-point tensor.
+        TypeError: ``log_target`` is not a bool.
         RuntimeError: the shapes do not broadcast.
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
@@ -129,6 +137,7 @@ def kl_div(
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
     check_reduction(fn, reduction, _KL_REDUCTIONS)
+    check_log_target(fn, log_target)
     # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
     # the result by input.size(0) afterwards (torch keeps that quirk).
     base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
@@ -143,8 +152,8 @@ def kl_div(
     work, out_dtype = operand_dtypes(input, target)
     x, t = input.to(work), target.to(work)
     if mask is not None:
-        return _kl_div_masked(x, t, bool(log_target), mask, base, reduction).to(out_dtype)
-    loss = _kl_div(x, t, bool(log_target))
+        return _kl_div_masked(x, t, log_target, mask, base, reduction).to(out_dtype)
+    loss = _kl_div(x, t, log_target)
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:
         loss = loss / input.size(0)

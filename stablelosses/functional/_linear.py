@@ -63,6 +63,14 @@ def _check_args(
         raise ValueError(
             f"{fn}: target must have shape {list(x.shape[:-1])} (input's without H), got {list(t.shape)}"
         )
+    return check_linear_options(fn, ignore_index, z_loss, softcap, chunk_size)
+
+
+def check_linear_options(
+    fn: str, ignore_index: object, z_loss: object, softcap: object, chunk_size: object,
+) -> tuple[float, float | None, int]:
+    """``(z_loss, softcap, chunk)`` checked (``chunk`` -1 for automatic): the arguments that
+    need no tensor, also checked by the modules at construction."""
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
     z = check_nonnegative(fn, "z_loss", z_loss)

@@ -9,8 +9,8 @@ from torch import Tensor
 
 from stablelosses._utils import (
     broadcasts_to,
+    check_finite_nonnegative,
     check_floating,
-    check_nonnegative,
     check_reduction,
     check_tensor,
     operand_dtypes,
@@ -43,6 +43,12 @@ def _mask_samples(
     for d in sorted(reduce_dims):
         m_in = m_in.unsqueeze(d)
     return m, torch.where(m_in, p, 0.0), torch.where(m_in, t, 0.0)
+
+
+def check_smooth(fn: str, smooth: object) -> float:
+    """``smooth`` as a float, or ``TypeError``/``ValueError`` unless it is finite and ``>= 0``
+    (an infinite one makes every loss ``inf/inf`` = NaN)."""
+    return check_finite_nonnegative(fn, "smooth", smooth)
 
 
 def dice_loss(
@@ -99,8 +105,9 @@ def dice_loss(
 
     Raises:
         TypeError: ``input`` is not floating point or ``target`` is not a tensor.
-        ValueError: bad ``reduction``, ``smooth < 0``, ``dims`` empty or repeated, input without a
-            batch dimension, or ``target`` does not broadcast to ``input``.
+        ValueError: bad ``reduction``, ``smooth`` negative, infinite or NaN, ``dims`` empty or
+            repeated, input without a batch dimension, or ``target`` does not broadcast to
+            ``input``.
         IndexError: a dimension in ``dims`` is out of range.
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
@@ -128,7 +135,7 @@ def dice_loss(
     x = check_floating(_FN, "input", input)
     t = check_tensor(_FN, "target", target)
     check_reduction(_FN, reduction)
-    s = check_nonnegative(_FN, "smooth", smooth)
+    s = check_smooth(_FN, smooth)
     reduce_dims = _dice_dims(dims, x.ndim)
     if not broadcasts_to(t.shape, x.shape):
         raise ValueError(
