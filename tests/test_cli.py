@@ -61,14 +61,24 @@ def test_trace_missing_script(capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_trace_crash_exits_2_with_the_scripts_traceback():
+def test_trace_crash_exits_1_as_python_does_with_the_scripts_traceback():
     script = os.path.join(SCRIPTS, "crash.py")
     proc = run("trace", script)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no NaN/Inf created" not in proc.stdout
     crash = line_of(script, "# CRASH")
     assert f'File "{script}", line {crash}, in load' in proc.stderr
     assert proc.stderr.strip().endswith("KeyError: 'missing'")
     assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr and "_trace.py" not in proc.stderr
+
+
+def test_trace_does_not_pass_a_script_that_died_of_skipped_steps_error(capsys):
+    # SkippedStepsError is a NonFiniteError, but not one the detector raised: it is a crash
+    script = os.path.join(SCRIPTS, "crash.py")
+    assert cli.main(["trace", script, "guard"]) == 1
+    out, err = capsys.readouterr()
+    assert "no NaN/Inf created" not in out
+    assert "SkippedStepsError" in err and "2 optimizer steps skipped" in err
 
 
 def test_trace_passes_the_scripts_exit_code(capsys):
