@@ -228,8 +228,9 @@ class DivergenceMonitor:
             else:
                 ref = min((x for x in window if x > 0), default=None)
                 scale = ref if ref is not None else 0.0
-            grew = ref is not None and self._grew(q, v, ref, scale)
-            self._pending[q] = (ref, len(window) - window.index(ref), scale) if grew else None
+            self._pending[q] = None
+            if ref is not None and self._grew(q, v, ref, scale):
+                self._pending[q] = (ref, len(window) - window.index(ref), scale)
             self._values[q].append(v)
         if fired is None:
             return False
