@@ -109,6 +109,7 @@ def test_trace_watch_stops_a_diverging_run_before_inf():
     # without --watch the same script is only caught once a value is infinite
     plain = run("trace", script)
     assert plain.returncode == 1 and "first NaN/Inf created" in plain.stdout
+    assert "the run is diverging" in plain.stdout and "trace --watch" in plain.stdout
     assert "step 3: loss" in plain.stdout
 
 
