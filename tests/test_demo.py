@@ -68,7 +68,8 @@ def test_demo_reports_an_exception_in_its_cell():
     h = _demo.Hazard("boom", lambda: (_demo._t(1.0),), boom, boom)
     res = _demo.evaluate(h, "stable")
     assert res.error == "NotImplementedError: not there" and not res.ok
-    assert "error" in _demo.render([h]).splitlines()[2]
+    lines = _demo.render([h]).splitlines()
+    assert lines[2] == "boom" and lines[4].startswith("  stablelosses") and "error" in lines[4]
 
 
 def test_demo_subprocess_prints_the_table_without_warnings():
@@ -77,17 +78,18 @@ def test_demo_subprocess_prints_the_table_without_warnings():
     assert proc.stderr == ""  # no torch warning, nothing else
     lines = proc.stdout.splitlines()
     header = lines[0]
-    assert header.split()[:3] == ["hazard", "naive", "value"]
-    col_stable = header.index("stable value")
+    assert header.split()[:2] == ["hazard,", "formula"]
+    col_value = header.index("value")
     for h in _demo.HAZARDS:
-        (row,) = [ln for ln in lines if ln.startswith(h.name)]
-        naive_part, stable_part = row[:col_stable], row[col_stable:]
-        assert "NaN/inf" in naive_part, row
-        assert ("nan" in naive_part or "inf" in naive_part), row
-        assert stable_part.rstrip().endswith("ok"), row
-    # the columns line up: every row has its stable value where the header says
-    for ln in lines[2:2 + len(_demo.HAZARDS)]:
-        assert ln[col_stable - 2:col_stable] == "  "
+        i = lines.index(h.name)  # the hazard's name, alone on its line, then naive and stable
+        naive, stable = lines[i + 1], lines[i + 2]
+        assert naive.startswith("  naive ") and stable.startswith("  stablelosses "), (naive, stable)
+        assert naive.rstrip().endswith("NaN/inf"), naive
+        assert "nan" in naive[col_value:] or "inf" in naive[col_value:], naive
+        assert stable.rstrip().endswith("ok"), stable
+        # the columns line up: the value starts where the header says
+        for row in (naive, stable):
+            assert row[col_value - 2:col_value] == "  " and row[col_value] != " ", row
 
 
 def test_every_demo_column_has_a_header():
@@ -95,10 +97,22 @@ def test_every_demo_column_has_a_header():
     header, rule = lines[0], lines[1]
     # the rule line has one dash run per column; each run starts under a header word
     starts = [i for i, c in enumerate(rule) if c == "-" and (i == 0 or rule[i - 1] == " ")]
-    assert len(starts) == 7
+    assert len(starts) == 4
     for i in starts:
         assert header[i] != " ", (i, header)
-    assert "naive ok?" in header and "stable ok?" in header
+    assert header.split()[-1] == "ok?"
+
+
+def test_demo_table_fits_in_100_columns():
+    text = _demo.render()
+    assert max(len(ln) for ln in text.splitlines()) <= 100, max(text.splitlines(), key=len)
+
+
+def test_demo_dice_row_has_both_masks_empty_and_shows_the_defined_value():
+    (dice,) = [h for h in _demo.HAZARDS if h.name.startswith("Dice")]
+    pred, target = dice.inputs()
+    assert not pred.any() and not target.any()  # every sample: prediction and target empty
+    assert _demo.evaluate(dice, "stable").value_text == "0"  # empty against empty: a perfect match
 
 
 def test_demo_without_numpy_prints_no_torch_warning():
