@@ -129,3 +129,27 @@ def test_demo_render_in_process(capsys):
     out = capsys.readouterr().out
     assert f"of {len(_demo.HAZARDS)} naive formulas give NaN/inf" in out
     assert cli.main(["demo"]) == 0
+
+
+def _scripted(x):
+    return x + 1
+
+
+def test_pytest_configuration_silences_the_known_torch_warnings_and_no_other():
+    # the configured filters are in force inside a test; record what gets through them
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+
+    with warnings.catch_warnings(record=True) as record:
+        torch.testing.make_tensor((2,), dtype=torch.float32, device="cpu", low=1.0, high=1.0)
+        torch.jit.script(_scripted)
+        F.mse_loss(torch.zeros(4, 5), torch.zeros(5))
+        torch.nn.MSELoss(size_average=False)
+        F.kl_div(torch.zeros(2, 3), torch.zeros(2, 3), reduction="mean")
+    assert [str(w.message) for w in record] == []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.warn("a new warning from the library", UserWarning, stacklevel=1)
+        warnings.warn("torch.jit.script is new here", DeprecationWarning, stacklevel=1)
+    assert len(record) == 2  # anything else is still seen
