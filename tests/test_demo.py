@@ -153,3 +153,21 @@ def test_pytest_configuration_silences_the_known_torch_warnings_and_no_other():
         warnings.warn("a new warning from the library", UserWarning, stacklevel=1)
         warnings.warn("torch.jit.script is new here", DeprecationWarning, stacklevel=1)
     assert len(record) == 2  # anything else is still seen
+
+
+def test_readme_says_how_to_get_the_right_torch_build_before_the_install_commands():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in readme
+    assert readme.index(cpu) < readme.index("pip install -e . && python -m stablelosses")
+    assert readme.index(cpu) < readme.index('pip install -e ".[test]"')
+    # plain `pip install torch` is the CUDA build on Linux, not the CPU one
+    assert "`pip install torch` first if you want the CPU build" not in readme.replace("\n", " ")
+
+
+def test_docs_warn_about_torchvision_and_timm_pulling_a_mismatched_torch():
+    migration = open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read()
+    section = migration[migration.index("## torchvision `sigmoid_focal_loss`"):]
+    section = section[: section.index("\n## ", 1)]
+    assert "does not import" in section and "download.pytorch.org/whl/cpu" in section
+    assert "timm" in section and "upgrade torch" in section
