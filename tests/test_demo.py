@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -171,3 +172,44 @@ def test_docs_warn_about_torchvision_and_timm_pulling_a_mismatched_torch():
     section = section[: section.index("\n## ", 1)]
     assert "does not import" in section and "download.pytorch.org/whl/cpu" in section
     assert "timm" in section and "upgrade torch" in section
+
+
+def _section(text: str, heading: str) -> str:
+    part = text[text.index(heading):]
+    return part[: part.index("\n## ", 1)]
+
+
+def test_migration_kornia_section_says_ignored_nan_rows_give_nan_gradients_and_mask_drops_them():
+    import torch
+    import torch.nn.functional as F
+
+    import stablelosses.functional as SF
+
+    section = _section(open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read(),
+                       "## kornia `focal_loss`")
+    flat = " ".join(section.split())
+    assert "NaN" in flat and "ignore_index" in flat and "mask=" in flat and "as in torch" in flat
+    # what the page claims: the ignored row's NaN reaches its gradient, as in torch; mask= drops it
+    target = torch.tensor([-100, 1])
+    for fn in (F.cross_entropy, SF.focal_loss):
+        x = torch.tensor([[math.nan, 0.0], [1.0, 2.0]], requires_grad=True)
+        fn(x, target).backward()
+        assert x.grad[0].isnan().all() and x.grad[1].isfinite().all()
+    x = torch.tensor([[math.nan, 0.0], [1.0, 2.0]], requires_grad=True)
+    SF.focal_loss(x, target, mask=torch.tensor([False, True])).backward()
+    assert (x.grad[0] == 0).all()
+
+
+def test_readme_focal_row_says_a_scalar_alpha_is_a_constant_weight_that_cancels_in_mean():
+    import torch
+
+    import stablelosses.functional as SF
+
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    (row,) = [ln for ln in readme.splitlines() if ln.startswith("| hand-written softmax→log `FocalLoss`")]
+    assert "scalar `alpha`" in row and "cancels in `'mean'`" in row
+    x, t = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 0])
+    w = torch.full((3,), 0.25)
+    torch.testing.assert_close(SF.focal_loss(x, t, weight=w), SF.focal_loss(x, t))
+    torch.testing.assert_close(SF.focal_loss(x, t, weight=w, reduction="sum"),
+                               0.25 * SF.focal_loss(x, t, reduction="sum"))
