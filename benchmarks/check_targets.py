@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strict", action="store_true", help="skipped targets fail too")
     p.add_argument("--markdown", metavar="PATH", help="also write the outcomes as a Markdown table")
     p.add_argument("--quiet", action="store_true", help="print only misses and the summary")
-    p.add_argument("--no-goals", action="store_true", help="leave out the issue-12 target table")
-    p.add_argument("--goals-markdown", metavar="PATH", help="write the issue-12 target table as Markdown")
+    p.add_argument("--no-goals", action="store_true", help="leave out the speed targets table")
+    p.add_argument("--goals-markdown", metavar="PATH", help="write the speed targets table as Markdown")
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ("fwd", "fwdbwd")]
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         md.append(f"### {path}\n\n" + markdown(outcomes))
         if not args.no_goals:
             rows = goal_rows(index)
-            print(f"\nissue-12 targets ({path}):\n")
+            print(f"\nspeed targets ({path}):\n")
             print(format_goals(rows))
             goals_md.append(f"### {path}\n\n" + format_goals(rows, markdown=True))
     if args.markdown:

@@ -3,7 +3,8 @@ r"""The ``stablelosses`` command (also ``python -m stablelosses``).
 - no arguments, or ``demo``: the hazard table, naive formula beside stablelosses.
 - ``trace [--watch] SCRIPT.py [ARGS...]``: run a script under
   [`detect_nonfinite`][stablelosses.debug.detect_nonfinite]; report the first NaN/Inf created
-  (exit 1) or that there was none (exit 0); a crash exits with the script's code (or 2).
+  (exit 1) or that there was none (exit 0); a script that exits early or crashes exits with its own
+  code (1 for an uncaught exception, as under ``python``).
 - ``bench [--device cuda] [--compile] [--quick] [--targets] [--json PATH] ...``: the speed
   comparison (`stablelosses.bench`).
 
@@ -59,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run SCRIPT (as `python SCRIPT ARGS...` would, with __name__ == '__main__') "
         "under stablelosses.debug.detect_nonfinite. Exit 1 with a report of the first operator "
         "that created a NaN/Inf (or, with --watch, of a diverging run), 0 when none was created, "
-        "the script's own exit code when it calls sys.exit, and 2 when it crashed.",
+        "the script's own exit code when it calls sys.exit, and 1 when it died of an uncaught "
+        "exception (as under python).",
     )
     t.add_argument("--watch", action="store_true",
                    help="also run a DivergenceMonitor after every loss.backward(): stop a diverging "

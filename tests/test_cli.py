@@ -61,14 +61,24 @@ def test_trace_missing_script(capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_trace_crash_exits_2_with_the_scripts_traceback():
+def test_trace_crash_exits_1_as_python_does_with_the_scripts_traceback():
     script = os.path.join(SCRIPTS, "crash.py")
     proc = run("trace", script)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no NaN/Inf created" not in proc.stdout
     crash = line_of(script, "# CRASH")
     assert f'File "{script}", line {crash}, in load' in proc.stderr
     assert proc.stderr.strip().endswith("KeyError: 'missing'")
     assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr and "_trace.py" not in proc.stderr
+
+
+def test_trace_does_not_pass_a_script_that_died_of_skipped_steps_error(capsys):
+    # SkippedStepsError is a NonFiniteError, but not one the detector raised: it is a crash
+    script = os.path.join(SCRIPTS, "crash.py")
+    assert cli.main(["trace", script, "guard"]) == 1
+    out, err = capsys.readouterr()
+    assert "no NaN/Inf created" not in out
+    assert "SkippedStepsError" in err and "2 optimizer steps skipped" in err
 
 
 def test_trace_passes_the_scripts_exit_code(capsys):
@@ -99,6 +109,7 @@ def test_trace_watch_stops_a_diverging_run_before_inf():
     # without --watch the same script is only caught once a value is infinite
     plain = run("trace", script)
     assert plain.returncode == 1 and "first NaN/Inf created" in plain.stdout
+    assert "the run is diverging" in plain.stdout and "trace --watch" in plain.stdout
     assert "step 3: loss" in plain.stdout
 
 
@@ -117,7 +128,9 @@ def test_trace_watch_healthy_script_exits_0(capsys):
 @pytest.mark.parametrize("args", [["--help"], ["demo", "--help"], ["trace", "--help"], ["bench", "--help"]])
 def test_help_in_process(args, capsys):
     assert cli.main(args) == 0
-    assert "usage: stablelosses" in capsys.readouterr().out  # bench: its own parser's help
+    out = capsys.readouterr().out
+    assert "usage: stablelosses" in out  # bench: its own parser's help
+    assert "issue" not in out.lower()  # options are named by what they do
 
 
 @pytest.mark.parametrize(

@@ -504,6 +504,39 @@ def test_guard_with_grad_scaler():
 
 
 @pytest.mark.slow
+def test_guard_steps_lbfgs_with_a_closure_and_checks_the_closures_gradients():
+    target = torch.tensor([1.0, -2.0])
+    w = nn.Parameter(torch.zeros(2))
+    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=20)
+    guard = FiniteGuard(opt)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = ((w - target) ** 2).sum()
+        loss.backward()
+        return loss
+
+    assert guard.step(closure) is True
+    assert guard.steps == 1 and len(calls) > 1  # LBFGS evaluated the closure itself, again
+    torch.testing.assert_close(w.detach(), target)
+    assert guard.loss is not None and float(guard.loss) == 4.0 + 1.0  # the first evaluation, at 0
+
+    def bad_closure():
+        opt.zero_grad()
+        loss = torch.sqrt(w - target).sum()  # gradient inf at the minimum
+        loss.backward()
+        return loss
+
+    before = w.detach().clone()
+    assert guard.step(closure=bad_closure) is False
+    assert guard.total_skips == 1 and w.grad is None
+    torch.testing.assert_close(w.detach(), before)
+    with pytest.raises(ValueError, match="FiniteGuard.step: closure and scaler"):
+        guard.step(closure, scaler=torch.amp.GradScaler("cpu"))
+
+
 def test_guard_distributed_ranks_agree():
     # rank 1 alone has a NaN gradient: both ranks must skip (2 gloo processes on CPU)
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -226,3 +226,45 @@ def test_check_syncs_once_on_cuda():
         torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in record if "synchroniz" in str(w.message)]
     assert len(syncs) == 1, [str(w.message) for w in syncs]
+
+
+def feed_losses(losses, **kwargs):
+    """Check a sequence of losses with a constant gradient; the error if the monitor fired, else None."""
+    net = nn.Linear(1, 1)
+    monitor = DivergenceMonitor(net, **kwargs)
+    for v in losses:
+        net.weight.grad, net.bias.grad = torch.ones(1, 1), torch.ones(1)
+        try:
+            monitor.check(torch.tensor(v, dtype=torch.float64))
+        except DivergenceError as err:
+            return err
+    return None
+
+
+def test_a_loss_that_improves_through_zero_into_negative_values_does_not_fire():
+    # a negative log-likelihood or an ELBO: |loss| grows 1e5x from its smallest, the loss only falls
+    assert feed_losses([1.0, 0.1, 1e-3, 1e-4, -0.5, -3.0, -10.0, -30.0, -31.0, -40.0]) is None
+
+
+def test_a_tiny_loss_that_jumps_to_6_and_recovers_does_not_fire():
+    assert feed_losses([1e-4] * 5 + [6.0, 5.0, 1e-3, 1e-4, 1e-4]) is None
+
+
+@pytest.mark.parametrize("losses", [
+    [1.0, 0.9, 0.8, 2e3, 1e6, 1e10],  # grows x1e3+ to large values
+    [1e-4, 1e-4, 1e-4, 1e10, 1e10],  # from near zero to 1e10
+    [-5.0, -6.0, -7.0, 1e4, 1e8],  # a negative loss that shoots up
+], ids=["from-1", "from-1e-4", "from-negative"])
+def test_a_diverging_loss_still_fires(losses):
+    err = feed_losses(losses)
+    assert err is not None and err.quantity == "loss" and err.growth > 1e3
+    assert err.step <= len(losses) - 1  # fired on a finite loss, at most the last
+
+
+def test_the_headline_quotes_only_numbers_its_history_line_shows():
+    err = feed_losses([1.0, 5.0, 5e3, 5e4], window=2)  # the reference, 1, is 3 steps back
+    assert err is not None
+    headline, loss_line = str(err).splitlines()[:2]
+    quoted = headline.split("(")[1].split(")")[0].split(" -> ")
+    shown = loss_line.split(":", 1)[1].strip().split(" -> ")
+    assert set(quoted) <= set(shown), (headline, loss_line)

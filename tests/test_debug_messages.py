@@ -40,6 +40,18 @@ def _log_of_softmax():
     torch.log(F.softmax(logits, 1)).sum().backward()
 
 
+def _log_of_indexed_sl_softmax():
+    import stablelosses as sl
+
+    logits = torch.tensor([[10.0, -200.0]], requires_grad=True)
+    torch.log(sl.softmax(logits, 1)[torch.arange(1), torch.tensor([1])]).sum().backward()
+
+
+def _log_of_indexed_softmax():
+    logits = torch.tensor([[10.0, -200.0]], requires_grad=True)
+    torch.log(torch.softmax(logits, 1)[:, 1].unsqueeze(1)).sum().backward()
+
+
 def _where_div():
     b = torch.tensor([2.0, 0.0], requires_grad=True)
     torch.where(b != 0, torch.ones(2) / b, torch.zeros(2)).sum().backward()
@@ -62,7 +74,7 @@ CASES = [
     ("inf-inf", lambda: torch.full((1,), INF) - torch.full((1,), INF), "aten::sub", "forward", "invalid",
      None),
     ("0*inf", lambda: torch.zeros(1) * torch.full((1,), INF), "aten::mul", "forward", "invalid", None),
-    ("matmul", lambda: torch.full((2, 2), 1e30) @ torch.full((2, 2), 1e30), "aten::mm", "forward",
+    ("matmul", lambda: torch.full((8, 8), 1e19) @ torch.full((8, 8), 1e19), "aten::mm", "forward",
      "overflow", None),
     ("masked softmax", lambda: torch.softmax(torch.full((2, 2), -INF), -1), "aten::_softmax", "forward",
      "0/0", "softmax-logsumexp"),
@@ -71,6 +83,9 @@ CASES = [
     ("(1-p)**0.3", _focal_gamma_half, "aten::pow", "backward", "division by zero",
      "focal-gamma-below-one"),
     ("log(softmax)", _log_of_softmax, "aten::log", "forward", "log of zero", "focal-log-zero"),
+    ("log(sl.softmax[idx])", _log_of_indexed_sl_softmax, "aten::log", "forward", "log of zero",
+     "focal-log-zero"),
+    ("log(softmax[idx])", _log_of_indexed_softmax, "aten::log", "forward", "log of zero", "focal-log-zero"),
     ("log(cosh)", lambda: torch.log(torch.cosh(torch.tensor([100.0]))), "aten::cosh", "forward",
      "overflow", "log-cosh-overflow"),
     ("float16 square", lambda: torch.tensor([300.0], dtype=torch.float16) ** 2, "aten::pow", "forward",
@@ -106,3 +121,22 @@ def test_kind_is_unchanged_for_compatibility():
     # kind stays 'overflow' (an Inf) or 'nan'; cause carries the finer name
     assert raised(lambda: torch.ones(1) / torch.zeros(1)).kind == "overflow"
     assert raised(lambda: torch.zeros(1) / torch.zeros(1)).kind == "nan"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_overflow_from_already_huge_inputs_is_called_divergence(dtype):
+    huge = 1e24 if dtype != torch.float64 else 1e160  # past the square root of the dtype's largest
+    w = torch.full((4, 4), huge, dtype=dtype)
+    err = raised(lambda: w @ w)
+    assert (err.op, err.cause) == ("aten::mm", "overflow")
+    head = str(err).splitlines()[0]
+    assert "diverging" in head and f"{huge:.3g}" in head
+    assert "--watch" in err.hint and "DivergenceMonitor" in err.hint
+    assert str(err).splitlines()[-1].strip() == err.hint
+
+
+def test_overflow_from_moderate_inputs_is_not_called_divergence():
+    for fn in (lambda: torch.exp(torch.tensor(100.0)), lambda: torch.tensor([300.0], dtype=torch.float16) ** 2,
+               lambda: torch.full((8, 8), 1e19) @ torch.full((8, 8), 1e19)):
+        err = raised(fn)
+        assert "diverging" not in str(err) and "--watch" not in str(err)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def test_demo_reports_an_exception_in_its_cell():
     h = _demo.Hazard("boom", lambda: (_demo._t(1.0),), boom, boom)
     res = _demo.evaluate(h, "stable")
     assert res.error == "NotImplementedError: not there" and not res.ok
-    assert "error" in _demo.render([h]).splitlines()[2]
+    lines = _demo.render([h]).splitlines()
+    assert lines[2] == "boom" and lines[4].startswith("  stablelosses") and "error" in lines[4]
 
 
 def test_demo_subprocess_prints_the_table_without_warnings():
@@ -77,17 +79,18 @@ def test_demo_subprocess_prints_the_table_without_warnings():
     assert proc.stderr == ""  # no torch warning, nothing else
     lines = proc.stdout.splitlines()
     header = lines[0]
-    assert header.split()[:3] == ["hazard", "naive", "value"]
-    col_stable = header.index("stable value")
+    assert header.split()[:2] == ["hazard,", "formula"]
+    col_value = header.index("value")
     for h in _demo.HAZARDS:
-        (row,) = [ln for ln in lines if ln.startswith(h.name)]
-        naive_part, stable_part = row[:col_stable], row[col_stable:]
-        assert "NaN/inf" in naive_part, row
-        assert ("nan" in naive_part or "inf" in naive_part), row
-        assert stable_part.rstrip().endswith("ok"), row
-    # the columns line up: every row has its stable value where the header says
-    for ln in lines[2:2 + len(_demo.HAZARDS)]:
-        assert ln[col_stable - 2:col_stable] == "  "
+        i = lines.index(h.name)  # the hazard's name, alone on its line, then naive and stable
+        naive, stable = lines[i + 1], lines[i + 2]
+        assert naive.startswith("  naive ") and stable.startswith("  stablelosses "), (naive, stable)
+        assert naive.rstrip().endswith("NaN/inf"), naive
+        assert "nan" in naive[col_value:] or "inf" in naive[col_value:], naive
+        assert stable.rstrip().endswith("ok"), stable
+        # the columns line up: the value starts where the header says
+        for row in (naive, stable):
+            assert row[col_value - 2:col_value] == "  " and row[col_value] != " ", row
 
 
 def test_every_demo_column_has_a_header():
@@ -95,10 +98,22 @@ def test_every_demo_column_has_a_header():
     header, rule = lines[0], lines[1]
     # the rule line has one dash run per column; each run starts under a header word
     starts = [i for i, c in enumerate(rule) if c == "-" and (i == 0 or rule[i - 1] == " ")]
-    assert len(starts) == 7
+    assert len(starts) == 4
     for i in starts:
         assert header[i] != " ", (i, header)
-    assert "naive ok?" in header and "stable ok?" in header
+    assert header.split()[-1] == "ok?"
+
+
+def test_demo_table_fits_in_100_columns():
+    text = _demo.render()
+    assert max(len(ln) for ln in text.splitlines()) <= 100, max(text.splitlines(), key=len)
+
+
+def test_demo_dice_row_has_both_masks_empty_and_shows_the_defined_value():
+    (dice,) = [h for h in _demo.HAZARDS if h.name.startswith("Dice")]
+    pred, target = dice.inputs()
+    assert not pred.any() and not target.any()  # every sample: prediction and target empty
+    assert _demo.evaluate(dice, "stable").value_text == "0"  # empty against empty: a perfect match
 
 
 def test_demo_without_numpy_prints_no_torch_warning():
@@ -115,3 +130,86 @@ def test_demo_render_in_process(capsys):
     out = capsys.readouterr().out
     assert f"of {len(_demo.HAZARDS)} naive formulas give NaN/inf" in out
     assert cli.main(["demo"]) == 0
+
+
+def _scripted(x):
+    return x + 1
+
+
+def test_pytest_configuration_silences_the_known_torch_warnings_and_no_other():
+    # the configured filters are in force inside a test; record what gets through them
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+
+    with warnings.catch_warnings(record=True) as record:
+        torch.testing.make_tensor((2,), dtype=torch.float32, device="cpu", low=1.0, high=1.0)
+        torch.jit.script(_scripted)
+        F.mse_loss(torch.zeros(4, 5), torch.zeros(5))
+        torch.nn.MSELoss(size_average=False)
+        F.kl_div(torch.zeros(2, 3), torch.zeros(2, 3), reduction="mean")
+    assert [str(w.message) for w in record] == []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.warn("a new warning from the library", UserWarning, stacklevel=1)
+        warnings.warn("torch.jit.script is new here", DeprecationWarning, stacklevel=1)
+    assert len(record) == 2  # anything else is still seen
+
+
+def test_readme_says_how_to_get_the_right_torch_build_before_the_install_commands():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in readme
+    assert readme.index(cpu) < readme.index("pip install -e . && python -m stablelosses")
+    assert readme.index(cpu) < readme.index('pip install -e ".[test]"')
+    # plain `pip install torch` is the CUDA build on Linux, not the CPU one
+    assert "`pip install torch` first if you want the CPU build" not in readme.replace("\n", " ")
+
+
+def test_docs_warn_about_torchvision_and_timm_pulling_a_mismatched_torch():
+    migration = open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read()
+    section = migration[migration.index("## torchvision `sigmoid_focal_loss`"):]
+    section = section[: section.index("\n## ", 1)]
+    assert "does not import" in section and "download.pytorch.org/whl/cpu" in section
+    assert "timm" in section and "upgrade torch" in section
+
+
+def _section(text: str, heading: str) -> str:
+    part = text[text.index(heading):]
+    return part[: part.index("\n## ", 1)]
+
+
+def test_migration_kornia_section_says_ignored_nan_rows_give_nan_gradients_and_mask_drops_them():
+    import torch
+    import torch.nn.functional as F
+
+    import stablelosses.functional as SF
+
+    section = _section(open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read(),
+                       "## kornia `focal_loss`")
+    flat = " ".join(section.split())
+    assert "NaN" in flat and "ignore_index" in flat and "mask=" in flat and "as in torch" in flat
+    # what the page claims: the ignored row's NaN reaches its gradient, as in torch; mask= drops it
+    target = torch.tensor([-100, 1])
+    for fn in (F.cross_entropy, SF.focal_loss):
+        x = torch.tensor([[math.nan, 0.0], [1.0, 2.0]], requires_grad=True)
+        fn(x, target).backward()
+        assert x.grad[0].isnan().all() and x.grad[1].isfinite().all()
+    x = torch.tensor([[math.nan, 0.0], [1.0, 2.0]], requires_grad=True)
+    SF.focal_loss(x, target, mask=torch.tensor([False, True])).backward()
+    assert (x.grad[0] == 0).all()
+
+
+def test_readme_focal_row_says_a_scalar_alpha_is_a_constant_weight_that_cancels_in_mean():
+    import torch
+
+    import stablelosses.functional as SF
+
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    (row,) = [ln for ln in readme.splitlines() if ln.startswith("| hand-written softmax→log `FocalLoss`")]
+    assert "scalar `alpha`" in row and "cancels in `'mean'`" in row
+    x, t = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 0])
+    w = torch.full((3,), 0.25)
+    torch.testing.assert_close(SF.focal_loss(x, t, weight=w), SF.focal_loss(x, t))
+    torch.testing.assert_close(SF.focal_loss(x, t, weight=w, reduction="sum"),
+                               0.25 * SF.focal_loss(x, t, reduction="sum"))

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the raw numbers to PATH")
     p.add_argument("--markdown", metavar="PATH", help="write the ratio table as Markdown to PATH")
     p.add_argument("--targets", action="store_true",
-                   help="also print the issue-12 target table (measured ratio, bytes ratio, met/missed)")
+                   help="also print the speed targets table (measured ratio, bytes ratio, met/missed)")
     p.add_argument("--raw", action="store_true",
                    help="also print every median as torch.utils.benchmark.Compare does")
     p.add_argument("--only", type=_csv(list(specs()), "function"), metavar="FN[,FN...]",
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.raw:
         print("\n" + compare_table(result))
     if args.targets:
-        print("\nissue-12 targets (float32, fwd+bwd unless the mode says fwd):\n")
+        print("\nspeed targets (float32, fwd+bwd unless the mode says fwd):\n")
         print(format_goals(goal_rows(index(result["results"]))))
     if result["notes"]:
         print("\nnotes:")

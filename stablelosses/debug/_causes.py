@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["name_cause", "hint_for"]
+__all__ = ["name_cause", "hint_for", "diverging_inputs", "DIVERGENCE_HINT"]
 
 _DIV = {"div", "div_", "true_divide", "true_divide_", "floor_divide", "remainder", "fmod"}
 _RECIP = {"reciprocal", "reciprocal_", "rsqrt", "rsqrt_"}
@@ -119,6 +119,53 @@ def detail_of(cause: str) -> str:
     return _DETAIL.get(cause, "")
 
 
+# autograd nodes that only select, reshape or copy values: looked through to find the softmax
+_PASSTHROUGH = ("Index", "Select", "Slice", "View", "Unsqueeze", "Squeeze", "Expand", "Permute",
+                "Transpose", "Reshape", "Clone", "Alias", "Gather", "Narrow", "Unbind", "Take",
+                "AsStrided", "Split", "Chunk", "Flatten", "Unfold", "TBackward", "Contiguous")
+
+
+def _source_node(t: Any) -> str:
+    """The name of the autograd node that made ``t``, past indexing and reshaping ('' if none)."""
+    node = t.grad_fn if isinstance(t, torch.Tensor) else None
+    for _ in range(32):
+        if node is None:
+            return ""
+        name = node.name()
+        if not any(p in name for p in _PASSTHROUGH):
+            return name
+        nxt = [fn for fn, _ in node.next_functions if fn is not None]
+        node = nxt[0] if nxt else None
+    return ""
+
+
+DIVERGENCE_HINT = (
+    "hint: the run is diverging, not this operator: stop it while the loss is still finite with "
+    "`stablelosses trace --watch SCRIPT.py` (a DivergenceMonitor), then lower the learning rate or "
+    "clip gradients — docs: debugging (Divergence before inf)"
+)
+
+
+def diverging_inputs(cause: str, tensors: Sequence[torch.Tensor]) -> float | None:
+    """The largest |input| when an overflow came from inputs that were already huge, else None.
+
+    Huge: past the square root of the dtype's largest value (about 1.8e19 in float32), so that
+    one product of two such values overflows; that is where a diverging run's activations are
+    when they first overflow. float16 is left out: its overflow from moderate inputs is its own
+    hazard.
+    """
+    if cause != "overflow":
+        return None
+    top = None
+    for t in tensors:
+        if not t.is_floating_point() or t.dtype == torch.float16 or t.numel() == 0:
+            continue
+        m = float(t.detach().abs().amax())
+        if m > torch.finfo(t.dtype).max ** 0.5 and (top is None or m > top):
+            top = m
+    return top
+
+
 def _hint(use: str, page: str) -> str:
     return f"hint: use {use} — docs: hazards/{page}"
 
@@ -143,7 +190,7 @@ def hint_for(
             return _hint("sl.safe_sqrt / sl.RMSELoss", "sqrt-at-zero")
         return _hint("sl.FocalLoss / sl.SigmoidFocalLoss for (1 - p) ** gamma", "focal-gamma-below-one")
     if node == "LogBackward0" or fwd == "log" or (name in ("log", "log_") and cause == "log of zero"):
-        src = a0.grad_fn.name() if isinstance(a0, torch.Tensor) and a0.grad_fn is not None else ""
+        src = _source_node(a0)
         if node == "LogBackward0" or fwd == "log" or "Softmax" in src:
             return _hint("sl.log_softmax / sl.FocalLoss", "focal-log-zero")
         return None

@@ -67,10 +67,15 @@ class DivergenceMonitor:
 
     Call `check` once per step, after ``loss.backward()`` and before ``optimizer.step()``. It
     keeps the loss and the global gradient norm $\|g\|_2$ of the last ``window`` steps and
-    fires when either has grown by more than ``growth`` over the smallest value in the window
-    **and is still that high on the next step** (a single bad batch that recovers is not
-    divergence). Non-finite values are not judged (use `detect_nonfinite` or `FiniteGuard` for
-    those); the point is to stop a few steps *before* the loss is ``inf``.
+    fires when either has grown by more than ``growth`` **and is still that high on the next
+    step** (a single bad batch that recovers is not divergence). The gradient norm grows by
+    ``growth`` when it exceeds ``growth`` times the smallest norm in the window. The loss, which
+    may be negative (a negative log-likelihood, an ELBO), grows by ``growth`` when it rises above
+    the smallest loss in the window $m$ by more than ``growth`` $\cdot\max(|m|, \text{loss\_floor})$:
+    a loss that improves through zero never fires, and one near zero must rise to about
+    ``growth * loss_floor`` before it counts. Non-finite values are not judged (use
+    `detect_nonfinite` or `FiniteGuard` for those); the point is to
+    stop a few steps *before* the loss is ``inf``.
 
     The message names the step, the growth, the module (by its path in ``model``) whose
     gradient norm grew the most, and known precursors found by looking at the model: a
@@ -82,8 +87,9 @@ class DivergenceMonitor:
     one overflowed) and one read of those norms and the loss from the device per `check`, and
     one forward hook per BatchNorm that records the input's shape.
 
-    **Limits.** Growth is relative: a loss that sits at ``1e-9`` and moves to ``1e-5`` grows
-    10⁴×, so for losses that end near zero raise ``growth`` or call `reset`. A run that jumps
+    **Limits.** A loss whose healthy scale is far below ``loss_floor`` (say ``1e-6``) is judged
+    against ``loss_floor``: lower it for such losses. The gradient norm's growth is relative, so
+    a norm that falls near zero and jumps back up can count. A run that jumps
     from healthy to ``inf`` in fewer than two steps cannot be confirmed while finite.
 
     Args:
@@ -91,12 +97,13 @@ class DivergenceMonitor:
         optimizer: optional; its learning rates give the update-to-weight ratio.
         window: steps of history (``>= 1``).
         growth: the factor (``> 1``) that counts as divergence.
+        loss_floor: the smallest scale (``> 0``) a loss's rise is measured against.
         mode: ``'raise'`` raises `DivergenceError`; ``'warn'`` issues a `DivergenceWarning`,
             then starts a fresh window.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
-        ValueError: ``window < 1``, ``growth <= 1`` or an unknown ``mode``.
+        ValueError: ``window < 1``, ``growth <= 1``, ``loss_floor <= 0`` or an unknown ``mode``.
 
     Example:
         >>> import torch
@@ -129,6 +136,7 @@ class DivergenceMonitor:
         window: int = 5,
         growth: float = 1e3,
         mode: str = "raise",
+        loss_floor: float = 1.0,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"DivergenceMonitor: model must be an nn.Module, got {type(model).__name__}")
@@ -136,6 +144,10 @@ class DivergenceMonitor:
             raise ValueError(f"DivergenceMonitor: window must be an int >= 1, got {window!r}")
         if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not growth > 1:
             raise ValueError(f"DivergenceMonitor: growth must be a number > 1, got {growth!r}")
+        if (isinstance(loss_floor, bool) or not isinstance(loss_floor, (int, float))
+                or not 0 < loss_floor < math.inf):
+            raise ValueError(f"DivergenceMonitor: loss_floor must be a finite number > 0, got {loss_floor!r}")
+        self.loss_floor = float(loss_floor)
         if mode not in ("raise", "warn"):
             raise ValueError(f"DivergenceMonitor: mode must be 'raise' or 'warn', got {mode!r}")
         self.model, self.optimizer = model, optimizer
@@ -166,9 +178,10 @@ class DivergenceMonitor:
     def reset(self) -> None:
         """Forget the history (after lowering the learning rate, or a planned jump in the loss)."""
         self.steps = 0
-        self._values: dict[str, deque[float]] = {q: deque(maxlen=self.window) for q in _QUANTITIES}
+        self._values: dict[str, deque[float]] = {q: deque(maxlen=self.window + 2) for q in _QUANTITIES}
         self._per_param: deque[list[float]] = deque(maxlen=self.window + 1)
-        self._pending: dict[str, tuple[float, int] | None] = dict.fromkeys(_QUANTITIES)
+        # per quantity, after a step that grew: (reference, steps since it, the scale it is judged by)
+        self._pending: dict[str, tuple[float, int, float] | None] = dict.fromkeys(_QUANTITIES)
 
     def close(self) -> None:
         """Remove the BatchNorm hooks this monitor put on the model."""
@@ -198,7 +211,7 @@ class DivergenceMonitor:
             *per, value_loss = _norms_and_loss(grads, loss, wide=True)  # float32 ‖g‖ overflowed?
         value_norm = math.sqrt(math.fsum(v * v for v in per))
         step, self.steps = self.steps, self.steps + 1
-        values = {"loss": abs(value_loss), "gradient norm": value_norm}
+        values = {"loss": value_loss, "gradient norm": value_norm}
         if not all(math.isfinite(v) for v in values.values()):
             self._pending = dict.fromkeys(_QUANTITIES)
             return False  # non-finite: not this monitor's job
@@ -206,21 +219,35 @@ class DivergenceMonitor:
         fired = None
         for q in _QUANTITIES:
             v, pending = values[q], self._pending[q]
-            if fired is None and pending is not None and v > self.growth * pending[0]:
+            if fired is None and pending is not None and self._grew(q, v, pending[0], pending[2]):
                 fired = (q, v, pending)
-            ref = min((x for x in self._values[q] if x > 0), default=None)
-            span = len(self._values[q]) - [*self._values[q]].index(ref) if ref is not None else 0
-            self._pending[q] = (ref, span) if ref is not None and v > self.growth * ref else None
+            window = [*self._values[q]][-self.window:]
+            if q == "loss":
+                ref = min(window, default=None)
+                scale = max(abs(ref), self.loss_floor) if ref is not None else 0.0
+            else:
+                ref = min((x for x in window if x > 0), default=None)
+                scale = ref if ref is not None else 0.0
+            self._pending[q] = None
+            if ref is not None and self._grew(q, v, ref, scale):
+                self._pending[q] = (ref, len(window) - window.index(ref), scale)
             self._values[q].append(v)
         if fired is None:
             return False
         self._fire(step, *fired)
         return True
 
-    def _fire(self, step: int, quantity: str, value: float, pending: tuple[float, int]) -> None:
-        ref, span = pending
+    def _grew(self, quantity: str, value: float, ref: float, scale: float) -> bool:
+        """Whether ``value`` grew by more than ``growth`` from ``ref`` (the loss: its rise vs ``scale``)."""
+        if quantity == "loss":
+            return value - ref > self.growth * scale
+        return value > self.growth * ref
+
+    def _fire(self, step: int, quantity: str, value: float, pending: tuple[float, int, float]) -> None:
+        ref, span, scale = pending
+        growth = (value - ref) / scale if quantity == "loss" else value / ref
         info: dict[str, Any] = dict(
-            step=step, quantity=quantity, growth=value / ref, value=value, ref=ref, span=span + 1,
+            step=step, quantity=quantity, growth=growth, value=value, ref=ref, span=span + 1,
             losses=list(self._values["loss"]), norms=list(self._values["gradient norm"]),
         )
         top = fastest_module(list(self._per_param), self._owners, self.model)
@@ -250,6 +277,7 @@ class DivergenceMonitor:
         """Settings, step count and the window's history (plain Python values)."""
         return {
             "window": self.window, "growth": self.growth, "mode": self.mode, "steps": self.steps,
+            "loss_floor": self.loss_floor,
             "values": {q: list(v) for q, v in self._values.items()},
             "pending": dict(self._pending),
             "per_param": [list(v) for v in self._per_param],
@@ -258,12 +286,13 @@ class DivergenceMonitor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved (the model and optimizer are not part of it)."""
         self.window, self.growth, self.mode = int(state["window"]), float(state["growth"]), state["mode"]
+        self.loss_floor = float(state.get("loss_floor", self.loss_floor))
         self.reset()
         self.steps = int(state["steps"])
         for q in _QUANTITIES:
             self._values[q].extend(float(v) for v in state["values"][q])
             p = state["pending"][q]
-            self._pending[q] = (float(p[0]), int(p[1])) if p is not None else None
+            self._pending[q] = (float(p[0]), int(p[1]), float(p[2])) if p is not None else None
         self._per_param.extend([float(x) for x in v] for v in state["per_param"])
 
     def __repr__(self) -> str:

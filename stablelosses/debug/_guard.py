@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,8 +39,12 @@ class FiniteGuard:
     set ``max_consecutive`` above a few dozen with a scaler.
 
     Args:
-        optimizer: any ``torch.optim.Optimizer``.
+        optimizer: any ``torch.optim.Optimizer``; one that needs a closure (LBFGS) gets it
+            through ``guard.step(closure)``.
         max_consecutive: raise after this many skips in a row; ``None`` never raises.
+
+    Attributes:
+        loss: what the closure returned at the last ``guard.step(closure)`` (else None).
 
     Example:
         >>> import torch
@@ -68,6 +73,7 @@ class FiniteGuard:
         self._consecutive = 0
         self._total = 0
         self._steps = 0
+        self.loss: Any = None
 
     @property
     def consecutive_skips(self) -> int:
@@ -114,10 +120,16 @@ class FiniteGuard:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return bad is None or int(bad.item()) == 0
 
-    def step(self, *, scaler: Any | None = None) -> bool:
+    def step(self, closure: Callable[[], Any] | None = None, *, scaler: Any | None = None) -> bool:
         """Step if every gradient is finite; else drop the gradients and count a skip.
 
         Args:
+            closure: as for ``optimizer.step(closure)`` (LBFGS needs one): it clears the
+                gradients, computes the loss, calls ``backward`` and returns the loss. The guard
+                calls it once and checks the gradients it produced; when they are finite, the
+                optimizer steps with it, and its first call inside the optimizer returns that
+                same loss and gradients instead of computing them again. The loss is kept as
+                `loss`.
             scaler: a ``torch.amp.GradScaler``; the guard unscales (if not done yet), checks,
                 and steps through ``scaler.step``. Call ``scaler.update()`` after.
 
@@ -126,7 +138,31 @@ class FiniteGuard:
 
         Raises:
             SkippedStepsError: the skip made ``max_consecutive`` skips in a row.
+            ValueError: both ``closure`` and an enabled ``scaler`` (``GradScaler.step`` takes no
+                closure).
         """
+        if closure is not None:
+            if scaler is not None and scaler.is_enabled():
+                raise ValueError(
+                    "FiniteGuard.step: closure and scaler cannot be used together "
+                    "(GradScaler.step does not support a closure), got both"
+                )
+            with torch.enable_grad():
+                first = closure()
+            self.loss = first
+            pending = [first]
+
+            def replay() -> Any:
+                if pending:  # the optimizer's first evaluation: the one already checked
+                    return pending.pop()
+                return closure()
+
+            if self.grads_finite():
+                self.optimizer.step(replay)
+                self._consecutive = 0
+                self._steps += 1
+                return True
+            return self._skip()
         if scaler is not None and scaler.is_enabled():
             from torch.amp.grad_scaler import OptState
 
@@ -141,6 +177,10 @@ class FiniteGuard:
             self._consecutive = 0
             self._steps += 1
             return True
+        return self._skip()
+
+    def _skip(self) -> bool:
+        """Drop the gradients, count the skip, raise after ``max_consecutive`` in a row."""
         self.optimizer.zero_grad(set_to_none=True)
         self._consecutive += 1
         self._total += 1

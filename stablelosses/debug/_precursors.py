@@ -92,7 +92,9 @@ def _join(root: str, path: str) -> str:
 def format_divergence(info: dict[str, Any]) -> str:
     """The message of a `DivergenceError`."""
     lines = [
-        f"DivergenceMonitor: at step {info['step']} the {info['quantity']} grew {info['growth']:.3g}x "
+        f"DivergenceMonitor: at step {info['step']} the {info['quantity']} "
+        f"{'rose by' if info['quantity'] == 'loss' else 'grew'} {info['growth']:.3g}x "
+        f"{'its scale ' if info['quantity'] == 'loss' else ''}"
         f"within {info['span']} steps ({info['ref']:.3g} -> {info['value']:.3g}) and stayed that high "
         "for 2 steps, while still finite",
         f"  loss: {' -> '.join(f'{v:.3g}' for v in info['losses'])}",

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from stablelosses.debug._causes import detail_of, hint_for, name_cause
+from stablelosses.debug._causes import DIVERGENCE_HINT, detail_of, diverging_inputs, hint_for, name_cause
 from stablelosses.debug._checks import _all_finite, _finite_number, _has_inf, _has_nan
 from stablelosses.debug._errors import NonFiniteError, TensorSummary
 from stablelosses.debug._frames import _nearest_is_trusted, _user_line
@@ -85,9 +85,14 @@ def diagnose(det, func, args, kwargs, out, node, writes, before, frame) -> NonFi
     module_path, filename, lineno, node_name, forward_op = where
     cause = name_cause(name, args, outs, in_finite)
     hint = hint_for(name, cause, args, node_name, forward_op)
+    detail = None
+    huge = diverging_inputs(cause, tensors)
+    if huge is not None:
+        detail = f"inputs already as large as {huge:.3g}: the run is diverging"
+        hint = DIVERGENCE_HINT
     return make_error(
         op=name, phase="backward" if node is not None else "forward", kind=kind, cause=cause,
-        hint=hint, module_path=module_path, filename=filename, lineno=lineno, node=node_name,
+        hint=hint, detail=detail, module_path=module_path, filename=filename, lineno=lineno, node=node_name,
         forward_op=forward_op, inputs=[TensorSummary.of(t) for t in tensors],
         outputs=[TensorSummary.of(o) for o in outs if o.is_floating_point() or o.is_complex()],
     )

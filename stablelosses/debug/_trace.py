@@ -2,8 +2,9 @@
 a `DivergenceMonitor` on every ``loss.backward()``).
 
 Exit status: 0 when the script ran clean, 1 when a NaN/Inf was created (or, with ``--watch``,
-the run diverged), the script's own ``sys.exit`` code otherwise, and 2 when it crashed for
-another reason (its traceback, from the script's own frames on, goes to stderr).
+the run diverged), the script's own ``sys.exit`` code otherwise, and 1 when it died of an
+uncaught exception, as under ``python`` (its traceback, from the script's own frames on, goes to
+stderr; a `SkippedStepsError` from `FiniteGuard` is such a crash, not a pass).
 
 ``--watch`` limits: the model is the first ``nn.Module`` called at the top level (not from
 inside another module) whose parameters the first watched backward reaches; a script that
@@ -146,7 +147,8 @@ def _run(
     old_argv, folder = sys.argv, os.path.dirname(os.path.abspath(script))
     sys.argv = [script, *args]
     sys.path.insert(0, folder)
-    status, crash, diverged = 0, None, None
+    status, diverged = 0, None
+    crash: BaseException | None = None
     try:
         with warnings.catch_warnings():
             if warn:
@@ -157,8 +159,9 @@ def _run(
                         runpy.run_path(script, run_name="__main__")
                 else:
                     runpy.run_path(script, run_name="__main__")
-    except NonFiniteError:
-        pass  # reported from detector.reports
+    except NonFiniteError as e:
+        if not any(e is r for r in detector.reports):  # not the detector's: e.g. SkippedStepsError
+            crash, status = e, 1
     except DivergenceError as e:
         diverged = e
     except SystemExit as e:
@@ -166,8 +169,8 @@ def _run(
         status = code if isinstance(code, int) else (0 if code is None else 1)
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)
-    except Exception as e:  # noqa: BLE001 - any crash of the script is reported with exit 2
-        crash, status = e, 2
+    except Exception as e:  # noqa: BLE001 - any crash of the script exits 1, as under python
+        crash, status = e, 1
     finally:
         sys.argv = old_argv
         if folder in sys.path:
