@@ -188,6 +188,16 @@ def inplace_ok(*tensors: Tensor | None) -> bool:
     return not any(t is not None and is_transform_wrapped(t) for t in tensors)
 
 
+def check_same_device(fn: str, mask: Tensor, device: torch.device, what: str = "input") -> None:
+    """Raise as torch does when ``mask`` is on another device than ``what`` (a 0-dim CPU mask
+    goes with any device, as a CPU scalar tensor does in torch's ops): never moved silently."""
+    if mask.device != device and not (mask.dim() == 0 and mask.device.type == "cpu"):
+        raise RuntimeError(
+            f"{fn}: expected all tensors to be on the same device, but mask is on {mask.device} "
+            f"and {what} on {device}"
+        )
+
+
 def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     """``torch.broadcast_shapes`` for concrete shapes, in plain Python.
 

@@ -68,7 +68,8 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
 
 
 def _check_ignore_index(fn: str, ignore_index: object) -> int:
-    if not isinstance(ignore_index, int):
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        # a bool is an int in Python: True would silently ignore class 1 (torch raises too)
         raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
     return int(ignore_index)
 
@@ -130,7 +131,7 @@ def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Ten
     """The row mask expanded to the unreduced loss's shape, and ``x`` with its masked-out rows
     replaced by 0 (select, do not multiply: a NaN there is never read)."""
     shape = x.shape[:cdim] + x.shape[cdim + 1 :]
-    m = check_mask(fn, mask, shape, "the unreduced loss").to(x.device).expand(shape)
+    m = check_mask(fn, mask, shape, "the unreduced loss", device=x.device).to(x.device).expand(shape)
     return m, torch.where(m.unsqueeze(cdim), x, 0.0)
 
 

@@ -123,7 +123,8 @@ def info_nce_loss(
     m = None
     if mask is not None:
         # a masked-out pair leaves the batch: not an anchor, not a negative, never read
-        m = check_mask(_FN, mask, q.shape[:1], "the per-sample loss").to(q.device).expand(q.shape[:1])
+        m = check_mask(_FN, mask, q.shape[:1], "the per-sample loss", device=q.device)
+        m = m.to(q.device).expand(q.shape[:1])
         qw, kw = torch.where(m[:, None], qw, 0.0), torch.where(m[:, None], kw, 0.0)
     uq, _ = _normalize(qw, 2.0, 1, 0.0)
     uk, _ = _normalize(kw, 2.0, 1, 0.0)

@@ -144,7 +144,7 @@ def sigmoid_focal_loss(
     work, out_dtype = operand_dtypes(input, target)
     x, t = input.to(work), target.to(work)
     if mask is not None:
-        m = check_mask(fn, mask, input.shape).to(input.device)
+        m = check_mask(fn, mask, input.shape, device=input.device).to(input.device)
         # select, do not multiply: a NaN at a False entry is never read
         x, t = torch.where(m, x, 0.0), torch.where(m, t, 0.0)
         return reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction).to(out_dtype)

@@ -27,7 +27,7 @@ def _kl_div_masked(
     """The pointwise terms at the True entries of ``mask``, reduced; ``'batchmean'`` divides by
     the number of batch rows (slices along dim 0) with at least one True entry (at least 1)."""
     shape = broadcast_shapes(input.shape, target.shape)
-    m = check_mask("kl_div", mask, shape).to(input.device)
+    m = check_mask("kl_div", mask, shape, device=input.device).to(input.device)
     # select, do not multiply: a NaN at a False entry is never read (0 · log 0 terms give 0)
     x = torch.where(m, input, 0.0)
     t = torch.where(m, target, 0.0)

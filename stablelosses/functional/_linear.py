@@ -103,7 +103,7 @@ def _linear_loss(
     kept = None
     if mask is not None:
         # a masked-out row is an ignored row whose hidden state is never read (select, no multiply)
-        m = check_mask(fn, mask, target.shape, "the per-row loss").to(x.device)
+        m = check_mask(fn, mask, target.shape, "the per-row loss", device=x.device).to(x.device)
         m = m.expand(target.shape).reshape(-1)
         x = torch.where(m[:, None], x, 0.0)
         t = torch.where(m, t, int(ignore_index))

@@ -13,6 +13,7 @@ from stablelosses._utils import (
     SUM,
     broadcasts_to,
     check_floating,
+    check_same_device,
     reduce,
     upcast,
     wrap_dim,
@@ -20,8 +21,12 @@ from stablelosses._utils import (
 )
 
 
-def check_mask(fn: str, mask: object, shape: torch.Size, what: str = "input") -> Tensor:
-    """Raise unless ``mask`` is a bool tensor that broadcasts to ``shape`` (without growing it)."""
+def check_mask(
+    fn: str, mask: object, shape: torch.Size, what: str = "input", device: torch.device | None = None
+) -> Tensor:
+    """Raise unless ``mask`` is a bool tensor that broadcasts to ``shape`` (without growing it)
+    and, with ``device``, lives there (a 0-dim CPU mask may go with any device, as a CPU scalar
+    tensor does in torch's ops): a mask is never moved between devices silently."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"{fn}: mask must be a bool torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -30,6 +35,8 @@ def check_mask(fn: str, mask: object, shape: torch.Size, what: str = "input") ->
         raise ValueError(
             f"{fn}: mask of shape {tuple(mask.shape)} does not broadcast to {what} of shape {tuple(shape)}"
         )
+    if device is not None:
+        check_same_device(fn, mask, device, what)
     return mask
 
 
@@ -89,7 +96,7 @@ def masked_mean(input: Tensor, mask: Tensor, dim: int | Sequence[int] | None = N
     Replaces ``(x * mask).sum() / mask.sum()`` and ``x[mask].mean()``.
     """
     x = check_floating("masked_mean", "input", input)
-    m = check_mask("masked_mean", mask, x.shape).to(x.device)
+    m = check_mask("masked_mean", mask, x.shape, device=x.device).to(x.device)
     dims = _dims("masked_mean", dim, x.ndim)
     if not isinstance(keepdim, bool):
         raise TypeError(f"masked_mean: keepdim must be a bool, got {type(keepdim).__name__}")
@@ -149,7 +156,7 @@ def entropy(logits: Tensor, dim: int = -1, *, mask: Tensor | None = None) -> Ten
     d = wrap_dim("entropy", dim, x.ndim)
     xc = upcast(x)
     if mask is not None:
-        m = check_mask("entropy", mask, x.shape, "logits")
+        m = check_mask("entropy", mask, x.shape, "logits", device=x.device)
         xc = xc.masked_fill(~m.to(x.device), float("-inf"))
     if xc.ndim == 0:
         xc = xc.reshape(1)

@@ -51,7 +51,7 @@ def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tenso
 def _masked_residual(fn: str, x: Tensor, y: Tensor, mask: object) -> tuple[Tensor, Tensor]:
     """``(where(mask, x - y, 0), mask)``: a NaN/inf residual at a False entry is never read."""
     r = x - y
-    m = check_mask(fn, mask, r.shape).to(r.device)
+    m = check_mask(fn, mask, r.shape, device=r.device).to(r.device)
     return torch.where(m, r, 0.0), m
 
 

@@ -38,7 +38,7 @@ def _mask_samples(
     """The sample mask (checked against the per-sample loss's shape) and ``p``, ``t`` with the
     masked-out samples replaced by 0 (select, do not multiply: a NaN there is never read)."""
     shape = torch.Size(n for d, n in enumerate(p.shape) if d not in reduce_dims)
-    m = check_mask(_FN, mask, shape, "the per-sample loss").to(p.device).expand(shape)
+    m = check_mask(_FN, mask, shape, "the per-sample loss", device=p.device).to(p.device).expand(shape)
     m_in = m
     for d in sorted(reduce_dims):
         m_in = m_in.unsqueeze(d)

@@ -11,7 +11,14 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
-from stablelosses._utils import broadcasts_to, check_tensor, compute_dtype, wrap_dim, wrap_dims
+from stablelosses._utils import (
+    broadcasts_to,
+    check_same_device,
+    check_tensor,
+    compute_dtype,
+    wrap_dim,
+    wrap_dims,
+)
 from stablelosses.functional._ops import _LOW, _float_result
 
 
@@ -50,6 +57,7 @@ def _check_softmax_args(
                 f"{fn}: mask of shape {tuple(mask.shape)} does not broadcast to input of shape "
                 f"{tuple(x.shape)}"
             )
+        check_same_device(fn, mask, x.device)
     return x, d
 
 
