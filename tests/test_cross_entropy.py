@@ -358,3 +358,22 @@ def test_errors():
         SF.cross_entropy(t, t)
     with pytest.raises(ValueError, match="cross_entropy: input must have a class dimension"):
         SF.cross_entropy(torch.tensor(1.0), torch.tensor(0))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"label_smoothing": 0.1}, {"gamma": 2.0}], ids=["ce", "smoothing", "focal"]
+)
+def test_batched_grads_with_a_weight_that_requires_grad(kwargs):
+    # autograd.grad(is_grads_batched=True) vmaps the backward over the upstream gradients;
+    # the weight's gradient went through a flatten that vmap's fallback cannot take
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, requires_grad=True)
+    w = torch.rand(5, requires_grad=True)
+    t = torch.randint(0, 5, (4,))
+    fn = SF.focal_loss if "gamma" in kwargs else SF.cross_entropy
+    loss = fn(x, t, weight=w, reduction="none", **kwargs)
+    batched = torch.autograd.grad(loss, (x, w), torch.eye(4), is_grads_batched=True, retain_graph=True)
+    for i, v in enumerate(torch.eye(4)):
+        one = torch.autograd.grad(loss, (x, w), v, retain_graph=True)
+        torch.testing.assert_close(batched[0][i], one[0])
+        torch.testing.assert_close(batched[1][i], one[1])

@@ -277,7 +277,7 @@ def _index_weight_grad(
 ) -> Tensor:
     """d/dw_c of Σ g·ℓ: the elements whose target is c, plus every element's smoothing term."""
     contrib = torch.where(valid, (1.0 - eps) * s * val, 0.0)
-    gw = torch.zeros_like(weight).index_add(0, idx.flatten(), contrib.flatten())
+    gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     if eps > 0.0:
         assert x is not None
         masked, k = _smoothing(x, cdim)
@@ -483,7 +483,7 @@ class _ClassIndexCE(torch.autograd.Function):
             # the unweighted value (recomputed: N-sized, needed only for weight's gradient)
             val = -lt if gamma == 0.0 else focal_terms(rest, lt, gamma)[0]
             contrib = torch.where(valid, s * val, 0.0)
-            gw = torch.zeros_like(weight).index_add(0, idx.flatten(), contrib.flatten())
+            gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
         return gx, None, None, gw, None, None, None
 
     @staticmethod
