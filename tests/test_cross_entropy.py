@@ -377,3 +377,18 @@ def test_batched_grads_with_a_weight_that_requires_grad(kwargs):
         one = torch.autograd.grad(loss, (x, w), v, retain_graph=True)
         torch.testing.assert_close(batched[0][i], one[0])
         torch.testing.assert_close(batched[1][i], one[1])
+
+
+@pytest.mark.parametrize(
+    "row", [[1e38, -1e38, 1.5e38], [1e37, -3e38, 1.5e37]], ids=["near-max", "one-very-negative"]
+)
+def test_weighted_label_smoothing_near_float_max_does_not_overflow(row):
+    # the smoothing terms were multiplied by the class weight before the ε/K scale: w·log p
+    # overflowed to inf where the weighted mean over the classes is finite
+    x = torch.tensor([row])
+    t = torch.tensor([0])
+    w = torch.tensor([0.5, 2.0, 1.0])
+    ours = SF.cross_entropy(x, t, weight=w, label_smoothing=0.1, reduction="none")
+    ref = F.cross_entropy(x.double(), t, weight=w.double(), label_smoothing=0.1, reduction="none")
+    assert torch.isfinite(ref).all()
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-6, atol=0.0)

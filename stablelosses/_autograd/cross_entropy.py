@@ -109,11 +109,16 @@ def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     return masked, k
 
 
-def _smoothing_sum(terms: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int) -> Tensor:
-    """``ε/K Σ_{c unmasked} terms_c``, each term scaled before the sum: no overflow when the
-    mean over the classes is finite (terms near ``±1e37``)."""
+def _smoothing_sum(
+    terms: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int, weight: Tensor | None = None
+) -> Tensor:
+    """``ε/K Σ_{c unmasked} w_c terms_c``, each term scaled by ``ε/K`` before the class weight
+    and the sum: no overflow when the weighted mean over the classes is finite (terms near
+    ``±1e38``)."""
     t = torch.where(masked, 0.0, terms)
     t = t.mul_(eps / k) if inplace_ok(t, k) else t * (eps / k)
+    if weight is not None:
+        t = t * weight.view(class_shape(t.dim(), cdim))
     return t.sum(cdim)
 
 
@@ -173,10 +178,9 @@ class _IndexLoss(torch.autograd.Function):
             val = torch.where(w_t == 0, 0.0, w_t * val)
         if eps > 0.0:
             masked, k = _smoothing(x, cdim)
-            terms = lsm if weight is None else lsm * weight.view(class_shape(x.dim(), cdim))
             # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
             val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
-            val = val - _smoothing_sum(terms, masked, k, eps, cdim)
+            val = val - _smoothing_sum(lsm, masked, k, eps, cdim, weight)
         valid = (target != ignore_index) & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
         return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale, rest))
