@@ -504,6 +504,7 @@ _X, _W, _B, _T = _data(n=4, h=3, v=5, dtype=torch.float32)
         (dict(z_loss="a"), TypeError, "z_loss must be a float"),
         (dict(softcap=0.0), ValueError, "softcap must be None or a finite number > 0"),
         (dict(softcap=INF), ValueError, "softcap must be None or a finite number > 0"),
+        (dict(softcap=1e300), ValueError, "softcap must be None or a finite number > 0 and at most float32's max"),
         (dict(softcap="1"), TypeError, "softcap must be a float"),
         (dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
         (dict(chunk_size=2.0), TypeError, "chunk_size must be an int or None"),

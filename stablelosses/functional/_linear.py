@@ -66,6 +66,9 @@ def _check_args(
     return check_linear_options(fn, ignore_index, z_loss, softcap, chunk_size)
 
 
+_F32_MAX = torch.finfo(torch.float32).max
+
+
 def check_linear_options(
     fn: str, ignore_index: object, z_loss: object, softcap: object, chunk_size: object,
 ) -> tuple[float, float | None, int]:
@@ -79,8 +82,13 @@ def check_linear_options(
     cap = None
     if softcap is not None:
         cap = check_real(fn, "softcap", softcap)
-        if not (cap > 0 and math.isfinite(cap)):
-            raise ValueError(f"{fn}: softcap must be None or a finite number > 0, got {softcap}")
+        # the cap is applied in float32 (or the input's wider dtype): above float32's max it
+        # becomes inf there and c·tanh(u/c) is inf·0 = NaN
+        if not (0 < cap <= _F32_MAX):
+            raise ValueError(
+                f"{fn}: softcap must be None or a finite number > 0 and at most float32's max "
+                f"({_F32_MAX:.4g}), got {softcap}"
+            )
     if chunk_size is not None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
             raise TypeError(f"{fn}: chunk_size must be an int or None, got {type(chunk_size).__name__}")
