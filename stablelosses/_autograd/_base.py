@@ -6,8 +6,11 @@ need one. :func:`applier` builds, for a Function that defines ``jvp``, a twin su
 base class's, and returns a function that calls the twin while compiling and the original
 otherwise. Both
 share ``forward``, ``setup_context``, ``backward`` and the vmap rule, so the compiled and the
-eager graphs compute the same numbers; compiled code gets first-order reverse mode only, which
-is all torch.compile supports through custom Functions anyway.
+eager graphs run the same code, with two exceptions that branch on ``is_compiling()`` inside
+``forward``: ``rmse_loss``'s float32 norm (``_autograd/rmse.py``, a spelling inductor fuses, equal
+to rounding, not bit for bit) and the softmax shift's NaN map (``_shift_by_max``, the same values).
+Compiled code gets first-order reverse mode only, which is all torch.compile supports through
+custom Functions anyway.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # Files of this package that count as user code: the demo, the naive formulas people write
 # (wherever they live: any module whose name holds "naive"), the benchmark harness and the CLI
 # (its runpy). Everything else in the package is library code, checked at its public boundary.
-_PKG_USER_FILES = {os.path.join(_PKG_DIR, f) for f in ("_demo.py", "cli.py", "__main__.py", "_bench.py")}
+_PKG_USER_FILES = {os.path.join(_PKG_DIR, f) for f in ("_demo.py", "cli.py", "__main__.py")}
 
 
 def _is_user_file(absfn: str) -> bool:
     rel = absfn[len(_PKG_DIR):]
     return absfn in _PKG_USER_FILES or "naive" in os.path.basename(rel) or rel.startswith(
-        ("bench" + os.sep, "_bench" + os.sep, "demo" + os.sep, "_demo" + os.sep)
+        ("bench" + os.sep, "demo" + os.sep, "_demo" + os.sep)
     )
 
 _SKIP, _USER, _TRUSTED = 0, 1, 2

@@ -328,7 +328,8 @@ def focal_loss(
     r"""Multi-class focal loss on logits, with a finite gradient for every $\gamma \ge 0$.
 
     With $\log p_t = \operatorname{log\_softmax}(x)_t$ at the target class and
-    $1 - p_t = -\operatorname{expm1}(\log p_t)$,
+    $1 - p_t = \sum_{j \ne t} p_j$ (the other classes' probabilities, summed: no cancellation as
+    $p_t \to 1$, where $\log p_t = \operatorname{log1p}(-\sum_{j \ne t} p_j)$),
 
     $$
     \ell_i = w_{t_i}\, (1 - p_{i,t_i})^{\gamma}\, (-\log p_{i,t_i}),
