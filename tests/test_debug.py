@@ -521,7 +521,7 @@ def test_guard_steps_lbfgs_with_a_closure_and_checks_the_closures_gradients():
     assert guard.step(closure) is True
     assert guard.steps == 1 and len(calls) > 1  # LBFGS evaluated the closure itself, again
     torch.testing.assert_close(w.detach(), target)
-    assert guard.loss is not None and float(guard.loss) == 4.0 + 1.0  # the first evaluation, at 0
+    assert guard.loss is not None and guard.loss.item() == 4.0 + 1.0  # the first evaluation, at 0
 
     def bad_closure():
         opt.zero_grad()
