@@ -439,10 +439,7 @@ class _ClassIndexCE(torch.autograd.Function):
         lt = (x_t - m) + torch.log(p_am)
         # +inf rows: x_t − m is inf − inf; p_t is the limit (1/k on the k +inf entries, else 0)
         lt = torch.where(m == _INF, torch.log(p_t), lt)
-        # the exact tail where p_t > ½; a NaN row is not (with one class its rest is 0)
-        near_one = (rest < 0.5) & ~torch.isnan(m)
-        # double where: log1p(−1) is never formed on the discarded branch
-        lt = torch.where(near_one, torch.log1p(-torch.where(near_one, rest, 0.0)), lt)
+        lt = accurate_log_pt(rest, lt)  # the exact tail where p_t > ½ (NaN rows stay NaN)
         lt = torch.where(masked_row, -_INF, lt)  # fully masked: dropped, not NaN
         # the focal value and backward row scale (N-sized); none for cross-entropy
         val, scale = (-lt, lt.new_empty(0)) if gamma == 0.0 else focal_terms(rest, lt, gamma)
