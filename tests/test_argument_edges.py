@@ -40,3 +40,54 @@ def test_mask_on_another_device_raises_instead_of_moving(name):
     assert not torch.isnan(call(ok)).any()  # same device: fine
     with pytest.raises(RuntimeError, match="same device"):
         call(ok.to("meta"))
+
+
+def _outcome(call, x):
+    """Value (or the error type) and the input gradient's shape of one call."""
+    try:
+        out = call()
+    except (IndexError, RuntimeError, ValueError) as e:
+        return type(e).__name__
+    (g,) = torch.autograd.grad(out.sum(), x, allow_unused=True)
+    return out.detach(), None if g is None else g.shape
+
+
+ZERO_CLASS_CASES = [
+    ((3, 0), (3, 0), torch.float32),  # probabilities over no class
+    ((0, 0), (0,), torch.int64),
+    ((0, 0), (0, 0), torch.float32),
+    ((2, 0, 3), (2, 0, 3), torch.float32),
+    ((3, 0), (3,), torch.int64),  # any index is out of bounds: torch's IndexError
+]
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("shapes", ZERO_CLASS_CASES, ids=str)
+def test_zero_classes_give_what_torch_gives(shapes, label_smoothing, reduction):
+    # 0.2 raised amax's internal IndexError ("Expected reduction dim 1 to have non-zero size")
+    xs, ts, tdt = shapes
+    x = torch.zeros(xs, requires_grad=True)
+    t = torch.zeros(ts, dtype=tdt)
+    kw = dict(reduction=reduction, label_smoothing=label_smoothing)
+    ours = _outcome(lambda: SF.cross_entropy(x, t, **kw), x)
+    theirs = _outcome(lambda: torch.nn.functional.cross_entropy(x, t, **kw), x)
+    if isinstance(theirs, str):
+        assert ours == theirs
+    else:
+        torch.testing.assert_close(ours[0], theirs[0], equal_nan=True)
+        assert ours[1] == theirs[1]
+
+
+def test_focal_loss_and_info_nce_on_empty_batches_give_torch_nan():
+    x = torch.zeros(0, 0, requires_grad=True)
+    assert torch.isnan(SF.focal_loss(x, torch.zeros(0, dtype=torch.long)))
+    q = torch.zeros(0, 8, requires_grad=True)
+    for symmetric in (False, True):
+        loss = SF.info_nce_loss(q, torch.zeros(0, 8), symmetric=symmetric)
+        assert torch.isnan(loss)  # the hand-written InfoNCE: cross_entropy of a 0x0 matrix
+        (g,) = torch.autograd.grad(loss, q)
+        assert g.shape == (0, 8)
+    assert SF.info_nce_loss(q, torch.zeros(0, 8), reduction="none").shape == (0,)
+    # with a mask an empty denominator is 0, as everywhere else
+    assert SF.cross_entropy(x, torch.zeros(0, dtype=torch.long), mask=torch.zeros(0, dtype=torch.bool)) == 0

@@ -215,3 +215,11 @@ def test_export_with_dynamic_batch():
     p[2] = 0.0
     t[2] = 0.0
     torch.testing.assert_close(ep.module()(p, t), mod(p, t))
+
+
+def test_docstring_does_not_claim_smp_smoothing():
+    # smp >= 0.4's smooth=s is our 2s and smp scores per class over the batch: the 0.2
+    # docstring said "the smoothed formula of segmentation_models_pytorch"
+    doc = SF.dice_loss.__doc__
+    assert "formula of segmentation_models_pytorch" not in doc
+    assert "smooth=2s" in doc and "each class over the whole batch" in doc

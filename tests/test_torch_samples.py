@@ -30,6 +30,9 @@ ELEMENTWISE = {
     ("div", "no_rounding_mode"): SF.safe_div,
     ("true_divide", ""): SF.safe_div,
     ("nn.functional.mse_loss", ""): _mse,
+    ("logaddexp", ""): SF.logaddexp,
+    ("nn.functional.normalize", ""): SF.normalize,
+    ("nn.functional.cosine_similarity", ""): SF.cosine_similarity,
 }
 CLASSIFICATION = {
     ("softmax", ""): SF.softmax,

@@ -127,6 +127,23 @@ def _index_loss_reduced(
     return _reduce(res.loss, denom, reduction, eps > 0.0, mask is not None)
 
 
+def _no_classes(
+    input: Tensor, target: Tensor, weight: Tensor | None, mask: Tensor | None,
+    ignore_index: int, reduction: str, eps: float,
+) -> Tensor:
+    """Zero classes: no logit to be stable about, so torch's own kernel gives torch's value,
+    NaN or error for every shape (``IndexError`` for any class index, ``nan`` for an empty
+    ``'mean'``). A ``mask`` keeps its empty-denominator rule (0, as ``masked_mean``)."""
+    if mask is not None and not target.is_floating_point():
+        target = torch.where(mask.to(torch.bool), target.long(), ignore_index)
+    out = torch.nn.functional.cross_entropy(
+        input, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=eps
+    )
+    if mask is not None and reduction == "mean":
+        out = torch.nan_to_num(out, nan=0.0)
+    return out
+
+
 def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     """The row mask expanded to the unreduced loss's shape, and ``x`` with its masked-out rows
     replaced by 0 (select, do not multiply: a NaN there is never read)."""
@@ -285,6 +302,8 @@ def cross_entropy(
     eps = _check_label_smoothing(fn, label_smoothing)
     ignore_index = _check_ignore_index(fn, ignore_index)
     cdim = _class_dim(fn, input)
+    if input.shape[cdim] == 0:
+        return _no_classes(input, target, weight, mask, ignore_index, reduction, eps)
     if target.shape == input.shape:
         if not target.is_floating_point():
             raise RuntimeError(
@@ -414,4 +433,6 @@ def focal_loss(
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
+    if input.shape[cdim] == 0:
+        return _no_classes(input, target, weight, mask, ignore_index, reduction, 0.0)
     return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction)

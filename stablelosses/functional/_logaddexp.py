@@ -8,7 +8,7 @@ from stablelosses._autograd.logaddexp import _logaddexp
 from stablelosses.functional._ops import _binary_operands
 
 
-def logaddexp(input: Tensor | float, other: Tensor | float) -> Tensor:
+def logaddexp(input: Tensor, other: Tensor) -> Tensor:
     r"""``log(exp(input) + exp(other))``, with gradients 0 when both are ``-inf``.
 
     $$ \operatorname{logaddexp}(a, b) = \max(a, b) + \log\!\big(1 + e^{-|a - b|}\big) $$
@@ -32,7 +32,7 @@ def logaddexp(input: Tensor | float, other: Tensor | float) -> Tensor:
         computed in float32).
 
     Raises:
-        TypeError: neither operand is a tensor, or one is complex.
+        TypeError: an operand is not a tensor (as torch), or one is complex.
         RuntimeError: the shapes do not broadcast.
 
     Shape:
@@ -51,5 +51,8 @@ def logaddexp(input: Tensor | float, other: Tensor | float) -> Tensor:
 
     Replaces ``torch.logaddexp``.
     """
+    for name, v in (("input", input), ("other", other)):
+        if not isinstance(v, Tensor):  # torch.logaddexp takes no Python number either
+            raise TypeError(f"logaddexp: {name} must be a torch.Tensor, got {type(v).__name__}")
     a, b, out_dtype = _binary_operands("logaddexp", input, other, ("input", "other"))
     return _logaddexp(a, b).to(out_dtype)

@@ -76,7 +76,11 @@ def dice_loss(
     With ``smooth = 0`` (the default, the exact Dice loss) a sample whose prediction and target
     are both empty ($\sum p + \sum t = 0$) gives **0**: both are the empty set, a perfect match
     (``1 − 0/0`` is NaN in the hand-written formula). With ``smooth > 0`` it is the smoothed
-    formula of segmentation_models_pytorch / MONAI everywhere (both empty: $s/s$, loss 0).
+    formula above everywhere (both empty: $s/s$, loss 0), MONAI's convention (``smooth_nr =
+    smooth_dr = s``). It is not segmentation_models_pytorch's: smp ≥ 0.4's ``smooth=s`` equals
+    ``smooth=2s`` here, and smp's ``DiceLoss`` scores each class over the whole batch, where
+    this scores each sample (move the class dimension first and pass ``dims`` to get smp's
+    grouping).
 
     **Gradient.** $\partial\ell/\partial p_i = \big((1 - 2t_i) - \ell\big)/D$ with
     $D = \sum p + \sum t + s$ (and the same with $p$ and $t$ swapped for ``target``), autograd

@@ -12,10 +12,20 @@ from stablelosses.functional._ops import _binary_operands
 
 def _check_p(fn: str, p: object) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"{fn}: p must be a float >= 1 or inf, got {type(p).__name__}")
-    if not p >= 1:  # also rejects NaN
-        raise ValueError(f"{fn}: p must be >= 1 (a norm) or inf, got {p}")
+        raise TypeError(f"{fn}: p must be a float (inf allowed), got {type(p).__name__}")
+    if p != p:
+        raise ValueError(f"{fn}: p must be a number or inf, got nan")
     return float(p)
+
+
+def _normalize_below_one(x: Tensor, p: float, dim: int, eps: float) -> Tensor:
+    """``p < 1`` is no norm (not homogeneous for ``p = 0``): torch's own formula, with the
+    zero-vector rule (0, gradient 0) where ``eps = 0``."""
+    n = torch.linalg.vector_norm(x, p, dim, keepdim=True)
+    if eps > 0.0:
+        return x / n.clamp_min(eps)
+    zero = n == 0
+    return torch.where(zero, 0.0, x / n.masked_fill(zero, 1.0))
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> Tensor:
@@ -39,7 +49,9 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
 
     Args:
         input: floating-point tensor.
-        p: exponent of the norm, a float ``>= 1`` or ``inf``. Default: ``2.0``.
+        p: exponent of the norm, a float or ``inf``. Below 1 (not a norm: ``0.5``, ``0``,
+            ``-1``, as ``F.normalize`` accepts) the value is torch's formula with
+            ``torch.linalg.vector_norm``, without the scaling above. Default: ``2.0``.
         dim: dimension to normalise over. Default: ``1``.
         eps: lower bound of the divisor, as in ``F.normalize``. Default: ``0.0``.
 
@@ -49,7 +61,7 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
     Raises:
         TypeError: ``input`` is not a floating-point tensor, or ``p``/``eps``/``dim`` has the
             wrong type.
-        ValueError: ``p < 1`` or ``eps < 0``.
+        ValueError: ``p`` is NaN or ``eps < 0``.
         IndexError: ``dim`` is out of range.
 
     Shape:
@@ -81,7 +93,8 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
     d = wrap_dim("normalize", dim, x.ndim)
     out_dtype = x.dtype
     xc = x.reshape(1) if x.ndim == 0 else x
-    y, _ = _normalize(xc.to(compute_dtype(xc)), pf, d, e)
+    xw = xc.to(compute_dtype(xc))
+    y = _normalize(xw, pf, d, e)[0] if pf >= 1.0 else _normalize_below_one(xw, pf, d, e)
     return y.reshape(x.shape).to(out_dtype)
 
 
