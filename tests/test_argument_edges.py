@@ -91,3 +91,39 @@ def test_focal_loss_and_info_nce_on_empty_batches_give_torch_nan():
     assert SF.info_nce_loss(q, torch.zeros(0, 8), reduction="none").shape == (0,)
     # with a mask an empty denominator is 0, as everywhere else
     assert SF.cross_entropy(x, torch.zeros(0, dtype=torch.long), mask=torch.zeros(0, dtype=torch.bool)) == 0
+
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+META_CALLS = {
+    "softmax": lambda: SF.softmax(_meta(3, 4), -1),
+    "log_softmax": lambda: SF.log_softmax(_meta(3, 4), -1),
+    "logsumexp": lambda: SF.logsumexp(_meta(3, 4), -1),
+    "cross_entropy": lambda: SF.cross_entropy(_meta(3, 4), _meta(3, dtype=torch.long)),
+    "cross_entropy_smoothing": lambda: SF.cross_entropy(_meta(3, 4), _meta(3, dtype=torch.long), label_smoothing=0.1),
+    "cross_entropy_probs": lambda: SF.cross_entropy(_meta(3, 4), _meta(3, 4)),
+    "focal_loss": lambda: SF.focal_loss(_meta(3, 4), _meta(3, dtype=torch.long)),
+    "sigmoid_focal_loss": lambda: SF.sigmoid_focal_loss(_meta(3, 4), _meta(3, 4)),
+    "kl_div": lambda: SF.kl_div(_meta(3, 4), _meta(3, 4), reduction="batchmean"),
+    "rmse_loss": lambda: SF.rmse_loss(_meta(3, 4), _meta(3, 4)),
+    "log_cosh_loss": lambda: SF.log_cosh_loss(_meta(3, 4), _meta(3, 4)),
+    "normalize": lambda: SF.normalize(_meta(3, 4)),
+    "cosine_similarity": lambda: SF.cosine_similarity(_meta(3, 4), _meta(3, 4)),
+    "logaddexp": lambda: SF.logaddexp(_meta(3), _meta(3)),
+    "masked_mean": lambda: SF.masked_mean(_meta(3), _meta(3, dtype=torch.bool)),
+    "entropy": lambda: SF.entropy(_meta(3, 4)),
+    "info_nce_loss": lambda: SF.info_nce_loss(_meta(3, 4), _meta(3, 4)),
+    "dice_loss": lambda: SF.dice_loss(_meta(3, 4), _meta(3, 4)),
+    "safe_div": lambda: SF.safe_div(_meta(3), _meta(3)),
+    "safe_sqrt": lambda: SF.safe_sqrt(_meta(3)),
+    "xlogy": lambda: SF.xlogy(_meta(3), _meta(3)),
+}
+
+
+@pytest.mark.parametrize("name", list(META_CALLS))
+def test_meta_tensors_give_the_shape_without_computing(name):
+    # torch's counterparts all run on meta tensors (shape inference, FSDP's deferred init)
+    out = META_CALLS[name]()
+    assert out.device.type == "meta"
