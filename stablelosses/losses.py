@@ -345,7 +345,7 @@ class _LinearLoss(_WeightedLoss):
         self.num_classes: int | None = None
         if old:
             # the old call: loss_fn(input, weight, target, bias=None, mask=None)
-            self.forward = self._legacy_forward  # type: ignore[method-assign]
+            self.forward = self._legacy_forward  # type: ignore[method-assign, assignment]
             return
         for arg, value in (("in_features", in_features), ("num_classes", num_classes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

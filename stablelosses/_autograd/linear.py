@@ -303,8 +303,9 @@ def _chunks_op(
     (an empty tensor for a gradient that is not wanted)."""
     cfg = LinearLossConfig("linear_loss", ignore_index, label_smoothing, z_loss, softcap, gamma, chunk)
     loss, row_w, g = _run_chunks_eager(x, w, b, t, cw, cfg, (need_x, need_w, need_b), row_scale, cd)
-    empty = x.new_empty(0, dtype=cd)
-    return (loss, row_w, *(empty if v is None else v for v in g))
+    # a fresh empty tensor for each missing gradient: the outputs of a custom op may not alias
+    gx, gw, gb = (x.new_empty(0, dtype=cd) if v is None else v for v in g)
+    return loss, row_w, gx, gw, gb
 
 
 @_chunks_op.register_fake

@@ -86,7 +86,9 @@ def _check_args(
             f"{fn}: target must have shape {list(x.shape[:-1])} (input's without H), got {list(t.shape)}"
         )
     ii = -100 if ignore_index is None else ignore_index  # None: torch's default, -100
-    return (ii, *check_linear_options(fn, ii, z_loss, softcap, chunk_size))
+    z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
+    assert isinstance(ii, int)  # checked there
+    return ii, z, cap, chunk
 
 
 _F32_MAX = torch.finfo(torch.float32).max
