@@ -9,10 +9,11 @@ are documented once, on those functions. Every ``forward`` takes an optional ``m
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss as _TorchLoss
 from torch.nn.modules.loss import _WeightedLoss as _TorchWeightedLoss
 
@@ -296,86 +297,182 @@ class DiceLoss(_Loss):
         check_smooth("DiceLoss", smooth)
 
 
-class _LinearLoss(_Loss):
-    """The fused output-layer losses: called with the output layer's ``weight`` (and ``bias``)."""
+_OLD_MODULE = (
+    "{cls}({old}) without in_features and num_classes is deprecated and will be removed in the next "
+    "version: the module now takes torch.nn.LinearCrossEntropyLoss's constructor, "
+    "{cls}(in_features, num_classes, *, bias=False, ...), owns its output layer as .linear and is "
+    "called as loss_fn(input, target). For tied or shared weights call "
+    "stablelosses.functional.{fn}(input, W, target, linear_bias=b, ...) instead."
+)
 
-    # the output layer's parameters come with the batch: not _Loss's (input, target, mask)
-    def forward(  # type: ignore[override]
+
+class _LinearLoss(_WeightedLoss):
+    """The fused output-layer losses: own an ``nn.Linear`` (``.linear``), as torch's
+    ``nn.LinearCrossEntropyLoss``; ``weight`` is the per-class weight buffer.
+
+    Built without ``in_features``/``num_classes`` (the old spelling, deprecated), the module
+    owns no layer and is called as ``loss_fn(input, weight, target, bias=None, mask=None)``.
+    """
+
+    _fn_name: str
+    _legacy_positional: tuple[str, ...]
+
+    def __init__(
+        self, in_features: Any, num_classes: Any, legacy: tuple[Any, ...], *, out_features: tuple[int, ...],
+        bias: bool, device: Any, dtype: Any, weight: Tensor | None, **config: Any,
+    ) -> None:
+        name = type(self).__name__
+        old = legacy or num_classes is None or in_features is None or isinstance(num_classes, str)
+        if old:
+            given = (in_features, num_classes, *legacy)
+            positional = [v for v in given if v is not None]
+            if len(positional) > len(self._legacy_positional):
+                raise TypeError(f"{name}: too many positional arguments")
+            for key, value in zip(self._legacy_positional, given):
+                if value is not None:
+                    config[key] = value
+            warnings.warn(
+                _OLD_MODULE.format(cls=name, fn=self._fn_name, old=", ".join(map(repr, positional))),
+                DeprecationWarning, stacklevel=3,
+            )
+        if config.get("ignore_index") is None:
+            config["ignore_index"] = -100
+        super().__init__(weight, **config)
+        if tuple(out_features) != ():
+            raise NotImplementedError(f"{name}: out_features (a K-dimensional loss) is not supported")
+        self.linear: nn.Linear | None = None
+        self.in_features: int | None = None
+        self.num_classes: int | None = None
+        if old:
+            # the old call: loss_fn(input, weight, target, bias=None, mask=None)
+            self.forward = self._legacy_forward  # type: ignore[method-assign, assignment]
+            return
+        for arg, value in (("in_features", in_features), ("num_classes", num_classes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"{name}: {arg} must be an int >= 0, got {value!r}")
+        if weight is not None and tuple(weight.shape) != (num_classes,):
+            raise RuntimeError(f"{name}: weight must have shape ({num_classes},), got {list(weight.shape)}")
+        self.in_features, self.num_classes = in_features, num_classes
+        self.linear = nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        assert self.linear is not None
+        return self._function(
+            input, self.linear.weight, target, linear_bias=self.linear.bias, mask=mask, **self._options()
+        )
+
+    def _legacy_forward(
         self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
-        return self._function(input, weight, target, bias, mask=mask, **self._options())
+        return self._function(input, weight, target, linear_bias=bias, mask=mask, **self._options())
+
+    def extra_repr(self) -> str:
+        layer = (
+            "" if self.linear is None else
+            f"in_features={self.in_features}, num_classes={self.num_classes}, "
+            f"bias={self.linear.bias is not None}, "
+        )
+        return layer + super().extra_repr()
 
 
 class LinearCrossEntropyLoss(_LinearLoss):
     r"""Fused output layer + cross-entropy that never holds the ``(N, V)`` logits.
 
-    Holds the configuration only; called as ``loss_fn(input, weight, target, bias=None)`` with
-    the output layer's ``weight`` (and ``bias``). See
-    [`linear_cross_entropy`][stablelosses.functional.linear_cross_entropy].
+    torch's ``nn.LinearCrossEntropyLoss`` constructor: owns ``nn.Linear(in_features,
+    num_classes, bias=bias)`` as ``.linear`` and is called as ``loss_fn(input, target,
+    mask=None)``. For tied or shared weights use the functional form,
+    [`linear_cross_entropy`][stablelosses.functional.linear_cross_entropy], which takes the
+    matrix. Built without ``in_features``/``num_classes`` (the 0.3 spelling) it warns
+    (``DeprecationWarning``), owns no layer and keeps the old call
+    ``loss_fn(input, W, target, bias=None)``.
 
     Args:
-        ignore_index: target value that is ignored. Default: ``-100``.
+        in_features: the layer's input size ``H`` (required; omitting it is the deprecated form).
+        num_classes: the vocabulary size ``V`` (required).
+        out_features: only ``()`` (torch's K-dimensional loss is not supported).
+        bias: whether ``.linear`` has a bias. Default: ``False``.
+        device, dtype: of ``.linear``'s parameters.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        weight: per-class weights ``(num_classes,)`` (a buffer) or ``None``.
+        ignore_index: target value that is ignored (``None``: -100). Default: ``-100``.
         label_smoothing: smoothing in ``[0, 1]`` over the unmasked classes. Default: ``0.0``.
+        options: ``None`` or a ``torch.nn.LinearCrossEntropyOptions`` (see the function).
         z_loss: coefficient of ``logsumexp(logits)²`` per kept row. Default: ``0.0``.
         softcap: ``c`` of ``c·tanh(logits / c)``, or ``None``. Default: ``None``.
         chunk_size: rows per chunk, or ``None`` (automatic). Default: ``None``.
 
     Example:
         >>> import torch, stablelosses as sl
-        >>> head = torch.nn.Linear(8, 100)
-        >>> h = torch.randn(16, 8)
-        >>> loss_fn = sl.LinearCrossEntropyLoss(z_loss=1e-4)
-        >>> loss = loss_fn(h, head.weight, torch.randint(0, 100, (16,)), head.bias)
+        >>> loss_fn = sl.LinearCrossEntropyLoss(8, 100, bias=True, z_loss=1e-4)
+        >>> loss = loss_fn(torch.randn(16, 8), torch.randint(0, 100, (16,)))
         >>> loss.backward()
-        >>> head.weight.grad.shape
+        >>> loss_fn.linear.weight.grad.shape
         torch.Size([100, 8])
     """
 
-    _config = ("ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_size")
+    _config = ("reduction", "ignore_index", "label_smoothing", "options", "z_loss", "softcap", "chunk_size")
     _function = staticmethod(SF.linear_cross_entropy)
+    _fn_name = "linear_cross_entropy"
+    _legacy_positional = ("ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_size")
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
-                 z_loss: float = 0.0, softcap: float | None = None, chunk_size: int | None = None) -> None:
+    def __init__(
+        self, in_features: int | None = None, num_classes: int | None = None, *legacy: Any,
+        out_features: tuple[int, ...] = (), bias: bool = False, device: Any = None, dtype: Any = None,
+        reduction: str = "mean", weight: Tensor | None = None, ignore_index: int | None = -100,
+        label_smoothing: float = 0.0, options: Any = None, z_loss: float = 0.0, softcap: float | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
         super().__init__(
-            ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
-            softcap=softcap, chunk_size=chunk_size,
+            in_features, num_classes, legacy, out_features=out_features, bias=bias, device=device,
+            dtype=dtype, weight=weight, reduction=reduction, ignore_index=ignore_index,
+            label_smoothing=label_smoothing, options=options, z_loss=z_loss, softcap=softcap,
+            chunk_size=chunk_size,
         )
-        _check_label_smoothing("LinearCrossEntropyLoss", label_smoothing)
-        check_linear_options("LinearCrossEntropyLoss", ignore_index, z_loss, softcap, chunk_size)
+        _check_label_smoothing("LinearCrossEntropyLoss", self.label_smoothing)
+        check_linear_options("LinearCrossEntropyLoss", self.ignore_index, self.z_loss, self.softcap,
+                             self.chunk_size)
 
 
 class LinearFocalLoss(_LinearLoss):
     r"""Fused output layer + multi-class focal loss that never holds the ``(N, V)`` logits.
 
-    Called as ``loss_fn(input, weight, target, bias=None)``. See
-    [`linear_focal_loss`][stablelosses.functional.linear_focal_loss].
+    The constructor of [`LinearCrossEntropyLoss`][stablelosses.LinearCrossEntropyLoss] with
+    ``gamma`` and without ``label_smoothing``; owns ``.linear`` and is called as
+    ``loss_fn(input, target, mask=None)``. See
+    [`linear_focal_loss`][stablelosses.functional.linear_focal_loss] (which takes the matrix,
+    for tied weights). Built without ``in_features``/``num_classes`` it warns
+    (``DeprecationWarning``) and keeps the old call ``loss_fn(input, W, target, bias=None)``.
 
     Args:
+        in_features, num_classes, out_features, bias, device, dtype, reduction, weight,
+            ignore_index, options, z_loss, softcap, chunk_size: as in ``LinearCrossEntropyLoss``.
         gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
-        ignore_index: target value that is ignored. Default: ``-100``.
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        z_loss: coefficient of ``logsumexp(logits)²`` per kept row. Default: ``0.0``.
-        softcap: ``c`` of ``c·tanh(logits / c)``, or ``None``. Default: ``None``.
-        chunk_size: rows per chunk, or ``None`` (automatic). Default: ``None``.
 
     Example:
         >>> import torch, stablelosses as sl
-        >>> W = torch.randn(50, 8, requires_grad=True)
-        >>> sl.LinearFocalLoss(gamma=0.5)(torch.randn(4, 8), W, torch.tensor([1, 2, 3, 4])).backward()
-        >>> bool(torch.isfinite(W.grad).all())
+        >>> loss_fn = sl.LinearFocalLoss(8, 50, gamma=0.5)
+        >>> loss_fn(torch.randn(4, 8), torch.tensor([1, 2, 3, 4])).backward()
+        >>> bool(torch.isfinite(loss_fn.linear.weight.grad).all())
         True
     """
 
-    _config = ("gamma", "ignore_index", "reduction", "z_loss", "softcap", "chunk_size")
+    _config = ("gamma", "reduction", "ignore_index", "options", "z_loss", "softcap", "chunk_size")
     _function = staticmethod(SF.linear_focal_loss)
+    _fn_name = "linear_focal_loss"
+    _legacy_positional = ("gamma", "ignore_index", "reduction", "z_loss", "softcap", "chunk_size")
 
-    def __init__(self, gamma: float = 2.0, ignore_index: int = -100, reduction: str = "mean",
-                 z_loss: float = 0.0, softcap: float | None = None, chunk_size: int | None = None) -> None:
+    def __init__(
+        self, in_features: int | None = None, num_classes: int | None = None, *legacy: Any,
+        out_features: tuple[int, ...] = (), bias: bool = False, device: Any = None, dtype: Any = None,
+        reduction: str = "mean", weight: Tensor | None = None, ignore_index: int | None = -100,
+        options: Any = None, gamma: float = 2.0, z_loss: float = 0.0, softcap: float | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
         super().__init__(
-            gamma=gamma, ignore_index=ignore_index, reduction=reduction, z_loss=z_loss, softcap=softcap,
-            chunk_size=chunk_size,
+            in_features, num_classes, legacy, out_features=out_features, bias=bias, device=device,
+            dtype=dtype, weight=weight, reduction=reduction, ignore_index=ignore_index, options=options,
+            gamma=gamma, z_loss=z_loss, softcap=softcap, chunk_size=chunk_size,
         )
-        check_gamma("LinearFocalLoss", gamma)
-        check_linear_options("LinearFocalLoss", ignore_index, z_loss, softcap, chunk_size)
+        check_gamma("LinearFocalLoss", self.gamma)
+        check_linear_options("LinearFocalLoss", self.ignore_index, self.z_loss, self.softcap, self.chunk_size)

@@ -93,7 +93,7 @@ def test_matches_unfused_torch(chunk, reduction, bias):
     x, w, b, t = _data(bias=bias)
     t[[2, 9]] = -100
     _assert_parity(
-        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, reduction=reduction, chunk_size=chunk),
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, chunk_size=chunk),
         lambda x, w, b: F.cross_entropy(F.linear(x, w, b), t, reduction=reduction),
         (x, w, b), reduction,
     )
@@ -107,7 +107,7 @@ def test_label_smoothing_and_ignore_index_match_torch(chunk, eps, ignore_index):
     t[::5] = ignore_index
     _assert_parity(
         lambda x, w, b: SF.linear_cross_entropy(
-            x, w, t, b, ignore_index=ignore_index, label_smoothing=eps, chunk_size=chunk),
+            x, w, t, linear_bias=b, ignore_index=ignore_index, label_smoothing=eps, chunk_size=chunk),
         lambda x, w, b: F.cross_entropy(F.linear(x, w, b), t, ignore_index=ignore_index, label_smoothing=eps),
         (x, w, b), "mean",
     )
@@ -118,7 +118,7 @@ def test_softcap_matches_torch(reduction):
     x, w, b, t = _data(scale=4.0)
     c = 3.0
     _assert_parity(
-        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, softcap=c, reduction=reduction, chunk_size=6),
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, linear_bias=b, softcap=c, reduction=reduction, chunk_size=6),
         lambda x, w, b: F.cross_entropy(c * torch.tanh(F.linear(x, w, b) / c), t, reduction=reduction),
         (x, w, b), reduction,
     )
@@ -139,7 +139,7 @@ def test_z_loss_matches_torch(reduction):
         return rows.sum() if reduction == "sum" else rows.sum() / kept.sum()
 
     _assert_parity(
-        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, z_loss=z, reduction=reduction, chunk_size=5),
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, linear_bias=b, z_loss=z, reduction=reduction, chunk_size=5),
         torch_path, (x, w, b), reduction,
     )
 
@@ -147,7 +147,7 @@ def test_z_loss_matches_torch(reduction):
 def test_float32_against_float64_torch():
     x, w, b, t = _data(n=40, h=16, v=300, dtype=torch.float32)
     a = _leaves(x, w, b)
-    loss = SF.linear_cross_entropy(*a[:2], t, a[2], chunk_size=16, label_smoothing=0.1)
+    loss = SF.linear_cross_entropy(*a[:2], t, linear_bias=a[2], chunk_size=16, label_smoothing=0.1)
     r = _leaves(x.double(), w.double(), b.double())
     ref = F.cross_entropy(F.linear(*r), t, label_smoothing=0.1)
     assert loss.dtype == torch.float32
@@ -160,17 +160,17 @@ def test_float32_against_float64_torch():
 def test_leading_dims_flatten():
     x, w, b, t = _data(n=12)
     x3, t3 = x.reshape(3, 4, H), t.reshape(3, 4)
-    out = SF.linear_cross_entropy(x3, w, t3, b, reduction="none", chunk_size=5)
+    out = SF.linear_cross_entropy(x3, w, t3, linear_bias=b, reduction="none", chunk_size=5)
     assert out.shape == (3, 4)
     torch.testing.assert_close(out, F.cross_entropy(F.linear(x3, w, b).transpose(1, 2), t3, reduction="none"))
     torch.testing.assert_close(
-        SF.linear_cross_entropy(x3, w, t3, b), F.cross_entropy(F.linear(x, w, b), t))
+        SF.linear_cross_entropy(x3, w, t3, linear_bias=b), F.cross_entropy(F.linear(x, w, b), t))
 
 
 def test_uint8_target():
     x, w, b, t = _data()
     torch.testing.assert_close(
-        SF.linear_cross_entropy(x, w, t.to(torch.uint8), b), F.cross_entropy(F.linear(x, w, b), t))
+        SF.linear_cross_entropy(x, w, t.to(torch.uint8), linear_bias=b), F.cross_entropy(F.linear(x, w, b), t))
 
 
 # --- masks, ignored rows, the defined values ----------------------------------------------------
@@ -181,7 +181,7 @@ def test_all_ignored_batch(reduction):
     x, w, b, t = _data()
     t[:] = -100
     a = _leaves(x, w, b)
-    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], reduction=reduction, z_loss=0.1, label_smoothing=0.1)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], reduction=reduction, z_loss=0.1, label_smoothing=0.1)
     expected = F.cross_entropy(F.linear(x, w, b), t, reduction=reduction)
     torch.testing.assert_close(loss, expected, equal_nan=True)  # 'mean': NaN, as torch
     for g in _grads(loss, a):
@@ -198,12 +198,12 @@ def test_inf_bias_masks_vocab_entries(eps, z, softcap):
     t = torch.where(torch.isin(t, masked), 0, t)  # no target is masked
     kw = dict(label_smoothing=eps, z_loss=z, softcap=softcap)
     _assert_parity(
-        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, chunk_size=7, **kw),
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, linear_bias=b, chunk_size=7, **kw),
         lambda x, w, b: ref_loss(x, w, t, b, **kw),
         (x, w, b), "mean",
     )
     a = _leaves(x, w, b)
-    gx, gw, gb = _grads(SF.linear_cross_entropy(a[0], a[1], t, a[2], chunk_size=7, **kw), a)
+    gx, gw, gb = _grads(SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], chunk_size=7, **kw), a)
     assert torch.equal(gw[masked], torch.zeros_like(gw[masked]))  # exactly 0, not tiny
     assert torch.equal(gb[masked], torch.zeros_like(gb[masked]))
     assert torch.isfinite(gx).all() and torch.isfinite(gw).all()
@@ -214,7 +214,7 @@ def test_masked_without_smoothing_matches_torch():
     b[[0, 5]] = -INF
     t = torch.where((t == 0) | (t == 5), 1, t)
     _assert_parity(
-        lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, chunk_size=4),
+        lambda x, w, b: SF.linear_cross_entropy(x, w, t, linear_bias=b, chunk_size=4),
         lambda x, w, b: F.cross_entropy(F.linear(x, w, b), t),
         (x, w, b), "mean",
     )
@@ -244,7 +244,7 @@ def test_all_masked_vocab_gives_nan_mean_and_zero_grads():
     x, w, b, t = _data()
     b[:] = -INF
     a = _leaves(x, w, b)
-    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], label_smoothing=0.1)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], label_smoothing=0.1)
     assert loss.isnan()  # no valid row: 0 / 0, as torch's empty mean
     for g in _grads(loss, a):
         assert torch.equal(g, torch.zeros_like(g))
@@ -253,7 +253,7 @@ def test_all_masked_vocab_gives_nan_mean_and_zero_grads():
 def test_finfo_min_is_an_ordinary_logit():
     x, w, _, t = _data(dtype=torch.float32, scale=0.1)
     b = torch.full((V,), torch.finfo(torch.float32).min)
-    loss = SF.linear_cross_entropy(x, w, t, b)
+    loss = SF.linear_cross_entropy(x, w, t, linear_bias=b)
     expected = F.cross_entropy(F.linear(x, w, b), t)  # every logit rounds to finfo.min: log V
     torch.testing.assert_close(loss, expected)
     torch.testing.assert_close(loss, torch.tensor(math.log(V)))
@@ -265,7 +265,7 @@ def test_plus_inf_bias_gives_the_limit():
     b[:2] = INF
     t = torch.zeros(N, dtype=torch.long)
     a = _leaves(x, w)
-    loss = SF.linear_cross_entropy(a[0], a[1], t, b)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=b)
     torch.testing.assert_close(loss, torch.tensor(math.log(2.0)))  # uniform over the +inf entries
     assert all(torch.isfinite(g).all() for g in _grads(loss, a))
 
@@ -273,8 +273,8 @@ def test_plus_inf_bias_gives_the_limit():
 def test_nan_in_nan_out():
     x, w, b, t = _data()
     x[5, 1] = float("nan")
-    assert SF.linear_cross_entropy(x, w, t, b).isnan()
-    out = SF.linear_cross_entropy(x, w, t, b, reduction="none")
+    assert SF.linear_cross_entropy(x, w, t, linear_bias=b).isnan()
+    out = SF.linear_cross_entropy(x, w, t, linear_bias=b, reduction="none")
     assert out[5].isnan() and not out[:5].isnan().any()
 
 
@@ -291,7 +291,7 @@ def test_focal_matches_reference(gamma, reduction, softcap):
     t = torch.where(t == 3, 2, t)
     kw = dict(gamma=gamma, reduction=reduction, softcap=softcap, z_loss=1e-2)
     _assert_parity(
-        lambda x, w, b: SF.linear_focal_loss(x, w, t, b, chunk_size=9, **kw),
+        lambda x, w, b: SF.linear_focal_loss(x, w, t, linear_bias=b, chunk_size=9, **kw),
         lambda x, w, b: ref_loss(x, w, t, b, **kw),
         (x, w, b), reduction,
     )
@@ -300,8 +300,8 @@ def test_focal_matches_reference(gamma, reduction, softcap):
 def test_focal_gamma0_equals_cross_entropy():
     x, w, b, t = _data()
     torch.testing.assert_close(
-        SF.linear_focal_loss(x, w, t, b, gamma=0.0, reduction="none"),
-        SF.linear_cross_entropy(x, w, t, b, reduction="none"), rtol=0, atol=0)
+        SF.linear_focal_loss(x, w, t, linear_bias=b, gamma=0.0, reduction="none"),
+        SF.linear_cross_entropy(x, w, t, linear_bias=b, reduction="none"), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("margin", [15.0, 17.0, 25.0, 30.0])
@@ -332,9 +332,9 @@ def test_gradcheck(reduction, focal):
     t[2] = -100
     kw = dict(reduction=reduction, z_loss=0.05, softcap=2.5, chunk_size=3)
     if focal:
-        fn = lambda x, w, b: SF.linear_focal_loss(x, w, t, b, gamma=1.5, **kw)  # noqa: E731
+        fn = lambda x, w, b: SF.linear_focal_loss(x, w, t, linear_bias=b, gamma=1.5, **kw)  # noqa: E731
     else:
-        fn = lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, label_smoothing=0.2, **kw)  # noqa: E731
+        fn = lambda x, w, b: SF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.2, **kw)  # noqa: E731
     assert torch.autograd.gradcheck(fn, tuple(_leaves(x, w, b)))
 
 
@@ -342,7 +342,7 @@ def test_gradcheck(reduction, focal):
 def test_low_precision_computed_in_float32(dtype):
     x, w, b, t = _data(n=24, h=16, v=200, dtype=dtype, scale=0.5)
     a = _leaves(x, w, b)
-    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], chunk_size=5, z_loss=1e-3)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], chunk_size=5, z_loss=1e-3)
     assert loss.dtype == dtype
     # float32 reference on the same (rounded) numbers.
     r = _leaves(x.float(), w.float(), b.float())
@@ -358,7 +358,7 @@ def test_autocast_returns_float32_and_param_dtype_grads():
     x, w, b, t = _data(n=16, h=8, v=40, dtype=torch.float32)
     a = _leaves(x, w.bfloat16(), b)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = SF.linear_cross_entropy(a[0], a[1], t, a[2])
+        loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2])
     assert loss.dtype == torch.float32
     ref = F.cross_entropy(F.linear(x.double(), w.bfloat16().double(), b.double()), t)
     torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)  # logits not in bf16
@@ -370,7 +370,7 @@ def test_autocast_returns_float32_and_param_dtype_grads():
 def test_func_grad_matches_autograd(reduction):
     x, w, b, t = _data()
     kw = dict(z_loss=1e-2, reduction=reduction)
-    got = torch.func.grad(lambda x, w: SF.linear_cross_entropy(x, w, t, b, chunk_size=5, **kw).sum(),
+    got = torch.func.grad(lambda x, w: SF.linear_cross_entropy(x, w, t, linear_bias=b, chunk_size=5, **kw).sum(),
                           argnums=(0, 1))(x, w)
     expected = torch.func.grad(lambda x, w: ref_loss(x, w, t, b, **kw).sum(), argnums=(0, 1))(x, w)
     torch.testing.assert_close(got, expected)
@@ -380,7 +380,7 @@ def test_func_grad_matches_autograd(reduction):
 def test_double_backward_raises(reduction):
     x, w, b, t = _data()
     a = _leaves(x, w, b)
-    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2], reduction=reduction).sum()
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], reduction=reduction).sum()
     gx, gw, _ = torch.autograd.grad(loss, a, create_graph=True)
     r = _leaves(x, w, b)
     ref = _grads(F.cross_entropy(F.linear(*r), t, reduction=reduction).sum(), r)
@@ -392,7 +392,7 @@ def test_double_backward_raises(reduction):
 def test_retain_graph_backward_twice():
     x, w, b, t = _data()
     a = _leaves(x, w, b)
-    loss = SF.linear_cross_entropy(a[0], a[1], t, a[2])
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2])
     g1 = torch.autograd.grad(loss, a, retain_graph=True)
     g2 = torch.autograd.grad(loss * 2, a)
     for p, q in zip(g1, g2):
@@ -402,7 +402,7 @@ def test_retain_graph_backward_twice():
 def test_only_weight_requires_grad():
     x, w, b, t = _data()
     (wa,) = _leaves(w)
-    (gw,) = _grads(SF.linear_cross_entropy(x, wa, t, b, chunk_size=3), [wa])
+    (gw,) = _grads(SF.linear_cross_entropy(x, wa, t, linear_bias=b, chunk_size=3), [wa])
     (wr,) = _leaves(w)
     (ref,) = _grads(F.cross_entropy(F.linear(x, wr, b), t), [wr])
     torch.testing.assert_close(gw, ref)
@@ -413,9 +413,9 @@ def test_only_weight_requires_grad():
 def test_compile_fullgraph(reduction):
     x, w, b, t = _data(dtype=torch.float32)
     kw = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3, softcap=5.0, chunk_size=12)
-    f = torch.compile(lambda x, w, b: SF.linear_cross_entropy(x, w, t, b, **kw), fullgraph=True)
+    f = torch.compile(lambda x, w, b: SF.linear_cross_entropy(x, w, t, linear_bias=b, **kw), fullgraph=True)
     a, e = _leaves(x, w, b), _leaves(x, w, b)
-    la, le = f(*a), SF.linear_cross_entropy(*e[:2], t, e[2], **kw)
+    la, le = f(*a), SF.linear_cross_entropy(*e[:2], t, linear_bias=e[2], **kw)
     torch.testing.assert_close(la, le)
     for p, q in zip(_grads(la, a), _grads(le, e)):
         torch.testing.assert_close(p, q)
@@ -446,7 +446,7 @@ def test_no_n_by_v_tensor_is_created(reduction, focal):
     fn = SF.linear_focal_loss if focal else SF.linear_cross_entropy
     kw = {} if focal else {"label_smoothing": 0.1}
     with _LargestTensor() as mode:
-        loss = fn(a[0], a[1], t, a[2], reduction=reduction, chunk_size=chunk, z_loss=1e-3, softcap=3.0, **kw)
+        loss = fn(a[0], a[1], t, linear_bias=a[2], reduction=reduction, chunk_size=chunk, z_loss=1e-3, softcap=3.0, **kw)
         _grads(loss, a)
     assert mode.largest == chunk * v  # one chunk's logits, never n * v
     with _LargestTensor() as mode:  # the unfused path does allocate it (the check can fail)
@@ -469,16 +469,24 @@ def test_default_chunk_size_splits_large_problems():
 
 def test_modules_equal_functions():
     x, w, b, t = _data()
-    m = sl.LinearCrossEntropyLoss(label_smoothing=0.1, z_loss=1e-3, softcap=4.0, chunk_size=5)
-    assert torch.equal(m(x, w, t, b), SF.linear_cross_entropy(x, w, t, b, label_smoothing=0.1, z_loss=1e-3,
-                                                              softcap=4.0, chunk_size=5))
-    f = sl.LinearFocalLoss(gamma=0.5, reduction="sum")
-    assert torch.equal(f(x, w, t), SF.linear_focal_loss(x, w, t, gamma=0.5, reduction="sum"))
-    assert "z_loss=0.001" in repr(m) and "gamma=0.5" in repr(f)
+    m = sl.LinearCrossEntropyLoss(H, V, bias=True, dtype=torch.float64, label_smoothing=0.1, z_loss=1e-3,
+                                  softcap=4.0, chunk_size=5)
+    assert isinstance(m.linear, torch.nn.Linear) and m.linear.weight.shape == (V, H)
+    with torch.no_grad():
+        m.linear.weight.copy_(w)
+        m.linear.bias.copy_(b)
+    assert torch.equal(m(x, t), SF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.1, z_loss=1e-3,
+                                                         softcap=4.0, chunk_size=5))
+    f = sl.LinearFocalLoss(H, V, gamma=0.5, reduction="sum", dtype=torch.float64)
+    assert f.linear.bias is None
+    assert torch.equal(f(x, t), SF.linear_focal_loss(x, f.linear.weight, t, gamma=0.5, reduction="sum"))
+    assert "z_loss=0.001" in repr(m) and "gamma=0.5" in repr(f) and "num_classes=11" in repr(m)
     with pytest.raises(ValueError, match="LinearCrossEntropyLoss: reduction"):
-        sl.LinearCrossEntropyLoss(reduction="avg")
+        sl.LinearCrossEntropyLoss(H, V, reduction="avg")
     with pytest.raises(ValueError, match="LinearFocalLoss: gamma"):
-        sl.LinearFocalLoss(gamma=-1.0)
+        sl.LinearFocalLoss(H, V, gamma=-1.0)
+    with pytest.raises(RuntimeError, match=r"LinearCrossEntropyLoss: weight must have shape \(11,\)"):
+        sl.LinearCrossEntropyLoss(H, V, weight=torch.ones(3))
 
 
 _X, _W, _B, _T = _data(n=4, h=3, v=5, dtype=torch.float32)
@@ -489,13 +497,16 @@ _X, _W, _B, _T = _data(n=4, h=3, v=5, dtype=torch.float32)
     [
         (dict(reduction="avg"), ValueError, "reduction must be 'none', 'mean' or 'sum', got 'avg'"),
         (dict(input=_X.long()), TypeError, "input must be a floating-point tensor"),
-        (dict(weight=_W.long()), TypeError, "weight must be a floating-point tensor"),
-        (dict(bias=_B.long()), TypeError, "bias must be a floating-point tensor"),
+        (dict(linear_weight=_W.long()), TypeError, "linear_weight must be a floating-point tensor"),
+        (dict(linear_bias=_B.long()), TypeError, "linear_bias must be a floating-point tensor"),
+        (dict(weight=torch.ones(5, dtype=torch.long)), TypeError, "weight must be a floating-point tensor"),
+        (dict(weight=torch.ones(4)), RuntimeError, r"weight must have shape \(5,\) \(one weight per class\)"),
+        (dict(weight=_W), RuntimeError, r"weight must have shape \(5,\) .*the output layer's matrix is linear_weight"),
         (dict(target=[0, 1]), TypeError, "target must be a torch.Tensor"),
         (dict(input=torch.tensor(1.0)), ValueError, "input must have shape"),
-        (dict(weight=_W[:, :2]), RuntimeError, r"weight must have shape \(V, H\)"),
-        (dict(weight=_W[0]), RuntimeError, r"weight must have shape \(V, H\)"),
-        (dict(bias=_B[:3]), RuntimeError, r"bias must have shape \(5,\)"),
+        (dict(linear_weight=_W[:, :2]), RuntimeError, r"linear_weight must have shape \(V, H\)"),
+        (dict(linear_weight=_W[0]), RuntimeError, r"linear_weight must have shape \(V, H\)"),
+        (dict(linear_bias=_B[:3]), RuntimeError, r"linear_bias must have shape \(5,\)"),
         (dict(target=_T.float()), RuntimeError, "target must hold class indices"),
         (dict(target=_T[:3]), ValueError, r"target must have shape \[4\]"),
         (dict(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
@@ -514,7 +525,7 @@ _X, _W, _B, _T = _data(n=4, h=3, v=5, dtype=torch.float32)
     ],
 )
 def test_argument_errors(kwargs, exc, match):
-    args = dict(input=_X, weight=_W, target=_T, bias=_B)
+    args = dict(input=_X, linear_weight=_W, target=_T, linear_bias=_B)
     args.update(kwargs)
     with pytest.raises(exc, match="linear_cross_entropy: " + match if "bounds" not in match else match):
         SF.linear_cross_entropy(**args)
@@ -523,7 +534,7 @@ def test_argument_errors(kwargs, exc, match):
 @pytest.mark.parametrize("eps", [True, 1, 0])
 def test_label_smoothing_takes_what_cross_entropy_takes(eps):
     # F.cross_entropy takes a bool or an int label_smoothing as a float; so does the fused loss
-    loss = SF.linear_cross_entropy(_X, _W, _T, _B, label_smoothing=eps)
+    loss = SF.linear_cross_entropy(_X, _W, _T, linear_bias=_B, label_smoothing=eps)
     torch.testing.assert_close(loss, F.cross_entropy(F.linear(_X, _W, _B), _T, label_smoothing=eps))
 
 
@@ -536,15 +547,15 @@ def test_focal_gamma_errors(gamma, exc):
 
 def test_single_row_and_empty_batch():
     x, w, b, t = _data(n=1)
-    out = SF.linear_cross_entropy(x[0], w, t[0], b, reduction="none")
+    out = SF.linear_cross_entropy(x[0], w, t[0], linear_bias=b, reduction="none")
     assert out.shape == ()
     torch.testing.assert_close(out, F.cross_entropy(F.linear(x[0], w, b), t[0], reduction="none"))
     xe = torch.zeros(0, H, dtype=torch.float64, requires_grad=True)
     empty_t = torch.zeros(0, dtype=torch.long)
-    loss = SF.linear_cross_entropy(xe, w, empty_t, b)
+    loss = SF.linear_cross_entropy(xe, w, empty_t, linear_bias=b)
     torch.testing.assert_close(loss, F.cross_entropy(F.linear(xe, w, b), empty_t), equal_nan=True)  # NaN
-    assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="sum").item() == 0.0
-    assert SF.linear_cross_entropy(xe, w, empty_t, b, reduction="none").shape == (0,)
+    assert SF.linear_cross_entropy(xe, w, empty_t, linear_bias=b, reduction="sum").item() == 0.0
+    assert SF.linear_cross_entropy(xe, w, empty_t, linear_bias=b, reduction="none").shape == (0,)
 
 
 def test_smoothing_no_intermediate_overflow_float32():
@@ -553,7 +564,7 @@ def test_smoothing_no_intermediate_overflow_float32():
     b = torch.zeros(V)
     b[0], b[1] = 1e37, -1e37
     t = torch.tensor([0, 2, 3, 0])
-    loss = SF.linear_cross_entropy(x, w, t, b, label_smoothing=0.1, reduction="none")
+    loss = SF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.1, reduction="none")
     ref = ref_loss(x, w, t, b, label_smoothing=0.1, reduction="none")
     assert torch.isfinite(loss).all()
     torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=0)

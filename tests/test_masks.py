@@ -462,6 +462,14 @@ def test_gradcheck_masked():
     assert torch.autograd.gradcheck(lambda a: SF.focal_loss(a, t, mask=rows), (x,))
 
 
+def _with_layer(cls, w):
+    """A fused-loss module whose own output layer holds ``w``."""
+    m = cls(w.shape[1], w.shape[0], dtype=w.dtype)
+    with torch.no_grad():
+        m.linear.weight.copy_(w)
+    return m
+
+
 def test_module_forward_with_mask():
     g = _gen(12)
     x = torch.randn(3, 4, generator=g, dtype=D)
@@ -482,8 +490,8 @@ def test_module_forward_with_mask():
         (sl.DiceLoss()(x.sigmoid(), (y > 0).to(D), rows),
          SF.dice_loss(x.sigmoid(), (y > 0).to(D), mask=rows)),
         (sl.InfoNCELoss()(x, y, rows), SF.info_nce_loss(x, y, mask=rows)),
-        (sl.LinearCrossEntropyLoss()(x, y, t, mask=rows), SF.linear_cross_entropy(x, y, t, mask=rows)),
-        (sl.LinearFocalLoss()(x, y, t, None, rows), SF.linear_focal_loss(x, y, t, mask=rows)),
+        (_with_layer(sl.LinearCrossEntropyLoss, y)(x, t, mask=rows), SF.linear_cross_entropy(x, y, t, mask=rows)),
+        (_with_layer(sl.LinearFocalLoss, y)(x, t, rows), SF.linear_focal_loss(x, y, t, mask=rows)),
     ]
     for got, want in pairs:
         torch.testing.assert_close(got, want, rtol=0, atol=0)

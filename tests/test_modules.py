@@ -93,8 +93,6 @@ def test_modules_are_torch_loss_modules_with_torchs_state_dict():
         (sl.SigmoidFocalLoss(), nn.BCEWithLogitsLoss(), False),
         (sl.DiceLoss(), nn.L1Loss(), False),
         (sl.InfoNCELoss(), nn.L1Loss(), False),
-        (sl.LinearCrossEntropyLoss(), nn.L1Loss(), False),
-        (sl.LinearFocalLoss(), nn.L1Loss(), False),
     ]
     for ours, theirs, weighted in pairs:
         name = type(ours).__name__
@@ -152,22 +150,22 @@ INF, NAN = float("inf"), float("nan")
 
 @pytest.mark.parametrize("make, error, match", [
     (lambda: sl.FocalLoss(gamma=INF), ValueError, "FocalLoss: gamma must be finite and >= 0, got inf"),
-    (lambda: sl.LinearFocalLoss(gamma=INF), ValueError, "LinearFocalLoss: gamma must be finite"),
+    (lambda: sl.LinearFocalLoss(4, 5, gamma=INF), ValueError, "LinearFocalLoss: gamma must be finite"),
     (lambda: sl.SigmoidFocalLoss(alpha=1.5), ValueError, r"SigmoidFocalLoss: alpha must be in \[0, 1\]"),
     (lambda: sl.DiceLoss(smooth=INF), ValueError, "DiceLoss: smooth must be finite and >= 0, got inf"),
     (lambda: sl.DiceLoss(smooth=NAN), ValueError, "DiceLoss: smooth must be >= 0, got nan"),
     (lambda: sl.KLDivLoss(log_target="False"), TypeError, "KLDivLoss: log_target must be a bool, got str"),
     (lambda: sl.CrossEntropyLoss(label_smoothing=1.5), RuntimeError,
      "CrossEntropyLoss: label_smoothing must be between 0.0 and 1.0"),
-    (lambda: sl.LinearCrossEntropyLoss(label_smoothing=-0.1), RuntimeError,
+    (lambda: sl.LinearCrossEntropyLoss(4, 5, label_smoothing=-0.1), RuntimeError,
      "LinearCrossEntropyLoss: label_smoothing must be between"),
-    (lambda: sl.LinearCrossEntropyLoss(z_loss=INF), ValueError, "LinearCrossEntropyLoss: z_loss must be finite"),
-    (lambda: sl.LinearFocalLoss(softcap=0.0), ValueError, "LinearFocalLoss: softcap must be None or a finite"),
-    (lambda: sl.LinearFocalLoss(chunk_size=0), ValueError, "LinearFocalLoss: chunk_size must be >= 1"),
-    (lambda: sl.LinearCrossEntropyLoss(z_loss=NAN, chunk_size=0), ValueError,
+    (lambda: sl.LinearCrossEntropyLoss(4, 5, z_loss=INF), ValueError, "LinearCrossEntropyLoss: z_loss must be finite"),
+    (lambda: sl.LinearFocalLoss(4, 5, softcap=0.0), ValueError, "LinearFocalLoss: softcap must be None or a finite"),
+    (lambda: sl.LinearFocalLoss(4, 5, chunk_size=0), ValueError, "LinearFocalLoss: chunk_size must be >= 1"),
+    (lambda: sl.LinearCrossEntropyLoss(4, 5, z_loss=NAN, chunk_size=0), ValueError,
      "LinearCrossEntropyLoss: z_loss must be >= 0, got nan"),
-    (lambda: sl.LinearCrossEntropyLoss(chunk_size=0), ValueError, "LinearCrossEntropyLoss: chunk_size must be >= 1"),
-    (lambda: sl.LinearCrossEntropyLoss(ignore_index=1.0), TypeError, "LinearCrossEntropyLoss: ignore_index"),
+    (lambda: sl.LinearCrossEntropyLoss(4, 5, chunk_size=0), ValueError, "LinearCrossEntropyLoss: chunk_size must be >= 1"),
+    (lambda: sl.LinearCrossEntropyLoss(4, 5, ignore_index=1.0), TypeError, "LinearCrossEntropyLoss: ignore_index"),
     (lambda: sl.InfoNCELoss(temperature=INF), ValueError, "InfoNCELoss: temperature must be a finite float > 0"),
     (lambda: sl.InfoNCELoss(temperature="0.1"), TypeError, "InfoNCELoss: temperature must be a float > 0"),
 ])

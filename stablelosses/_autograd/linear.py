@@ -1,19 +1,25 @@
 """Fused linear + cross-entropy / focal loss that never holds the ``(N, V)`` logits.
 
-The rows are processed in chunks of ``chunk`` rows (a Python loop over a shape: unrolled by
-torch.compile, which specialises on ``N``). Each chunk computes its logits ``x W^T + b`` in the
-compute dtype (float32, float64 for float64 inputs), its per-row loss and, when gradients are
-wanted, ``d loss / d logits`` in place in the same buffer, which it multiplies straight into the
-gradients of the input rows, the weight and the bias. Only ``chunk × V`` numbers exist at once.
+The rows are processed in chunks of ``chunk`` rows. Each chunk computes its logits ``x W^T + b``
+in the compute dtype (float32, float64 for float64 inputs), its per-row loss and, when gradients
+are wanted, ``d loss / d logits`` in place in the same buffer, which it multiplies straight into
+the gradients of the input rows, the weight and the bias. Only ``chunk × V`` numbers exist at
+once. A weight narrower than the compute dtype (bf16/fp16) is converted one vocabulary block of
+``W_BLOCK_BYTES`` at a time, never whole; its gradient is accumulated across chunks in a
+``(V, H)`` accumulator in the compute dtype. Eagerly the chunk loop is a Python loop; while
+compiling it runs inside the custom op ``stablelosses::linear_loss_chunks``, so the compiled
+graph (and its compile time) does not depend on ``N``.
 
 Per row, with ``m = max_j l_j`` (0 for an all ``-inf`` row) and ``R = Σ_{j ≠ argmax} e^{l_j - m}``:
 
     lse = m + log1p(R),   log p_t = (l_t - m) - log1p(R),   p = e^{l - m} / (1 + R),
 
 so ``log p_t`` and ``1 - p_t = -expm1(log p_t)`` keep full relative accuracy as ``p_t → 1``.
-The gradient with respect to the logits is ``α p - β onehot(t) - δ [unmasked]`` with row
-scales: cross-entropy ``α = 1 + 2 z lse``, ``β = 1 - ε``, ``δ = ε / K``; focal
-``α = A + 2 z lse``, ``β = A``, ``A = (1 - p_t)^γ (1 + γ p_t r)``, ``r = -log p_t / (1 - p_t)``.
+The gradient with respect to the logits is ``α p - β onehot(t) - δ_c [unmasked]`` with row
+scales (``w`` the class weights, 1 without; ``W_U`` their sum over the ``K`` unmasked classes):
+cross-entropy ``α = (1 - ε) w_t + ε W_U / K + 2 z w_t lse``, ``β = (1 - ε) w_t``,
+``δ_c = ε w_c / K``; focal ``α = w_t (A + 2 z lse)``, ``β = w_t A``,
+``A = (1 - p_t)^γ (1 + γ p_t r)``, ``r = -log p_t / (1 - p_t)``.
 Softcapping ``l = c tanh(u / c)`` multiplies it by ``1 - tanh²``.
 
 Two Functions: :class:`_LinearLossReduced` ('mean'/'sum') computes the gradients in its forward
@@ -25,6 +31,7 @@ they return raises on a second backward instead of giving a wrong second derivat
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import torch
@@ -58,18 +65,22 @@ def _focal_scale(lpt: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
 
 
 def chunk_loss(
-    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cfg: LinearLossConfig, row_scale: Tensor | None
+    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
+    row_scale: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Loss of each row of one chunk, its validity and ``row_scale · d loss / d u`` (``u = x W^T + b``).
+    """Loss of each row of one chunk, its row weight and ``row_scale · d loss / d u`` (``u = x W^T + b``).
 
-    ``x`` is ``(n, H)``, ``w`` ``(V, H)``, ``b`` ``(V,)``, all in the compute dtype; ``t`` ``(n,)``
-    int64. ``row_scale`` ``(n, 1)`` (``None``: no gradient). Returns the loss ``(n,)`` (0 on
-    invalid rows), ``valid`` ``(n,)`` and the ``(n, V)`` gradient, which reuses the logits buffer.
+    ``x`` is ``(n, H)`` and ``b`` ``(V,)`` in the compute dtype, ``w`` ``(V, H)`` in its own dtype
+    (converted one vocabulary block at a time when that is narrower), ``t`` ``(n,)`` int64,
+    ``cw`` the class weights ``(V,)`` in the compute dtype or ``None``. ``row_scale`` ``(n, 1)``
+    (``None``: no gradient). Returns the loss ``(n,)`` (0 on invalid rows), the row weight
+    ``(n,)`` (``w_{t_i}`` on valid rows, 0 elsewhere: the denominator of ``'mean'``) and the
+    ``(n, V)`` gradient, which reuses the logits buffer.
 
-    One function on purpose (about 70 lines): the one ``(n, V)`` buffer goes through every step in
+    One function on purpose (about 80 lines): the one ``(n, V)`` buffer goes through every step in
     place (logits, ``exp``, gradient), and a split would pass a dozen per-row intermediates.
     """
-    u = x @ w.t() if b is None else torch.addmm(b, x, w.t())
+    u = logits_of(x, w, b)
     eps, zl = cfg.label_smoothing, cfg.z_loss
     masked = u == _NEG_INF if (cfg.softcap is not None or eps > 0.0) else None
     th = None
@@ -87,48 +98,70 @@ def chunk_loss(
     valid = kept & (m.squeeze(1) != _NEG_INF)
     t_safe = torch.where(kept, t, 0).unsqueeze(1)
     lt_shift = logits.gather(1, t_safe) - m_safe
+    # the target class's weight w_t (n, 1); None: every weight is 1
+    wt = None if cw is None else cw.gather(0, t_safe.squeeze(1)).unsqueeze(1)
     if eps > 0.0:
         assert masked is not None
         k = (logits.shape[1] - masked.sum(1, keepdim=True)).clamp_(min=1).to(logits.dtype)
-        # Σ_{unmasked c} (m - l_c): non-negative terms, no cancellation, no inf - inf.
-        smooth = (m_safe - logits).masked_fill_(masked, 0.0).sum(1, keepdim=True)
+        # Σ_{unmasked c} w_c (m - l_c): non-negative terms, no cancellation, no inf - inf.
+        diff = (m_safe - logits).masked_fill_(masked, 0.0)
+        if cw is None:
+            smooth, wu = diff.sum(1, keepdim=True), k
+        else:
+            smooth = (diff @ cw).unsqueeze(1)
+            # W_U = Σ_{unmasked c} w_c
+            wu = (cw.sum() - masked.to(cw.dtype) @ cw).unsqueeze(1)
+        del diff
     e = logits.sub_(m_safe).exp_()
     e.scatter_(1, idx, 0.0)
     rest = e.sum(1, keepdim=True)
     log1p_rest = rest.log1p()
     lpt = lt_shift - log1p_rest
     lse = m + log1p_rest
+    nlpt = lpt.neg() if wt is None else wt * lpt.neg()
     if cfg.gamma is None:
-        loss = lpt.neg() if eps == 0.0 else eps * (smooth / k + log1p_rest)
+        loss = nlpt if eps == 0.0 else eps * (smooth / k + (wu / k) * log1p_rest)
         if 0.0 < eps < 1.0:
-            loss = loss - (1.0 - eps) * lpt
+            loss = loss + (1.0 - eps) * nlpt
     else:
         mg, a_focal = _focal_scale(lpt, cfg.gamma)
-        loss = mg * lpt.neg()
+        loss = mg * nlpt
     if zl > 0.0:
-        loss = loss + zl * lse.square()
+        z_row = zl * lse.square()
+        loss = loss + (z_row if wt is None else wt * z_row)
     vcol = valid.unsqueeze(1)
     loss = torch.where(vcol, loss, 0.0).squeeze(1)
+    row_w = valid.to(loss.dtype) if wt is None else torch.where(vcol, wt, 0.0).squeeze(1)
     if row_scale is None:
-        return loss, valid, None
+        return loss, row_w, None
     s = torch.where(vcol, row_scale, 0.0)
+    sw = s if wt is None else s * wt
     if cfg.gamma is None:
-        alpha, beta = s, s * (1.0 - eps)
+        # α = s ((1 - ε) w_t + ε W_U / K): s alone without class weights (W_U = K)
+        beta = sw * (1.0 - eps)
+        if eps == 0.0:
+            alpha = beta
+        else:
+            alpha = s if wt is None else beta + s * (eps * wu / k)
     else:
-        alpha = beta = s * a_focal
+        alpha = beta = sw * a_focal
     if zl > 0.0:
-        alpha = alpha + s * (2.0 * zl) * lse
+        alpha = alpha + sw * (2.0 * zl) * lse
     # lse = -inf on all -inf rows: 0 * -inf would be NaN.
     alpha = torch.where(vcol, alpha, 0.0)
     g = e.scatter_(1, idx, 1.0).mul_(alpha / (1.0 + rest))
     if eps > 0.0:
         assert masked is not None
-        g.sub_(s * (eps / k)).masked_fill_(masked, 0.0)
+        if cw is None:
+            g.sub_(s * (eps / k))
+        else:
+            g.addcmul_(s * (eps / k), cw, value=-1.0)
+        g.masked_fill_(masked, 0.0)
     g.scatter_add_(1, t_safe, beta.neg())
     if th is not None:
         # d c tanh(u / c) / du = 1 - tanh²: 0 at masked (-inf) entries.
         g.mul_(th.square_().neg_().add_(1.0))
-    return loss, valid, g
+    return loss, row_w, g
 
 
 class Grads(NamedTuple):
@@ -139,25 +172,89 @@ class Grads(NamedTuple):
     bias: Tensor | None
 
 
+# Bytes of one vocabulary block of the weight converted to the compute dtype (16 MiB): a weight
+# narrower than the compute dtype (bf16/fp16 with float32 compute) is never converted whole.
+W_BLOCK_BYTES = 16 * 2**20
+
+
+def block_rows(w: Tensor, cd: torch.dtype) -> int:
+    """Vocabulary rows per converted block of ``w`` (all of them when ``w`` is already in ``cd``)."""
+    if w.dtype == cd:
+        return max(w.shape[0], 1)
+    return max(1, W_BLOCK_BYTES // (max(w.shape[1], 1) * (torch.finfo(cd).bits // 8)))
+
+
+def logits_of(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """``x W^T + b`` ``(n, V)`` in ``x``'s dtype; a narrower ``w`` is converted block by block."""
+    cd = x.dtype
+    if w.dtype == cd:
+        return x @ w.t() if b is None else torch.addmm(b, x, w.t())
+    rows = block_rows(w, cd)
+    u = torch.empty((x.shape[0], w.shape[0]), dtype=cd, device=x.device)
+    for v0 in range(0, w.shape[0], rows):
+        blk = slice(v0, v0 + rows)
+        if b is None:
+            u[:, blk].addmm_(x, w[blk].to(cd).t(), beta=0.0)  # beta 0: the empty buffer is not read
+        else:
+            u[:, blk].copy_(b[blk]).addmm_(x, w[blk].to(cd).t())
+    return u
+
+
+def _input_grad(g: Tensor, w: Tensor) -> Tensor:
+    """``g W`` ``(n, H)`` in ``g``'s dtype; a narrower ``w`` is converted block by block."""
+    cd = g.dtype
+    if w.dtype == cd:
+        return g @ w
+    rows = block_rows(w, cd)
+    out = torch.zeros((g.shape[0], w.shape[1]), dtype=cd, device=g.device)
+    for v0 in range(0, w.shape[0], rows):
+        out.addmm_(g[:, v0 : v0 + rows], w[v0 : v0 + rows].to(cd))
+    return out
+
+
+def _no_autocast(device_type: str) -> Any:
+    """Autocast disabled on this device type (a null context where autocast does not exist: meta)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def run_chunks(
-    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cfg: LinearLossConfig,
+    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
     needs: tuple[bool, bool, bool], row_scale: Tensor | None, cd: torch.dtype,
 ) -> tuple[Tensor, Tensor, Grads]:
-    """Loop over row chunks: per-row loss ``(N,)``, valid ``(N,)`` and the accumulated gradients.
+    """Loop over row chunks: per-row loss ``(N,)``, row weight ``(N,)`` and the summed gradients.
 
     ``row_scale`` ``(N,)`` weighs each row's gradient (``None``: weight 1 when any of ``needs``).
-    Gradients are accumulated in the compute dtype ``cd``.
+    Gradients are accumulated in the compute dtype ``cd`` (the weight's in a ``(V, H)``
+    accumulator in ``cd``, which is the returned gradient itself when ``w`` is in ``cd``).
+    While compiling, the loop runs inside one opaque custom op (:func:`_chunks_op`): the graph
+    does not depend on ``N`` and the loop is not unrolled.
     """
+    if torch.compiler.is_compiling():
+        loss, row_w, gx, gw, gb = torch.ops.stablelosses.linear_loss_chunks(
+            x, w, b, t, cw, row_scale, cfg.ignore_index, cfg.label_smoothing, cfg.z_loss, cfg.softcap,
+            cfg.gamma, cfg.chunk, needs[0], needs[1], needs[2] and b is not None, cd,
+        )
+        return loss, row_w, Grads(gx if needs[0] else None, gw if needs[1] else None,
+                                  gb if needs[2] and b is not None else None)
+    return _run_chunks_eager(x, w, b, t, cw, cfg, needs, row_scale, cd)
+
+
+def _run_chunks_eager(
+    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
+    needs: tuple[bool, bool, bool], row_scale: Tensor | None, cd: torch.dtype,
+) -> tuple[Tensor, Tensor, Grads]:
     want = any(needs)
-    wc = w.to(cd)
     bc = None if b is None else b.to(cd)
+    cwc = None if cw is None else cw.to(cd)
     need_b = needs[2] and bc is not None
     gw: Tensor | None = None
     gb: Tensor | None = None
-    losses, valids, gxs = [], [], []
+    losses, row_ws, gxs = [], [], []
     ones = torch.ones((), dtype=cd, device=x.device)
     # The logits in cd, never in autocast's lower precision.
-    with torch.autocast(x.device.type, enabled=False):
+    with _no_autocast(x.device.type):
         for start in range(0, x.shape[0], cfg.chunk):
             xc = x[start : start + cfg.chunk].to(cd)
             tc = t[start : start + cfg.chunk]
@@ -167,26 +264,63 @@ def run_chunks(
                     ones.expand(xc.shape[0], 1) if row_scale is None
                     else row_scale[start : start + cfg.chunk, None]
                 )
-            loss, valid, g = chunk_loss(xc, wc, bc, tc, cfg, rs)
+            loss, row_w, g = chunk_loss(xc, w, bc, tc, cwc, cfg, rs)
             losses.append(loss)
-            valids.append(valid)
+            row_ws.append(row_w)
             if g is not None:
                 if needs[0]:
-                    gxs.append(g @ wc)
+                    gxs.append(_input_grad(g, w))
                 # The first chunk writes the accumulators (no zero fill of a (V, H) buffer).
                 if needs[1]:
                     gw = g.t() @ xc if gw is None else gw.addmm_(g.t(), xc)
                 if need_b:
                     gb = g.sum(0) if gb is None else gb.add_(g.sum(0))
             del g  # free this chunk's buffer before the next chunk's matmul
-    gx = torch.cat(gxs) if gxs else (torch.zeros_like(x, dtype=cd) if needs[0] else None)
+    gx = torch.cat(gxs) if gxs else (torch.zeros(x.shape, dtype=cd, device=x.device) if needs[0] else None)
     if needs[1] and gw is None:  # no rows
-        gw = torch.zeros_like(wc)
+        gw = torch.zeros(w.shape, dtype=cd, device=w.device)
     if need_b and gb is None and bc is not None:
         gb = torch.zeros_like(bc)
     loss = torch.cat(losses) if losses else x.new_zeros(0, dtype=cd)
-    valid = torch.cat(valids) if valids else t.new_zeros(0, dtype=torch.bool)
-    return loss, valid, Grads(gx, gw, gb)
+    row_weight = torch.cat(row_ws) if row_ws else x.new_zeros(0, dtype=cd)
+    return loss, row_weight, Grads(gx, gw, gb)
+
+
+_SCHEMA = (
+    "(Tensor x, Tensor w, Tensor? b, Tensor t, Tensor? cw, Tensor? row_scale, int ignore_index, "
+    "float label_smoothing, float z_loss, float? softcap, float? gamma, int chunk, bool need_x, "
+    "bool need_w, bool need_b, ScalarType cd) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+@torch.library.custom_op("stablelosses::linear_loss_chunks", mutates_args=(), schema=_SCHEMA)
+def _chunks_op(
+    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, row_scale: Tensor | None,
+    ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None, gamma: float | None,
+    chunk: int, need_x: bool, need_w: bool, need_b: bool, cd: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The chunk loop as one op for ``torch.compile``: loss, row weight and the three gradients
+    (an empty tensor for a gradient that is not wanted)."""
+    cfg = LinearLossConfig("linear_loss", ignore_index, label_smoothing, z_loss, softcap, gamma, chunk)
+    loss, row_w, g = _run_chunks_eager(x, w, b, t, cw, cfg, (need_x, need_w, need_b), row_scale, cd)
+    # a fresh empty tensor for each missing gradient: the outputs of a custom op may not alias
+    gx, gw, gb = (x.new_empty(0, dtype=cd) if v is None else v for v in g)
+    return loss, row_w, gx, gw, gb
+
+
+@_chunks_op.register_fake
+def _chunks_op_fake(
+    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, row_scale: Tensor | None,
+    ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None, gamma: float | None,
+    chunk: int, need_x: bool, need_w: bool, need_b: bool, cd: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    n = x.shape[0]
+    return (
+        x.new_empty((n,), dtype=cd), x.new_empty((n,), dtype=cd),
+        x.new_empty(x.shape if need_x else (0,), dtype=cd),
+        x.new_empty(w.shape if need_w else (0,), dtype=cd),
+        x.new_empty((w.shape[0],) if need_b else (0,), dtype=cd),
+    )
 
 
 def _double_backward_error(cfg_fn: str) -> RuntimeError:
@@ -238,13 +372,13 @@ class _LinearLossReduced(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cfg: LinearLossConfig, mean: bool,
-        needs: tuple[bool, bool, bool], cd: torch.dtype,
+        x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
+        mean: bool, needs: tuple[bool, bool, bool], cd: torch.dtype,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
-        loss, valid, g = run_chunks(x, w, b, t, cfg, needs, None, cd)
+        loss, row_w, g = run_chunks(x, w, b, t, cw, cfg, needs, None, cd)
         total = loss.sum()
         if mean:
-            count = valid.sum().to(cd)
+            count = row_w.sum()  # Σ w_t over the valid rows (their number without class weights)
             total = total / count  # 0 / 0 = NaN for an all-ignored batch, as torch
             # ... but its gradient is 0, not 0 * inf.
             scale = torch.where(count > 0, count.reciprocal(), 0.0)
@@ -256,7 +390,7 @@ class _LinearLossReduced(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        cfg = inputs[4]
+        cfg = inputs[5]
         _, gx, gw, gb = output
         ctx.mark_non_differentiable(*(t for t in (gx, gw, gb) if t is not None))
         # No zero-filled (V, H) gradients for the non-differentiable outputs.
@@ -269,13 +403,13 @@ class _LinearLossReduced(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None, *_: Any) -> Any:
         if grad is None:
-            return (None,) * 8
+            return (None,) * 9
         gx, gw, gb, *anchors = ctx.saved_tensors
         dx, dw, db = ctx.dtypes
         a = tuple(anchors)
         return (
             _scaled(gx, grad, dx, ctx.fn, a), _scaled(gw, grad, dw, ctx.fn, a),
-            _scaled(gb, grad, db, ctx.fn, a), None, None, None, None, None,
+            _scaled(gb, grad, db, ctx.fn, a), None, None, None, None, None, None,
         )
 
 
@@ -284,26 +418,27 @@ class _LinearLossRows(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cfg: LinearLossConfig, cd: torch.dtype
+        x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
+        cd: torch.dtype,
     ) -> Tensor:
-        loss, _, _ = run_chunks(x, w, b, t, cfg, (False, False, False), None, cd)
+        loss, _, _ = run_chunks(x, w, b, t, cw, cfg, (False, False, False), None, cd)
         return loss
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        x, w, b, t, cfg, cd = inputs
-        ctx.save_for_backward(x, w, b, t)
+        x, w, b, t, cw, cfg, cd = inputs
+        ctx.save_for_backward(x, w, b, t, cw)
         ctx.cfg, ctx.cd = cfg, cd
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Any:
-        x, w, b, t = ctx.saved_tensors
+        x, w, b, t, cw = ctx.saved_tensors
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], b is not None and ctx.needs_input_grad[2])
         with torch.no_grad():
-            _, _, g = run_chunks(x, w, b, t, ctx.cfg, needs, grad.to(ctx.cd), ctx.cd)
+            _, _, g = run_chunks(x, w, b, t, cw, ctx.cfg, needs, grad.to(ctx.cd), ctx.cd)
         one = torch.ones((), dtype=ctx.cd, device=x.device)
         fn, a = ctx.cfg.fn, (x, w, b, grad)
         return (
             _scaled(g.input, one, x.dtype, fn, a), _scaled(g.weight, one, w.dtype, fn, a),
-            None if b is None else _scaled(g.bias, one, b.dtype, fn, a), None, None, None,
+            None if b is None else _scaled(g.bias, one, b.dtype, fn, a), None, None, None, None,
         )

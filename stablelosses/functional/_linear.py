@@ -2,7 +2,11 @@ r"""Fused output layer + loss for large vocabularies: ``linear_cross_entropy``, 
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -38,32 +42,53 @@ def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
+# torch >= 2.13's options class (None on older torch, where ``options`` must be None)
+_OPTIONS_CLASS = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+
+
 def _check_args(
-    fn: str, input: object, weight: object, target: object, bias: object, ignore_index: object,
-    reduction: object, z_loss: object, softcap: object, chunk_size: object,
-) -> tuple[float, float | None, int]:
+    fn: str, input: object, linear_weight: object, target: object, linear_bias: object, weight: object,
+    ignore_index: object, reduction: object, z_loss: object, softcap: object, chunk_size: object,
+) -> tuple[int, float, float | None, int]:
+    """``(ignore_index, z_loss, softcap, chunk)`` checked, with every tensor argument."""
     check_reduction(fn, reduction)
     x = check_floating(fn, "input", input)
-    w = check_floating(fn, "weight", weight)
+    w = check_floating(fn, "linear_weight", linear_weight)
     t = check_tensor(fn, "target", target)
     if x.dim() == 0:
         raise ValueError(f"{fn}: input must have shape (..., H), got a 0-d tensor")
     if w.dim() != 2 or w.shape[1] != x.shape[-1]:
         raise RuntimeError(
-            f"{fn}: weight must have shape (V, H) with H = input.shape[-1] = {x.shape[-1]}, "
+            f"{fn}: linear_weight must have shape (V, H) with H = input.shape[-1] = {x.shape[-1]}, "
             f"got {list(w.shape)}"
         )
-    if bias is not None:
-        b = check_floating(fn, "bias", bias)
+    if linear_bias is not None:
+        b = check_floating(fn, "linear_bias", linear_bias)
         if b.shape != (w.shape[0],):
-            raise RuntimeError(f"{fn}: bias must have shape ({w.shape[0]},) or be None, got {list(b.shape)}")
+            raise RuntimeError(
+                f"{fn}: linear_bias must have shape ({w.shape[0]},) or be None, got {list(b.shape)}"
+            )
+    if weight is not None:
+        cw = check_floating(fn, "weight", weight)
+        if cw.shape != (w.shape[0],):
+            hint = (
+                " (weight is the per-class weight, as in F.cross_entropy; the output layer's matrix"
+                " is linear_weight, the second argument)" if cw.dim() == 2 else ""
+            )
+            raise RuntimeError(
+                f"{fn}: weight must have shape ({w.shape[0]},) (one weight per class) or be None, "
+                f"got {list(cw.shape)}{hint}"
+            )
     if t.dtype not in _INDEX_DTYPES:
         raise RuntimeError(f"{fn}: target must hold class indices (int64 or uint8), got {t.dtype}")
     if t.shape != x.shape[:-1]:
         raise ValueError(
             f"{fn}: target must have shape {list(x.shape[:-1])} (input's without H), got {list(t.shape)}"
         )
-    return check_linear_options(fn, ignore_index, z_loss, softcap, chunk_size)
+    ii = -100 if ignore_index is None else ignore_index  # None: torch's default, -100
+    z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
+    assert isinstance(ii, int)  # checked there
+    return ii, z, cap, chunk
 
 
 _F32_MAX = torch.finfo(torch.float32).max
@@ -77,7 +102,7 @@ def check_linear_options(
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
     z = check_nonnegative(fn, "z_loss", z_loss)
-    if not math.isfinite(z):
+    if z == math.inf:  # a comparison, not math.isfinite: Dynamo traces it on a SymFloat
         raise ValueError(f"{fn}: z_loss must be finite, got {z}")
     cap = None
     if softcap is not None:
@@ -97,17 +122,77 @@ def check_linear_options(
     return z, cap, -1 if chunk_size is None else chunk_size
 
 
+def _aspect_ratio_rows(rows: int, h: int, v: int, factor: int) -> int:
+    """torch's documented ``chunking_method='aspect_ratio:k'``: a chunk's logits about as large
+    as the input, divided by ``k`` (the next power of two of ``N / ceil(V / H)``, over ``k``)."""
+    per = -(-rows // max(1, -(-v // max(h, 1))))
+    return max(1, min((1 << max(per - 1, 0).bit_length()) // factor, rows))
+
+
+def resolve_options(
+    fn: str, options: object, chunk: int, rows: int, h: int, v: int, cd: torch.dtype
+) -> tuple[int, torch.dtype]:
+    """``(chunk, compute dtype)`` from ``options`` (a ``torch.nn.LinearCrossEntropyOptions``).
+
+    ``batch_chunk_size`` and ``chunking_method`` give the rows per chunk as in torch (``'auto'``
+    keeps ours); ``acc_dtype`` float64 computes in float64, float32 or None keep the compute
+    dtype, a narrower one raises (the fused loss never accumulates below float32).
+    ``acc_policy`` and ``allow_retain_graph`` change nothing: the weight gradient is always
+    accumulated in the compute dtype and the backward can always be run twice.
+    """
+    if options is None:
+        return chunk, cd
+    if _OPTIONS_CLASS is None or not isinstance(options, _OPTIONS_CLASS):
+        raise TypeError(
+            f"{fn}: options must be None or a torch.nn.LinearCrossEntropyOptions (torch >= 2.13), "
+            f"got {type(options).__name__}"
+        )
+    size, method = options.batch_chunk_size, options.chunking_method
+    by_method = -1
+    if method is None:
+        by_method = max(rows, 1) if size is None else size  # torch: one chunk unless sized
+    elif method != "auto":
+        _, _, k = method.partition(":")
+        by_method = _aspect_ratio_rows(rows, h, v, int(k or 1))
+    if size is not None and by_method not in (-1, size):
+        raise ValueError(
+            f"{fn}: options.batch_chunk_size={size} and options.chunking_method={method!r} give "
+            f"different chunk sizes ({size} vs {by_method}); pass only one"
+        )
+    by_options = size if size is not None else by_method
+    if by_options != -1 and chunk != -1 and by_options != chunk:
+        raise ValueError(
+            f"{fn}: chunk_size={chunk} and options (batch_chunk_size / chunking_method: "
+            f"{by_options} rows) disagree; pass only one"
+        )
+    if by_options != -1:
+        chunk = by_options
+    acc = options.acc_dtype
+    if acc == torch.float64:
+        cd = torch.float64
+    elif acc not in (None, torch.float32):
+        raise ValueError(
+            f"{fn}: options.acc_dtype={acc} is not supported: the fused loss computes and "
+            "accumulates in float32 at least (pass acc_dtype=None, torch.float32 or torch.float64)"
+        )
+    return chunk, cd
+
+
 def _linear_loss(
-    fn: str, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int,
-    reduction: str, label_smoothing: float, z_loss: float, softcap: float | None, gamma: float | None,
-    chunk_size: int, mask: Tensor | None = None,
+    fn: str, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weight: Tensor | None,
+    ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float | None,
+    gamma: float | None, chunk_size: int, mask: Tensor | None = None, options: object = None,
 ) -> Tensor:
     tensors = (input, weight) if bias is None else (input, weight, bias)
     cd = torch.float64 if any(v.dtype == torch.float64 for v in tensors) else torch.float32
+    h = input.shape[-1]
+    chunk_size, cd = resolve_options(fn, options, chunk_size, target.numel(), h, weight.shape[0], cd)
     chunk = default_chunk_size(weight.shape[0], cd) if chunk_size < 0 else chunk_size
     cfg = LinearLossConfig(fn, int(ignore_index), label_smoothing, z_loss, softcap, gamma, chunk)
-    x = input.reshape(-1, input.shape[-1])
+    # target.numel() rows, not -1: a reshape to (-1, 0) is ambiguous when H = 0
+    x = input.reshape(target.numel(), h)
     t = target.reshape(-1).long()
+    cw = None if class_weight is None else class_weight.detach()
     kept = None
     if mask is not None:
         # a masked-out row is an ignored row whose hidden state is never read (select, no multiply)
@@ -122,48 +207,119 @@ def _linear_loss(
     if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
         out_dtype = torch.float32
     if reduction == "none":
-        return _rows(x, weight, bias, t, cfg, cd).reshape(target.shape).to(out_dtype)
+        return _rows(x, weight, bias, t, cw, cfg, cd).reshape(target.shape).to(out_dtype)
     grad_on = torch.is_grad_enabled()
     needs = (
         grad_on and input.requires_grad,
         grad_on and weight.requires_grad,
         grad_on and bias is not None and bias.requires_grad,
     )
-    loss = _reduced(x, weight, bias, t, cfg, reduction == "mean", needs, cd)[0]
+    loss = _reduced(x, weight, bias, t, cw, cfg, reduction == "mean", needs, cd)[0]
     if kept is not None:
         loss = torch.where(kept, loss, 0.0)  # no kept row: 0 (masked_mean), not 0 / 0
     return loss.to(out_dtype)
 
 
+_OLD_SPELLING = (
+    "{fn}(input, weight, target, bias) is deprecated and will be removed in the next version: "
+    "torch.nn.functional.linear_cross_entropy's spelling is {fn}(input, linear_weight, target, *, "
+    "linear_bias=None, weight=None, ...), where the output layer's matrix is linear_weight (the "
+    "second argument), its bias is linear_bias= (keyword) and weight= means per-class weights. "
+    "Write {fn}(input, W, target, linear_bias=b)."
+)
+
+
+def _translate_old_spelling(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The old call ``(input, weight=matrix, target, bias)`` as the new one (with a warning).
+
+    Unambiguous by construction: the new signature has no 4th positional argument and no
+    ``bias=``, and it requires ``linear_weight``, so a call that gives ``weight=`` but no
+    ``linear_weight`` (by position or by name) can only be the old one. Any other call is left
+    as it is (a 2-D ``weight=`` then fails with a message that names ``linear_weight``).
+    """
+    old = False
+    if len(args) > 4:
+        raise TypeError(f"{fn}() takes 3 positional arguments but {len(args)} were given")
+    if len(args) == 4:
+        if "linear_bias" in kwargs or "bias" in kwargs:
+            raise TypeError(f"{fn}(): the bias given twice (4th positional argument and keyword)")
+        kwargs["linear_bias"], args, old = args[3], args[:3], True
+    if "bias" in kwargs:
+        if "linear_bias" in kwargs:
+            raise TypeError(f"{fn}(): got both bias= (deprecated) and linear_bias=")
+        kwargs["linear_bias"], old = kwargs.pop("bias"), True
+    if len(args) < 2 and "linear_weight" not in kwargs and "weight" in kwargs:
+        kwargs["linear_weight"], old = kwargs.pop("weight"), True
+    if old:
+        warnings.warn(_OLD_SPELLING.format(fn=fn), DeprecationWarning, stacklevel=3)
+    return args
+
+
+def _accepts_old_spelling(impl: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``impl`` (torch's signature) that also takes the old spelling for one version."""
+    fn = impl.__name__
+
+    @functools.wraps(impl)
+    def wrapper(*args: Any, **kwargs: Any) -> Tensor:
+        if len(args) > 3 or "bias" in kwargs or ("weight" in kwargs and len(args) < 2):
+            args = _translate_old_spelling(fn, args, kwargs)
+        return impl(*args, **kwargs)
+
+    return wrapper
+
+
+@_accepts_old_spelling
 def linear_cross_entropy(
-    input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, *, ignore_index: int = -100,
-    reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
+    input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
+    weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = -100,
+    label_smoothing: float = 0.0, options: Any = None, z_loss: float = 0.0, softcap: float | None = None,
     chunk_size: int | None = None, mask: Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear layer's logits, computed chunk by chunk: the $(N, V)$ logits never exist.
 
-    With logits $u = x W^\top + b$ (softcapped to $l = c \tanh(u / c)$ when `softcap=c`, a
-    $-\infty$ entry staying $-\infty$), the value equals
-    `cross_entropy(l, target, ignore_index=..., reduction=..., label_smoothing=ε)` plus the
-    z-loss: for row $i$ with its $K_i$ unmasked classes $U_i$ (logit $\ne -\infty$),
+    torch's signature (`torch.nn.functional.linear_cross_entropy`, torch >= 2.13) and its value:
+    `linear_weight` is the output layer's matrix, `linear_bias` its bias and `weight` the
+    per-class weights of `F.cross_entropy`. With logits $u = x W^\top + b$ (softcapped to
+    $l = c \tanh(u / c)$ when `softcap=c`, a $-\infty$ entry staying $-\infty$), the value
+    equals `cross_entropy(l, target, weight=w, ignore_index=..., reduction=...,
+    label_smoothing=ε)` plus the z-loss: for row $i$ with its $K_i$ unmasked classes $U_i$
+    (logit $\ne -\infty$),
 
     $$
-    \ell_i = (1 - \varepsilon)(-\log p_{i,t_i}) + \frac{\varepsilon}{K_i} \sum_{c \in U_i} (-\log p_{i,c})
-             + z \operatorname{logsumexp}(l_i)^2,
+    \ell_i = (1 - \varepsilon) w_{t_i} (-\log p_{i,t_i})
+             + \frac{\varepsilon}{K_i} \sum_{c \in U_i} w_c (-\log p_{i,c})
+             + z\, w_{t_i} \operatorname{logsumexp}(l_i)^2,
     $$
 
-    and $\ell_i = 0$ when $t_i$ is `ignore_index` or every logit of row $i$ is $-\infty$ (such a
-    row is not counted). `'mean'` divides $\sum_i \ell_i$ by the number of kept rows (NaN when
-    there is none, as torch, with zero gradients; 0 with a `mask`), `'sum'` sums, `'none'`
-    returns $\ell$ with the shape of `target`. A finite logit such as `finfo.min` is an
-    ordinary logit; only $-\infty$ masks.
+    ($w = 1$ without `weight`) and $\ell_i = 0$ when $t_i$ is `ignore_index` or every logit of
+    row $i$ is $-\infty$ (such a row is not counted). `'mean'` divides $\sum_i \ell_i$ by
+    $\sum_i w_{t_i}$ over the kept rows (their number without `weight`; NaN when there is
+    none, as torch, with zero gradients; 0 with a `mask`), `'sum'` sums, `'none'` returns
+    $\ell$ with the shape of `target`. A finite logit such as `finfo.min` is an ordinary
+    logit; only $-\infty$ masks.
 
-    The rows are processed in chunks of `chunk_size` rows; each chunk computes its logits, loss
-    and gradient in float32 (float64 for float64 inputs), so peak memory is one chunk's logits
-    plus the gradient of `weight`. For `'mean'`/`'sum'` the gradients are computed during the
-    forward (the backward only scales them: no second matmul pass); `'none'` recomputes each
-    chunk in the backward. The chunk loop is a Python loop over `N`: `torch.compile` unrolls it
-    and specialises on `N` (no value-dependent branch, no host sync).
+    **The old spelling** `linear_cross_entropy(input, W, target, b)` / `bias=b` (and the matrix
+    as `weight=`, with no `linear_weight`) still works for this version with a
+    `DeprecationWarning`; write `linear_cross_entropy(input, W, target, linear_bias=b)`. A 2-D
+    `weight=` next to a `linear_weight` is never reinterpreted: it raises.
+
+    The rows are processed in chunks of $n$ = `chunk_size` rows; each chunk computes its logits,
+    loss and gradient in float32 (float64 for float64 inputs). For `'mean'`/`'sum'` the
+    gradients are computed during the forward (the backward only scales them: no second matmul
+    pass); `'none'` recomputes each chunk in the backward. Eagerly the chunk loop is a Python
+    loop; under `torch.compile` it is one opaque custom op, so the graph and its compile time
+    do not depend on $N$.
+
+    **Workspace** (bytes, $c$ = 4 for the float32 compute dtype, 8 for float64; $N$ rows, $H$
+    features, $V$ classes): one chunk's logits/gradient buffer $c\,nV$, plus $(c + 1)\,nV$
+    transient with `label_smoothing` and $2c\,nV$ with `softcap`; the chunk's input
+    $c\,nH$; the input gradient $c\,NH$; the weight gradient's accumulator $c\,VH$ (it is
+    the returned gradient when `linear_weight` is in the compute dtype, else it is cast once to
+    the weight's dtype at the end, $VH$ more elements of that dtype). A `linear_weight` narrower
+    than the compute dtype (bfloat16/float16) is **never converted whole**: each chunk converts
+    one block of $B = \lfloor 2^{24} / (cH) \rfloor$ vocabulary rows at a time ($c\,BH$ =
+    16 MiB), twice per chunk (logits and input gradient). So the dW of a bfloat16 weight is
+    accumulated across chunks in float32 in a $4VH$-byte accumulator.
 
     **Gradient**: $\partial \ell_i / \partial l_{i,c} = (1 + 2 z \operatorname{lse}_i)\, p_{i,c}
     - (1 - \varepsilon)[c = t_i] - \frac{\varepsilon}{K_i}[c \in U_i]$, times
@@ -185,12 +341,22 @@ def linear_cross_entropy(
     Args:
         input: hidden states $(N, H)$ or $(\dots, H)$, any float dtype (float16/bfloat16 are
             computed in float32).
-        weight: output-layer weight $(V, H)$, as `nn.Linear.weight`.
+        linear_weight: output-layer matrix $(V, H)$, as `nn.Linear.weight` (for tied
+            embeddings, pass the embedding matrix).
         target: class indices (int64 or uint8) of shape `input.shape[:-1]`.
-        bias: output-layer bias $(V)$ or `None`. Default: `None`.
-        ignore_index: target value that contributes nothing. Default: `-100`.
+        linear_bias: output-layer bias $(V)$ or `None`. Default: `None`.
+        weight: per-class weights $(V)$ as in `F.cross_entropy`, or `None`; not differentiated.
+            Default: `None`.
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
+        ignore_index: target value that contributes nothing (`None`: -100, torch's default).
+            Default: `-100`.
         label_smoothing: $\varepsilon \in [0, 1]$, spread over the unmasked classes. Default: `0.0`.
+        options: `None` or a `torch.nn.LinearCrossEntropyOptions` (torch >= 2.13): its
+            `batch_chunk_size` / `chunking_method` set the rows per chunk as in torch
+            (`'auto'` keeps ours), `acc_dtype=torch.float64` computes in float64 (float32 or
+            `None`: unchanged; narrower raises `ValueError`); `acc_policy` and
+            `allow_retain_graph` change nothing (dW is always accumulated in float32 or wider;
+            the backward can always be run twice). Default: `None`.
         z_loss: coefficient $z \ge 0$ of the PaLM auxiliary loss $z \operatorname{lse}^2$ per kept
             row. Default: `0.0`.
         softcap: $c > 0$ for Gemma 2's $c \tanh(l / c)$ logit soft-capping, or `None`.
@@ -206,15 +372,19 @@ def linear_cross_entropy(
 
     Raises:
         ValueError: bad `reduction`, `target` shape, negative or infinite `z_loss`, `softcap`
-            not $> 0$, `chunk_size < 1`, 0-d `input`.
-        TypeError: non-float `input`/`weight`/`bias`, non-int `ignore_index`/`chunk_size`,
-            non-number `label_smoothing`/`z_loss`/`softcap`.
-        RuntimeError: `weight`/`bias` shape, `target` dtype, `label_smoothing` outside $[0, 1]$,
-            a target index out of range (raised by the gather), double backward.
+            not $> 0$, `chunk_size < 1`, 0-d `input`, `options` that disagree with
+            `chunk_size` or ask for an accumulation below float32.
+        TypeError: non-float `input`/`linear_weight`/`linear_bias`/`weight`, non-int
+            `ignore_index`/`chunk_size`, non-number `label_smoothing`/`z_loss`/`softcap`,
+            `options` of another type.
+        RuntimeError: `linear_weight`/`linear_bias`/`weight` shape, `target` dtype,
+            `label_smoothing` outside $[0, 1]$, a target index out of range (raised by the
+            gather), double backward.
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
-        input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.
+        input $(\dots, H)$, linear_weight $(V, H)$, linear_bias $(V)$, weight $(V)$, target
+        $(\dots)$; output $()$ or $(\dots)$.
 
     Example:
         >>> import torch, torch.nn.functional as F, stablelosses.functional as SF
@@ -233,21 +403,26 @@ def linear_cross_entropy(
         Hsu et al., *Liger Kernel* (2024); Chowdhery et al., *PaLM* (2022) for the z-loss;
         Gemma Team, *Gemma 2* (2024) for soft-capping.
 
-    Replaces `F.cross_entropy(F.linear(input, weight, bias), target)`.
+    Replaces `F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight)`
+    and `torch.nn.functional.linear_cross_entropy` (same arguments).
     """
     fn = "linear_cross_entropy"
-    z, cap, chunk = _check_args(
-        fn, input, weight, target, bias, ignore_index, reduction, z_loss, softcap, chunk_size
+    ii, z, cap, chunk = _check_args(
+        fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
+        chunk_size,
     )
     eps = _check_label_smoothing(fn, label_smoothing)  # cross_entropy's check: the same values pass
     return _linear_loss(
-        fn, input, weight, target, bias, ignore_index, reduction, eps, z, cap, None, chunk, mask
+        fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, None, chunk,
+        mask, options,
     )
 
 
+@_accepts_old_spelling
 def linear_focal_loss(
-    input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, *, gamma: float = 2.0,
-    ignore_index: int = -100, reduction: str = "mean", z_loss: float = 0.0, softcap: float | None = None,
+    input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
+    weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = -100,
+    options: Any = None, gamma: float = 2.0, z_loss: float = 0.0, softcap: float | None = None,
     chunk_size: int | None = None, mask: Tensor | None = None,
 ) -> Tensor:
     r"""Focal loss of a linear layer's logits, chunked like `linear_cross_entropy`.
@@ -256,7 +431,7 @@ def linear_focal_loss(
     of `linear_cross_entropy` (bias, softcap) plus the same z-loss:
 
     $$
-    \ell_i = (1 - p_{i,t_i})^{\gamma} (-\log p_{i,t_i}) + z \operatorname{logsumexp}(l_i)^2,
+    \ell_i = w_{t_i} (1 - p_{i,t_i})^{\gamma} (-\log p_{i,t_i}) + z\, w_{t_i} \operatorname{logsumexp}(l_i)^2,
     $$
 
     with $1 - p_t = -\operatorname{expm1}(\log p_t)$ and $\log p_t$ computed from the other
@@ -273,14 +448,20 @@ def linear_focal_loss(
     **Mask.** As in `linear_cross_entropy`: a False row of ``mask`` (broadcastable to
     ``target``) is an ignored row that is never read; a masked ``'mean'`` with no kept row is 0.
 
+    The signature is `linear_cross_entropy`'s (torch's) with `gamma` and without
+    `label_smoothing`; the old spelling is accepted for this version with a `DeprecationWarning`.
+
     Args:
         input: hidden states $(\dots, H)$.
-        weight: output-layer weight $(V, H)$.
+        linear_weight: output-layer matrix $(V, H)$.
         target: class indices of shape `input.shape[:-1]`.
-        bias: output-layer bias $(V)$ or `None`. Default: `None`.
-        gamma: focusing parameter $\gamma \ge 0$, finite. Default: `2.0`.
-        ignore_index: target value that contributes nothing. Default: `-100`.
+        linear_bias: output-layer bias $(V)$ or `None`. Default: `None`.
+        weight: per-class weights $(V)$ or `None` (`'mean'` divides by $\sum w_{t_i}$, as
+            `focal_loss`). Default: `None`.
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
+        ignore_index: target value that contributes nothing. Default: `-100`.
+        options: as in `linear_cross_entropy`. Default: `None`.
+        gamma: focusing parameter $\gamma \ge 0$, finite. Default: `2.0`.
         z_loss: z-loss coefficient $\ge 0$. Default: `0.0`.
         softcap: logit soft-capping $c > 0$ or `None`. Default: `None`.
         chunk_size: rows per chunk or `None` (automatic). Default: `None`.
@@ -297,7 +478,8 @@ def linear_focal_loss(
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
-        input $(\dots, H)$, weight $(V, H)$, bias $(V)$, target $(\dots)$; output $()$ or $(\dots)$.
+        input $(\dots, H)$, linear_weight $(V, H)$, linear_bias $(V)$, target $(\dots)$; output
+        $()$ or $(\dots)$.
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -309,14 +491,16 @@ def linear_focal_loss(
     References:
         Lin et al., *Focal Loss for Dense Object Detection* (2017).
 
-    Replaces `focal_loss(F.linear(input, weight, bias), target)`.
+    Replaces `focal_loss(F.linear(input, linear_weight, linear_bias), target, weight=weight)`.
     """
     fn = "linear_focal_loss"
-    z, cap, chunk = _check_args(
-        fn, input, weight, target, bias, ignore_index, reduction, z_loss, softcap, chunk_size
+    ii, z, cap, chunk = _check_args(
+        fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
+        chunk_size,
     )
     g = check_gamma(fn, gamma)
     return _linear_loss(
-        fn, input, weight, target, bias, ignore_index, reduction, 0.0, z, cap, g, chunk, mask
+        fn, input, linear_weight, target, linear_bias, weight, ii, reduction, 0.0, z, cap, g, chunk, mask,
+        options,
     )
 
