@@ -58,6 +58,9 @@ def public_functions() -> list[tuple[str, types.FunctionType]]:
     for mod, prefix in ((stablelosses, "stablelosses"), (sf, "stablelosses.functional")):
         for n in getattr(mod, "__all__", ()):
             f = getattr(mod, n, None)
+            # a functools.wraps wrapper (the linear losses' old-spelling shim) calls the plain
+            # function it wraps: swapping that one's code covers every call
+            f = getattr(f, "__wrapped__", f)
             if isinstance(f, types.FunctionType) and id(f) not in seen and not f.__closure__:
                 seen[id(f)] = (f"{prefix}.{n}", f)
     return list(seen.values())
