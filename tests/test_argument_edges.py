@@ -119,6 +119,8 @@ META_CALLS = {
     "safe_div": lambda: SF.safe_div(_meta(3), _meta(3)),
     "safe_sqrt": lambda: SF.safe_sqrt(_meta(3)),
     "xlogy": lambda: SF.xlogy(_meta(3), _meta(3)),
+    "linear_cross_entropy": lambda: SF.linear_cross_entropy(_meta(3, 4), _meta(5, 4), _meta(3, dtype=torch.long)),
+    "linear_focal_loss": lambda: SF.linear_focal_loss(_meta(3, 4), _meta(5, 4), _meta(3, dtype=torch.long)),
 }
 
 
