@@ -392,7 +392,8 @@ class LinearCrossEntropyLoss(_LinearLoss):
         num_classes: the vocabulary size ``V`` (required).
         out_features: only ``()`` (torch's K-dimensional loss is not supported).
         bias: whether ``.linear`` has a bias. Default: ``False``.
-        device, dtype: of ``.linear``'s parameters.
+        device: of ``.linear``'s parameters. Default: ``None``.
+        dtype: of ``.linear``'s parameters. Default: ``None``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
         weight: per-class weights ``(num_classes,)`` (a buffer) or ``None``.
         ignore_index: target value that is ignored (``None``: -100). Default: ``-100``.
@@ -445,9 +446,11 @@ class LinearFocalLoss(_LinearLoss):
     (``DeprecationWarning``) and keeps the old call ``loss_fn(input, W, target, bias=None)``.
 
     Args:
-        in_features, num_classes, out_features, bias, device, dtype, reduction, weight,
-            ignore_index, options, z_loss, softcap, chunk_size: as in ``LinearCrossEntropyLoss``.
         gamma: focusing parameter, ``>= 0``. Default: ``2.0``.
+
+    Every other argument (``in_features``, ``num_classes``, ``out_features``, ``bias``,
+    ``device``, ``dtype``, ``reduction``, ``weight``, ``ignore_index``, ``options``, ``z_loss``,
+    ``softcap``, ``chunk_size``) is as in ``LinearCrossEntropyLoss``.
 
     Example:
         >>> import torch, stablelosses as sl
