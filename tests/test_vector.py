@@ -297,3 +297,11 @@ def test_exponents_below_one_are_torchs_formula(p):
     out = SF.normalize(z, p=p)
     (gz,) = torch.autograd.grad(out.sum(), z)
     assert (out == 0).all() and (gz == 0).all()
+
+
+@pytest.mark.parametrize("p", [0.0, -1.0])
+def test_exponents_at_most_zero_with_a_zero_entry_are_torchs(p):
+    # the norm is 0 although the vector is not: torch divides by its eps (1e-12); the torch-2.6
+    # OpInfo bfloat16 sample has such an entry
+    x = torch.tensor([[0.0, 2.0, -1.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(SF.normalize(x, p=p), torch.nn.functional.normalize(x, p=p))

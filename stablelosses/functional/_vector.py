@@ -19,13 +19,15 @@ def _check_p(fn: str, p: object) -> float:
 
 
 def _normalize_below_one(x: Tensor, p: float, dim: int, eps: float) -> Tensor:
-    """``p < 1`` is no norm (not homogeneous for ``p = 0``): torch's own formula, with the
-    zero-vector rule (0, gradient 0) where ``eps = 0``."""
+    """``p < 1`` is no norm (for ``p <= 0`` it is 0 as soon as one entry is): torch's formula,
+    ``eps`` defaulting to torch's ``1e-12``, with the zero-vector rule (0, gradient 0)."""
+    if x.shape[dim] == 0:
+        return x.clone()
     n = torch.linalg.vector_norm(x, p, dim, keepdim=True)
+    y = x / n.clamp_min(eps if eps > 0.0 else 1e-12)
     if eps > 0.0:
-        return x / n.clamp_min(eps)
-    zero = n == 0
-    return torch.where(zero, 0.0, x / n.masked_fill(zero, 1.0))
+        return y
+    return torch.where(x.abs().amax(dim, keepdim=True) == 0, 0.0, y)
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> Tensor:
@@ -51,7 +53,8 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
         input: floating-point tensor.
         p: exponent of the norm, a float or ``inf``. Below 1 (not a norm: ``0.5``, ``0``,
             ``-1``, as ``F.normalize`` accepts) the value is torch's formula with
-            ``torch.linalg.vector_norm``, without the scaling above. Default: ``2.0``.
+            ``torch.linalg.vector_norm``, without the scaling above, and ``eps = 0`` means
+            torch's ``1e-12`` except at the zero vector. Default: ``2.0``.
         dim: dimension to normalise over. Default: ``1``.
         eps: lower bound of the divisor, as in ``F.normalize``. Default: ``0.0``.
 
