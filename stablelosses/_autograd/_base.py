@@ -25,6 +25,10 @@ from stablelosses._compat import direct_apply, forward_ad_active, functorch_tran
 _grad_enabled = torch.is_grad_enabled
 
 
+def _any_requires_grad(args: tuple[Any, ...]) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
 def applier(cls: Any) -> Callable[..., Any]:
     """``cls.apply``, through a jvp-free twin of ``cls`` under torch.compile.
 
@@ -46,9 +50,11 @@ def applier(cls: Any) -> Callable[..., Any]:
 def fast_apply(cls: Any, compiled: Any = None) -> Callable[..., Any]:
     """``cls.apply`` with two per-call shortcuts (every argument given positionally).
 
-    Outside compilation and functorch transforms: ``forward`` itself under ``no_grad`` when no
-    forward-mode level is open (there is no graph to record and no tangent to push), else the
-    C++ ``apply`` without ``Function.apply``'s binding of defaults (``inspect``, ~40 µs).
+    Outside compilation and functorch transforms: ``forward`` itself when no tensor argument
+    requires grad (or under ``no_grad``) and no forward-mode level is open: there is no graph
+    to record and no tangent to push, and ``Function.apply``'s bookkeeping (saving, marking
+    seven outputs) would be most of a tiny call. Else the C++ ``apply`` without
+    ``Function.apply``'s binding of defaults (``inspect``, ~40 µs).
     While compiling it calls ``compiled.apply`` (`applier`'s jvp-free twin) when given.
     """
     fast = direct_apply(cls)
@@ -60,7 +66,7 @@ def fast_apply(cls: Any, compiled: Any = None) -> Callable[..., Any]:
             return traced.apply(*args)
         if functorch_transforms_active():
             return cls.apply(*args)
-        if not _grad_enabled() and not forward_ad_active():
+        if not forward_ad_active() and not (_grad_enabled() and _any_requires_grad(args)):
             return forward(*args)
         return fast(*args)
 

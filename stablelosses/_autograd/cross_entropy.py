@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._autograd.focal import accurate_log_pt, focal_terms, other_mass
+from stablelosses._autograd.focal import accurate_log_pt, focal_rows, focal_terms, other_mass
 from stablelosses._autograd.softmax import (
     _bounded,
     exact_log_softmax,
@@ -384,112 +384,111 @@ _prob_loss = applier(_ProbLoss)
 
 
 class RowResult(NamedTuple):
-    """What ``_ClassIndexCE`` returns: the per-element loss (0 on invalid elements) and the
-    valid mask (target not ``ignore_index``, row not fully masked)."""
+    """What ``_ClassIndexCE`` returns first: the per-element loss (0 on invalid elements) and
+    the invalid mask (target ``ignore_index`` or row fully masked)."""
 
     loss: Tensor
-    valid: Tensor
-
-
-def _tail_softmax(x: Tensor, m: Tensor, idx: Tensor, am: Tensor, cdim: int) -> tuple[Tensor, ...]:
-    """The softmax with its target entry zeroed, ``p_t``, ``p`` at the row max and
-    ``rest = Σ_{j≠t} p_j``.
-
-    The softmax runs on ``x`` clamped per row from the N-sized row max ``m`` (the `_bounded`
-    rule): the identity on every row with a finite max (``finfo.min`` rows included);
-    ``+inf → finfo.max`` on ``+inf`` rows, so that the kernel puts uniform mass on the ``+inf``
-    entries (the limit); 0 on fully masked rows (finite; their gradient is 0 from the valid
-    mask). NaN rows stay NaN. The clamp is the one pass the hazard rows cost.
-    """
-    p = torch.softmax(_bounded(x, m), cdim)
-    p_t, p_am = p.gather(cdim, idx), p.gather(cdim, am)
-    # the Function's own fresh p: zero p_t in place (a vmap wrapper cannot grow in place)
-    p = p.scatter(cdim, idx, 0.0) if functorch_transforms_active() else p.scatter_(cdim, idx, 0.0)
-    return p, p_t.squeeze(cdim), p_am.squeeze(cdim), p.sum(cdim)
+    invalid: Tensor
 
 
 class _ClassIndexCE(torch.autograd.Function):
     """Class-index cross-entropy ``−w_t log p_t`` and focal loss ``−w_t (1 − p_t)^γ log p_t``
-    (no smoothing) in torch's passes.
+    (no smoothing) in torch's passes plus the two reductions the hazards and the tail need.
 
-    Forward: the row max (with its index) and torch's ``softmax`` kernel; ``log p_t`` is
-    ``(x_t − m) + log p_max`` (torch's log-softmax), or ``log1p(−rest)`` where
-    ``rest = Σ_{j≠t} p_j < ½`` (the exact tail: where ``lse − x_t`` rounds to 0 the small part
-    is kept). The softmax with ``p_t`` zeroed and
-    ``rest`` are saved; the first-order backward is that softmax scaled per row, with the
-    target entry ``−rest·a`` (``p_t − 1`` without cancellation): one pass. The focal row scale
-    (`focal_terms`, N-sized) is an extra output of the forward.
+    Forward, over the ``N×C`` logits: the row max ``m`` and its index (one read); torch's
+    ``softmax`` kernel on ``x`` made finite where a row's max is infinite (`_bounded`, one
+    pass); ``p_t`` zeroed in place and the row summed (one read): ``rest = Σ_{j≠t} p_j``.
+    Everything else is N-sized, ``p_max = 1/Σ e^{x−m}`` gathered at the argmax included:
 
-    Double backward differentiates `_IndexLoss` (same values) from the saved input.
+    * ``−log p_t = (m − x_t) − log p_max``: torch's log-softmax (both terms ≥ 0, no
+      cancellation); where ``p_t > rest`` (``p_t > ½``) it is ``−log1p(−rest)`` instead,
+      which keeps the small part where ``lse − x_t`` rounds to 0 (the exact tail).
+    * Hazard rows read off ``m``: ``−inf`` (fully masked) is invalid (loss and gradient 0);
+      on ``+inf`` rows ``m − x_t`` is ``inf − inf`` at a ``+inf`` target, where it is 0 (its
+      probability is ``p_max = 1/k``), and ``+inf`` at a finite one (probability 0, the
+      limit); a NaN row is NaN through ``p_max`` and ``p``.
+
+    The softmax with ``p_t`` zeroed and ``−rest`` are saved; the first-order backward is
+    that softmax scaled per row, with the target entry ``−rest·a`` (``p_t − 1`` without
+    cancellation): one read and one write. The focal row scale (`focal_terms`, N-sized) is an
+    extra output of the forward. Double backward differentiates `_IndexLoss` (same values)
+    from the saved input.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, target, idx, weight, ignore_index, gamma, cdim):
+    def forward(x, target, idx, ignored, weight, ignore_index, gamma, cdim):
         # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
         # IndexError ("Target 3 is out of bounds.") for the others out of range.
-        x_t = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none").neg()
+        nll = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none")
         m, am = x.max(cdim, keepdim=True)
+        p = torch.softmax(_bounded(x, m), cdim)
         idx = idx.unsqueeze(cdim)
-        p, p_t, p_am, rest = _tail_softmax(x, m, idx, am, cdim)
+        p_max = p.gather(cdim, am).squeeze(cdim)
+        p_t = p.gather(cdim, idx)
+        # the Function's own fresh p: p_t zeroed in place (a vmap wrapper cannot grow in
+        # place); 0·p_t, so that a NaN row's rest is NaN also when it has one class
+        zero = p_t * 0.0
+        p = p.scatter(cdim, idx, zero) if functorch_transforms_active() else p.scatter_(cdim, idx, zero)
+        p_t = p_t.squeeze(cdim)
+        rest = p.sum(cdim)
+        nrest = rest.neg()
         m = m.squeeze(cdim)
-        masked_row = m == -_INF
-        # log p_t = (x_t − m) + log p_max: torch's log-softmax, both terms ≤ 0 (no cancellation)
-        lt = (x_t - m) + torch.log(p_am)
-        # +inf rows: x_t − m is inf − inf; p_t is the limit (1/k on the k +inf entries, else 0)
-        lt = torch.where(m == _INF, torch.log(p_t), lt)
-        lt = accurate_log_pt(rest, lt)  # the exact tail where p_t > ½ (NaN rows stay NaN)
-        lt = torch.where(masked_row, -_INF, lt)  # fully masked: dropped, not NaN
-        # the focal value and backward row scale (N-sized); none for cross-entropy
-        val, scale = (-lt, lt.new_empty(0)) if gamma == 0.0 else focal_terms(rest, lt, gamma)
+        nll_t = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF) - torch.log(p_max)
+        # the exact tail; false on NaN rows (p_t is NaN), so they stay NaN
+        nll_t = torch.where(p_t > rest, torch.special.xlog1py(-1.0, nrest), nll_t)
+        if gamma == 0.0:
+            val, scale = nll_t, nll_t.new_empty(0)
+        else:
+            val, scale = focal_rows(rest, p_t, nll_t, gamma)
         if weight is not None:
             w_t = weight[idx.squeeze(cdim)]
             val = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
-        valid = (target != ignore_index) & ~masked_row
-        return torch.where(valid, val, 0.0), valid, p, p_t, rest, lt, scale
+        invalid = ignored | (m == -_INF)
+        return val.masked_fill(invalid, 0.0), invalid, p, p_t, nrest, nll_t, scale
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, idx, weight, ignore_index, gamma, cdim = inputs
-        _, valid, p, p_t, rest, lt, scale = output
-        ctx.mark_non_differentiable(valid, p, p_t, rest, lt, scale)
+        x, target, idx, _ignored, weight, ignore_index, gamma, cdim = inputs
+        _, invalid, p, p_t, nrest, nll_t, scale = output
+        ctx.mark_non_differentiable(invalid, p, p_t, nrest, nll_t, scale)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, target, idx, weight, valid, p, p_t, rest, lt, scale)
-        ctx.save_for_forward(x, target, idx, weight, valid, p, p_t, rest, lt, scale)
+        ctx.save_for_backward(x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale)
+        ctx.save_for_forward(x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale)
         ctx.ignore_index, ctx.gamma, ctx.cdim = ignore_index, gamma, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, _gv, _gp, _gpt, _gr, _gl, _gs):
-        x, target, idx, weight, valid, p, _p_t, rest, lt, scale = ctx.saved_tensors
+    def backward(ctx, grad_loss, _gi, _gp, _gpt, _gr, _gl, _gs):
+        x, target, idx, weight, invalid, p, _p_t, nrest, nll_t, scale = ctx.saved_tensors
         cdim, gamma = ctx.cdim, ctx.gamma
         if grad_loss is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         if torch.is_grad_enabled():
             return _double_backward(ctx, x, target, idx, weight, grad_loss)
-        s = torch.where(valid, grad_loss, 0.0)
-        a = s if gamma == 0.0 else torch.where(valid, s * scale, 0.0)  # the focal row scale
+        s = grad_loss.masked_fill(invalid, 0.0)
+        # the focal row scale (0 on invalid rows even where it is not finite)
+        a = s if gamma == 0.0 else (s * scale).masked_fill(invalid, 0.0)
         a = a if weight is None else a * weight[idx]
-        a = torch.where(torch.isnan(lt), lt, a)  # NaN rows: NaN gradient
         gx = gw = None
         if ctx.needs_input_grad[0]:
             idx_u = idx.unsqueeze(cdim)
-            a_u = a.unsqueeze(cdim)
-            # out of place: the saved p stays intact for a second backward (retain_graph)
-            g = p * a_u
-            t_val = (-rest * a).unsqueeze(cdim)
+            # out of place: the saved p stays intact for a second backward (retain_graph);
+            # NaN rows: p is NaN, so is their gradient
+            g = p * a.unsqueeze(cdim)
+            t_val = (nrest * a).unsqueeze(cdim)
             gx = g.scatter(cdim, idx_u, t_val) if functorch_transforms_active() else g.scatter_(
                 cdim, idx_u, t_val)
-        if ctx.needs_input_grad[3]:
+        if ctx.needs_input_grad[4]:
             # the unweighted value (recomputed: N-sized, needed only for weight's gradient)
-            val = -lt if gamma == 0.0 else focal_terms(rest, lt, gamma)[0]
-            contrib = torch.where(valid, s * val, 0.0)
+            val = nll_t if gamma == 0.0 else focal_rows(nrest.neg(), _p_t, nll_t, gamma)[0]
+            contrib = (s * val).masked_fill(invalid, 0.0)
             gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
-        return gx, None, None, gw, None, None, None
+        return gx, None, None, None, gw, None, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _gamma, _cdim):
-        x, target, idx, weight, valid, p, p_t, rest, lt, scale = ctx.saved_tensors
+    def jvp(ctx, x_t, _target_t, _idx_t, _ignored_t, w_t, _ii, _gamma, _cdim):
+        x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale = ctx.saved_tensors
         cdim, gamma = ctx.cdim, ctx.gamma
         idx_u = idx.unsqueeze(cdim)
         pf = p.scatter(cdim, idx_u, p_t.unsqueeze(cdim))
@@ -501,21 +500,21 @@ class _ClassIndexCE(torch.autograd.Function):
             val_t = weight[idx] * val_t
             if w_t is not None:
                 wt = w_t[idx]
-                val = -lt if gamma == 0.0 else focal_terms(rest, lt, gamma)[0]
+                val = nll_t if gamma == 0.0 else focal_rows(nrest.neg(), p_t, nll_t, gamma)[0]
                 val_t = val_t + torch.where(wt == 0, 0.0, wt * val)
-        return torch.where(valid, val_t, 0.0), None, None, None, None, None, None
+        return val_t.masked_fill(invalid, 0.0), None, None, None, None, None, None
 
 
 def _double_backward(ctx, x, target, idx, weight, grad_loss):
     """First derivatives as a differentiable graph: `_IndexLoss`'s (same values) on the saved
     ``x`` and ``weight``, so that a second backward reaches them."""
-    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[4]
     res = IndexResult(*_index_loss(x, target, idx, weight, ctx.ignore_index, ctx.gamma, 0.0, ctx.cdim))
     wrt = [t for t, need in ((x, need_x), (weight, need_w)) if need]
     grads = iter(torch.autograd.grad(res.loss, wrt, grad_loss, create_graph=True, allow_unused=True))
     gx = next(grads) if need_x else None
     gw = next(grads) if need_w else None
-    return gx, None, None, gw, None, None, None
+    return gx, None, None, None, gw, None, None, None
 
 
 _class_index_ce = applier(_ClassIndexCE)

@@ -30,16 +30,35 @@ from stablelosses._utils import inplace_ok
 _INF = float("inf")
 
 
+# Each float type's same-width signed integer type, and the bits of its -inf as that integer.
+_BITS = {
+    dt: (it, int(torch.tensor(-_INF, dtype=dt).view(it)))
+    for dt, it in ((torch.float64, torch.int64), (torch.float32, torch.int32),
+                   (torch.float16, torch.int16), (torch.bfloat16, torch.int16))
+}
+
+
 def _bounded(x: Tensor, m: Tensor) -> Tensor:
-    """``x`` clamped per slice to ``[lo, hi]`` from the slice max ``m`` (one pass, N-sized
-    bounds): the identity on every slice with a finite max (``finfo.min`` slices included);
-    ``+inf → finfo.max`` on ``+inf`` slices (the ``+inf`` entries then sit far above every
-    other entry but ``finfo.max`` itself, so torch's kernels put uniform mass on them); 0 on
-    all-``-inf`` slices (finite, fixed by the caller from ``m``). NaN stays NaN.
+    """``x`` with its infinities made finite on the slices where they break torch's kernels,
+    from the slice max ``m`` (keepdim): the identity on every slice with a finite max
+    (``finfo.min`` slices included); ``+inf → finfo.max`` on ``+inf`` slices (the ``+inf``
+    entries then sit far above every other entry but ``finfo.max`` itself, so torch's kernels
+    put uniform mass on them); ``finfo.min`` everywhere on all-``-inf`` slices (finite, fixed
+    by the caller from ``m``). NaN stays NaN.
+
+    One pass with one per-slice operand: a ``minimum`` on the bits read as signed integers.
+    There positive floats keep their order and negative ones reverse it, so ``-inf`` lies
+    above every finite negative number. The bound ``c`` is the max's bits, raised to
+    ``-inf``'s where the max is negative (no entry moves), and one lower where the max is
+    ``±inf`` (``±inf → ±finfo.max``; on an all-``-inf`` slice every entry is the max). A
+    ``-0.0`` max counts as ``+0.0``, so that a ``+0.0`` entry beside it stays.
+    (torch's CPU clamp with two per-slice bounds does not vectorize its two broadcast
+    operands: about 2x slower than this ``minimum`` at 8192x1000.)
     """
-    hi = m.clamp(0.0, torch.finfo(x.dtype).max)  # ≥ m on finite slices: no entry is cut
-    lo = torch.where(m == -_INF, hi, -_INF)  # 0 on all-(-inf) slices, else no bound
-    return x.clamp(lo, hi)
+    bits, neg_inf = _BITS[x.dtype]
+    # m + 0 turns a -0.0 max into +0.0, whose bits are above a +0.0 entry's (-0.0's are not)
+    c = torch.add((m + 0.0).view(bits).clamp_min(neg_inf), torch.isinf(m), alpha=-1)
+    return torch.minimum(x.view(bits), c).view(x.dtype)
 
 
 def _shift_by_max(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -10,7 +10,6 @@ from torch import Tensor
 from stablelosses._autograd.cross_entropy import (
     IndexResult,
     ProbResult,
-    RowResult,
     _class_index_ce,
     _index_loss,
     _prob_loss,
@@ -115,16 +114,22 @@ def _index_loss_reduced(
     target = target.long()
     if mask is not None:
         target = torch.where(mask, target, ignore_index)
-    idx = torch.where(target != ignore_index, target, 0)
-    res: IndexResult | RowResult
     if eps == 0.0:
-        res = RowResult(*_class_index_ce(x, target, idx, w, ignore_index, gamma, cdim)[:2])
-    else:
-        res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
+        ignored = target == ignore_index
+        # any in-range index serves the ignored targets; the others out of range raise in
+        # the Function's nll_loss first, with torch's message
+        idx = target.clamp(0, x.shape[cdim] - 1)
+        loss, invalid = _class_index_ce(x, target, idx, ignored, w, ignore_index, gamma, cdim)[:2]
+        if reduction != "mean":
+            return _reduce(loss, invalid, reduction, False)
+        denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
+        return _reduce(loss, denom, reduction, False, mask is not None)
+    idx = torch.where(target != ignore_index, target, 0)
+    res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, res.valid, reduction, False)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
-    return _reduce(res.loss, denom, reduction, eps > 0.0, mask is not None)
+    return _reduce(res.loss, denom, reduction, True, mask is not None)
 
 
 def _no_classes(
