@@ -211,34 +211,26 @@ def _lse_softmax(
     return p if grad is None else p * grad
 
 
-def _lse_one_dim(x: Tensor, dim: int, keepdim: bool) -> Tensor:
-    """``m + log1p(Σ_{j≠argmax} e^{x_j − m})``: correctly rounded also where ``log Σ`` would
-    round ``1 + δ`` to 1 (``[0, -20]`` gives ``2.06e-9``, torch's ``logsumexp`` 0).
-
-    ``±inf`` and NaN maxima give ``m`` itself, as ``torch.logsumexp``.
-    """
-    m, am = x.max(dim, keepdim=True)
-    finite = torch.isfinite(m)
-    diff = x - torch.where(finite, m, 0.0)
-    # the argmax's own term is exactly 1: leave it out of the sum and add it as the 1 of log1p
-    if inplace_ok(diff):
-        e = diff.exp_().scatter_(dim, am, 0.0)
-    else:
-        e = torch.exp(diff).scatter(dim, am, 0.0)
-    out = torch.where(finite, m + torch.log1p(e.sum(dim, keepdim=True)), m)
-    return out if keepdim else out.squeeze(dim)
-
-
 class _LogSumExp(torch.autograd.Function):
-    """``log Σ exp x`` over ``dims``; the gradient is the softmax of ``x`` with the limits above."""
+    """``log Σ exp x`` over ``dims``: torch's kernel forward (its rounding, and its ``±inf``
+    and NaN values); the gradient is the softmax of ``x`` with the limits above.
+
+    One dimension, first order: torch's ``softmax`` kernel on `_bounded` x (bounded from the
+    output: ``out ≥ max``, infinite exactly where the max is), times the incoming gradient
+    with 0 on all-``-inf`` slices. One bound pass, the softmax's read and write and the
+    multiply: torch's own backward (``grad · exp(x − out)``) makes as many passes. Double
+    backward and several dimensions: the differentiable `_lse_softmax`.
+
+    The argmax entry's exact tail (``log1p`` of the other terms, where ``1 + δ`` rounds to 1)
+    is not kept here: it needs every ``exp`` in the forward, two passes over the input more
+    than torch's (1.43x torch's bytes, measured) for a rounding torch makes too.
+    """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x: Tensor, dims: Sequence[int], keepdim: bool) -> Tensor:
-        if len(dims) != 1 or x.shape[dims[0]] == 0:
-            return torch.logsumexp(x, tuple(dims), keepdim)
-        return _lse_one_dim(x, dims[0], keepdim)
+        return torch.logsumexp(x, tuple(dims), keepdim)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -251,8 +243,14 @@ class _LogSumExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, out = ctx.saved_tensors
-        # NaN slices: the NaN in the softmax carries through
-        return _lse_softmax(x, out, ctx.dims, ctx.keepdim, grad), None, None
+        if len(ctx.dims) != 1 or x.shape[ctx.dims[0]] == 0 or torch.is_grad_enabled():
+            # NaN slices: the NaN in the softmax carries through
+            return _lse_softmax(x, out, ctx.dims, ctx.keepdim, grad), None, None
+        dim = ctx.dims[0]
+        if not ctx.keepdim:
+            out, grad = out.unsqueeze(dim), grad.unsqueeze(dim)
+        p = torch.softmax(_bounded(x, out), dim)
+        return p * grad.masked_fill(out == -_INF, 0.0), None, None
 
     @staticmethod
     def jvp(ctx, x_t: Tensor, _dims_t, _keepdim_t):
