@@ -187,6 +187,8 @@ def _rmse_text(m: Module, sf: str, e: _Mse, eps: ast.expr | None = None) -> str 
 
 _PROB_NAMES = re.compile(r"^(p|pt|p_t|prob|probs|probas|probabilities|pred_prob|p_hat)$", re.I)
 _EPS_NAMES = re.compile(r"eps|epsilon|tiny|smooth", re.I)
+_LOGITS = re.compile(r"(^|_)logits?(_per_[a-z]+)?$", re.I)
+_NO_GRAD_CLASSES = re.compile(r"(FeatureExtractor|Processor|Tokenizer)(Fast)?$")
 _PASS_THROUGH = frozenset({"gather", "squeeze", "unsqueeze", "view", "reshape", "flatten", "detach",
                            "contiguous", "float", "to", "type_as", "clone"})
 
@@ -235,6 +237,25 @@ def _plus_eps(m: Module, node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
     return None
 
 
+def _no_grad(m: Module, node: ast.AST) -> bool:
+    """Inside ``@torch.no_grad()``/``inference_mode``, a ``with`` of them, or a preprocessing class
+    (``*FeatureExtractor``, ``*Processor``, ``*Tokenizer``): no gradient flows there."""
+    def grad_off(e: ast.expr) -> bool:
+        q = m.qualname(e.func if isinstance(e, ast.Call) else e) or ""
+        return q in ("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad")
+
+    p = m.parent(node)
+    while p is not None:
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(map(grad_off, p.decorator_list)):
+            return True
+        if isinstance(p, (ast.With, ast.AsyncWith)) and any(grad_off(i.context_expr) for i in p.items):
+            return True
+        if isinstance(p, ast.ClassDef) and _NO_GRAD_CLASSES.search(p.name):
+            return True
+        p = m.parent(p)
+    return False
+
+
 def _one_minus(node: ast.expr) -> ast.expr | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and _is_int(node.left, 1):
         return node.right
@@ -268,6 +289,8 @@ def _sqrt(m: Module, node: ast.Call) -> Finding | None:
         return _finding("SL108", node, "sqrt(MSE + eps): the eps biases the value, and the square "
                         "inside the MSE overflows first", names, fix,
                         "a mean over some dims has no rmse_loss spelling")
+    if _no_grad(m, node):
+        return None  # the hazard is in the gradient only
     e = _mse(m, inner, node)
     if e is None:
         s = m.call(inner, "sum")
@@ -440,7 +463,7 @@ def _exp_logits(m: Module, node: ast.Call) -> Finding | None:
         return None
     x = c.args[0]
     name = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else ""
-    if "logit" not in name.lower():
+    if not _LOGITS.search(name):  # logits, cls_logits, logits_per_text; not logit_scale
         return None
     return _finding("SL113", node, "exp of unshifted logits overflows above 88 in float32 (inf, then "
                     "NaN); subtract the max, or use SF.softmax / SF.logsumexp / SF.cross_entropy",
@@ -531,9 +554,11 @@ def _focal_power(m: Module, node: ast.BinOp) -> Finding | None:
     p = _one_minus(node.left)
     if p is None:
         return None
-    g = node.right
+    g = m.resolve(node.right, node) or node.right
     if isinstance(g, ast.Constant) and isinstance(g.value, (int, float)) and g.value >= 1:
         return None  # a polynomial: its slope is finite at p = 1
+    if _no_grad(m, node):
+        return None  # the hazard is in the gradient only
     kind = _probability(m, p, node)
     if kind is None:
         return None
