@@ -22,7 +22,7 @@ try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the older package name
     try:
-        from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+        from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef,assignment]
     except ImportError:
         Callback = None  # type: ignore[assignment,misc]
 
