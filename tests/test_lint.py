@@ -30,7 +30,7 @@ CASES = [
     ("SL101", "th.sqrt(nn.MSELoss(reduction='sum')(x, y))", "torch.sqrt(x.abs())"),
     ("SL101", "(x - y).pow(2).mean().sqrt()", "torch.sqrt(x.abs().mean())"),
     ("SL101", "torch.sqrt(((x - y) ** 2).mean())", "torch.sqrt((x - y).mean() ** 2)"),
-    ("SL101", "torch.sqrt((x * x).sum(-1))", "torch.linalg.vector_norm(x, dim=-1)"),
+    ("SL101", "torch.sqrt(((x - y) ** 2).sum(-1))", "torch.sqrt((x * x).sum(-1))"),
     ("SL102", "torch.log(F.softmax(x, -1))", "F.log_softmax(x, -1)"),
     ("SL102", "x.softmax(dim=1).log()", "torch.log(x.abs())"),
     ("SL103", "x.exp() / x.exp().sum(-1, keepdim=True)", "torch.softmax(x, -1)"),
@@ -61,12 +61,15 @@ CASES = [
     ("SL112", "x.cosh().log()", "torch.log(x.abs() + 1)"),
     ("SL113", "torch.log(torch.exp(x).sum(-1))", "torch.logsumexp(x, -1)"),
     ("SL113", "x.exp().sum().log()", "torch.exp(x - x.amax(-1, keepdim=True))"),
-    ("SL113", "torch.exp(logits)", "torch.exp(-x.abs())"),
+    ("SL113", "loss_fn(logits)", "torch.exp(-x.abs())"),
 ]
 
 
+LOSS_FN = "def loss_fn(logits):\n    return torch.exp(logits).mean()\n"
+
+
 def _src(expr: str) -> str:
-    return f"{HEADER}r = {expr}\n"
+    return f"{HEADER}{LOSS_FN if 'loss_fn' in expr else ''}r = {expr}\n"
 
 
 def _inputs() -> dict:
@@ -84,6 +87,14 @@ def _eval(src: str):
     env = {"SF": SF, **_inputs()}
     exec(compile(src, "<lint>", "exec"), env)
     return env["r"]
+
+
+def test_every_rule_has_a_case_and_a_docs_section():
+    assert {c for c, _, _ in CASES} == set(RULES)
+    page = (Path(__file__).parents[1] / "docs" / "lint.md").read_text()
+    for code, rule in RULES.items():
+        assert f"## {code}" in page, code
+        assert (Path(__file__).parents[1] / "docs" / "hazards" / f"{rule.page}.md").exists()
 
 
 @pytest.mark.parametrize("code, bad, good", CASES, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(CASES)])
@@ -154,6 +165,27 @@ def test_self_attribute_criterion():
                 return torch.sqrt(self.crit(a, b))
         """)
     assert [(f.code, f.fix) for f in lint_source(src)] == [("SL101", "SF.rmse_loss(a, b)")]
+
+
+def test_gradient_only_rules_are_silent_without_a_gradient():
+    body = "    r = torch.sqrt(F.mse_loss(x, y))\n    q = (1 - p) ** 0.5\n    s = torch.log(p + 1e-8)\n"
+    plain = f"def f(x, y, p):\n{body}"
+    assert [f.code for f in lint_source(plain)] == ["SL101", "SL106", "SL108"]
+    assert lint_source(f"@torch.no_grad()\n{plain}") == []
+    assert lint_source(f"def f(x, y, p):\n    with torch.inference_mode():\n    {body.replace(chr(10) + '    ', chr(10) + '        ')}") == []
+    assert lint_source(f"class AudioFeatureExtractor:\n    {plain.replace(chr(10), chr(10) + '    ')}") == []
+    assert lint_source(plain, path="models/x/processing_x.py") == []
+    assert len(lint_source(plain, path="models/x/modeling_x.py")) == 3
+
+
+def test_exp_of_logits_shifted_in_the_function_is_not_reported():
+    shifted = "def f_loss(logits):\n    logits = logits - logits.amax(-1, keepdim=True)\n    return torch.exp(logits)\n"
+    bare = "def f_loss(logits):\n    return torch.exp(logits)\n"
+    assert lint_source(shifted) == [] and [f.code for f in lint_source(bare)] == ["SL113"]
+    assert lint_source(bare.replace("f_loss", "mean")) == []  # not in a loss: the mean of a distribution
+    assert lint_source("class CLIPLoss:\n    def f(self):\n        return self.logit_scale.exp()\n") == []
+    lse = "def f(x):\n    shifted = x - x.amax(-1, keepdim=True)\n    return torch.log(torch.exp(shifted).sum(-1))\n"
+    assert lint_source(lse) == []  # already shifted: it cannot overflow
 
 
 def test_inplace_masked_fill_reports_without_fix():

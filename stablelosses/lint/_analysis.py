@@ -94,8 +94,9 @@ def is_neg_inf(node: ast.expr) -> bool:
 class Module:
     """A parsed module: aliases, scopes, parents, and the resolver the rules use."""
 
-    def __init__(self, source: str, tree: ast.Module | None = None) -> None:
+    def __init__(self, source: str, tree: ast.Module | None = None, path: str = "") -> None:
         self.source = source
+        self.path = path.replace("\\", "/")
         self.tree = tree if tree is not None else ast.parse(source)
         self.aliases: dict[str, str] = {}
         self.parents: dict[int, ast.AST] = {}

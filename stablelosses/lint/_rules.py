@@ -189,6 +189,7 @@ _PROB_NAMES = re.compile(r"^(p|pt|p_t|prob|probs|probas|probabilities|pred_prob|
 _EPS_NAMES = re.compile(r"eps|epsilon|tiny|smooth", re.I)
 _LOGITS = re.compile(r"(^|_)logits?(_per_[a-z]+)?$", re.I)
 _NO_GRAD_CLASSES = re.compile(r"(FeatureExtractor|Processor|Tokenizer)(Fast)?$")
+_NO_GRAD_FILES = re.compile(r"(feature_extraction|(image_|video_)?processing|tokenization)_\w+\.py$")
 _PASS_THROUGH = frozenset({"gather", "squeeze", "unsqueeze", "view", "reshape", "flatten", "detach",
                            "contiguous", "float", "to", "type_as", "clone"})
 
@@ -237,9 +238,36 @@ def _plus_eps(m: Module, node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
     return None
 
 
+def _shifted(m: Module, x: ast.expr, at: ast.AST) -> bool:
+    """``x - x.max(...)`` (or minus a name like ``x_max``): the exponent is at most 0."""
+    x = m.resolve(x, at) or x
+    if not (isinstance(x, ast.BinOp) and isinstance(x.op, ast.Sub)):
+        return False
+    r = m.resolve(x.right, at) or x.right
+    if isinstance(r, ast.Subscript):
+        r = r.value
+    if isinstance(r, ast.Attribute) and r.attr == "values":
+        r = r.value
+    name = r.id if isinstance(r, ast.Name) else ""
+    return m.call(r, "max") is not None or "max" in name.lower()
+
+
+def _in_loss(m: Module, node: ast.AST) -> bool:
+    """Inside a function named like a loss, or a method of a class named like one."""
+    p = m.parent(node)
+    while p is not None:
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and "loss" in p.name.lower():
+            return True
+        if isinstance(p, ast.ClassDef):
+            return "loss" in p.name.lower()
+        p = m.parent(p)
+    return False
+
+
 def _no_grad(m: Module, node: ast.AST) -> bool:
-    """Inside ``@torch.no_grad()``/``inference_mode``, a ``with`` of them, or a preprocessing class
-    (``*FeatureExtractor``, ``*Processor``, ``*Tokenizer``): no gradient flows there."""
+    """Inside ``@torch.no_grad()``/``inference_mode``, a ``with`` of them, a preprocessing class
+    (``*FeatureExtractor``, ``*Processor``, ``*Tokenizer``) or module (``processing_*.py``,
+    ``feature_extraction_*.py``, ``tokenization_*.py``): no gradient flows there."""
     def grad_off(e: ast.expr) -> bool:
         q = m.qualname(e.func if isinstance(e, ast.Call) else e) or ""
         return q in ("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad")
@@ -253,7 +281,7 @@ def _no_grad(m: Module, node: ast.AST) -> bool:
         if isinstance(p, ast.ClassDef) and _NO_GRAD_CLASSES.search(p.name):
             return True
         p = m.parent(p)
-    return False
+    return bool(_NO_GRAD_FILES.match(m.path.rsplit("/", 1)[-1]))
 
 
 def _one_minus(node: ast.expr) -> ast.expr | None:
@@ -282,7 +310,7 @@ def _sqrt(m: Module, node: ast.Call) -> Finding | None:
     plus = _plus_eps(m, inner)
     if plus is not None:
         e = _mse(m, plus[0], node)
-        if e is None or e.b is None:
+        if e is None or e.kind != "an MSE":  # sqrt(var + eps) in a norm layer is intended
             return None
         sf = names.sf()
         fix = _rmse_text(m, sf, e, plus[1]) if sf else None
@@ -294,9 +322,12 @@ def _sqrt(m: Module, node: ast.Call) -> Finding | None:
     e = _mse(m, inner, node)
     if e is None:
         s = m.call(inner, "sum")
-        if s is None or not s.args or _squared(m, m.resolve(s.args[0], node) or s.args[0]) is None:
+        sq = _squared(m, m.resolve(s.args[0], node) or s.args[0]) if s is not None and s.args else None
+        # a distance sqrt(sum((a - b) ** 2)) is 0 wherever two points meet; a norm spelled out
+        # is 0 only at the zero vector, and the division by it is SL107's
+        if s is None or not (isinstance(sq, ast.BinOp) and isinstance(sq.op, ast.Sub)):
             return None
-        e = _Mse(s.args[0], None, None, True, "a sum of squares")
+        e = _Mse(s.args[0], None, None, True, "a sum of squared differences")
     sf = names.sf()
     fix = (_rmse_text(m, sf, e) or f"{sf}.safe_sqrt({m.seg(c.args[0])})") if sf else None
     return _finding("SL101", node, f"sqrt of {e.kind}: its gradient is inf * 0 = NaN where the "
@@ -337,7 +368,7 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
         return _finding("SL104", node, f"{what}: the sigmoid rounds to 0 (or 1) and the log is -inf "
                         "(NaN gradient)", names, f"{tf}.logsigmoid({xs})" if tf else None)
     plus = _plus_eps(m, inner)
-    if plus is not None:
+    if plus is not None and not _no_grad(m, node):  # without a gradient the eps only guards a score
         base = m.resolve(plus[0], node) or plus[0]
         kind = _probability(m, base, node)
         if kind is None:
@@ -350,7 +381,7 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
     s = m.call(inner, "sum")
     if s is not None and s.args:
         e = m.call(m.resolve(s.args[0], node) or s.args[0], "exp")
-        if e is not None and len(e.args) == 1 and not e.kwargs:
+        if e is not None and len(e.args) == 1 and not e.kwargs and not _shifted(m, e.args[0], node):
             dim = _dim(s, 1)
             keep = s.arg(2, "keepdim")
             if set(s.kwargs) - {"dim", "keepdim"} or len(s.args) > 3:
@@ -465,6 +496,12 @@ def _exp_logits(m: Module, node: ast.Call) -> Finding | None:
     name = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else ""
     if not _LOGITS.search(name):  # logits, cls_logits, logits_per_text; not logit_scale
         return None
+    if not _in_loss(m, node):
+        return None
+    if isinstance(x, ast.Name):
+        binds = m.scope(node).bindings.get(x.id, [])
+        if any(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Sub) for _, v in binds):
+            return None  # shifted somewhere in this function (logits = logits - max)
     return _finding("SL113", node, "exp of unshifted logits overflows above 88 in float32 (inf, then "
                     "NaN); subtract the max, or use SF.softmax / SF.logsumexp / SF.cross_entropy",
                     no_fix="what the exp feeds decides the stable op")
@@ -490,7 +527,9 @@ def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
     x = num.args[0]
     msg = "hand-written softmax: exp overflows (inf / inf = NaN) and a row of -inf is 0 / 0"
     dim, keep = _dim(s, 1), s.arg(2, "keepdim")
-    if dim is None or not _is_true(keep) or isinstance(dim, (ast.Tuple, ast.List)):
+    if dim is None:
+        return None  # a sum over everything normalizes a kernel or a histogram, not logits
+    if not _is_true(keep) or isinstance(dim, (ast.Tuple, ast.List)):
         return _finding("SL103", node, msg, no_fix="the sum is not over one dim with keepdim=True")
     # exp(x - x.max(dim, keepdim=True)[0]): the same softmax, shift-invariant
     if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Sub):

@@ -69,7 +69,7 @@ def _noqa(line: str, code: str) -> bool:
 
 
 def lint_source(source: str, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None,
-                tree: ast.Module | None = None) -> list[Finding]:
+                tree: ast.Module | None = None, path: str = "") -> list[Finding]:
     """The findings in one module's source, after ``# noqa`` and the selection.
 
     Example:
@@ -77,7 +77,7 @@ def lint_source(source: str, select: Sequence[str] | None = None, ignore: Sequen
         >>> [f.code for f in lint_source("import torch\\ny = torch.log(torch.softmax(x, -1))\\n")]
         ['SL102']
     """
-    m = Module(source, tree)
+    m = Module(source, tree, path)
     lines = source.splitlines()
     out = []
     for f in check_tree(m):
@@ -129,13 +129,13 @@ def _notebook_cells(text: str) -> list[str]:
     return cells
 
 
-def _fix_loop(source: str, select, ignore) -> tuple[str, int]:
+def _fix_loop(source: str, select, ignore, path: str) -> tuple[str, int]:
     """Apply fixes until none is left (an outer rewrite can expose an inner one): 5 passes at most."""
     from stablelosses.lint._fix import apply_fixes
 
     total = 0
     for _ in range(5):
-        new, n = apply_fixes(source, lint_source(source, select, ignore))
+        new, n = apply_fixes(source, lint_source(source, select, ignore, path=path))
         if n == 0 or new == source:
             break
         source, total = new, total + n
@@ -175,7 +175,8 @@ def run(paths: Sequence[str], *, select=None, ignore=None, fmt: str = "text", fi
                     tree = ast.parse(src)
                 except SyntaxError:
                     continue  # a cell of another language, or a half-written one
-                reports += [_report(name, src, f, cell=i) for f in lint_source(src, select, ignore, tree)]
+                found = lint_source(src, select, ignore, tree, name)
+                reports += [_report(name, src, f, cell=i) for f in found]
             continue
         try:
             tree = ast.parse(text, filename=name)
@@ -184,7 +185,7 @@ def run(paths: Sequence[str], *, select=None, ignore=None, fmt: str = "text", fi
             broken = True
             continue
         if fix or diff:
-            new, n = _fix_loop(text, select, ignore)
+            new, n = _fix_loop(text, select, ignore, name)
             if new != text:
                 changed = True
                 fixed += n
@@ -196,7 +197,7 @@ def run(paths: Sequence[str], *, select=None, ignore=None, fmt: str = "text", fi
                     text, tree = new, ast.parse(new, filename=name)
         if diff:
             continue
-        reports += [_report(name, text, f) for f in lint_source(text, select, ignore, tree)]
+        reports += [_report(name, text, f) for f in lint_source(text, select, ignore, tree, name)]
     if fmt == "json":
         json.dump([r.as_dict() for r in reports], out, indent=1)
         out.write("\n")

@@ -43,6 +43,6 @@ class Plugin:
                     source = fh.read()
             except OSError:
                 source = ast.unparse(self.tree)
-        for f in check_tree(Module(source, self.tree)):
+        for f in check_tree(Module(source, self.tree, self.filename)):
             hint = f"use {f.fix}" if f.fix else f.no_fix
             yield f.line, f.col, f"{f.code} {f.message} ({hint})", type(self)
