@@ -28,9 +28,9 @@ HEADER = ("import math\nimport torch\nimport torch as th\nimport torch.nn.functi
 CASES = [
     ("SL101", "torch.sqrt(F.mse_loss(x, y))", "SF.rmse_loss(x, y)"),
     ("SL101", "th.sqrt(nn.MSELoss(reduction='sum')(x, y))", "torch.sqrt(x.abs())"),
-    ("SL101", "(x - y).pow(2).mean().sqrt()", "torch.sqrt(x.abs().mean())"),
-    ("SL101", "torch.sqrt(((x - y) ** 2).mean())", "torch.sqrt((x - y).mean() ** 2)"),
-    ("SL101", "torch.sqrt(((x - y) ** 2).sum(-1))", "torch.sqrt((x * x).sum(-1))"),
+    ("SL101", "rmse_loss((x - y).pow(2).mean().sqrt())", "torch.sqrt(x.abs().mean())"),
+    ("SL101", "rmse_loss(torch.sqrt(((x - y) ** 2).mean()))", "torch.sqrt(((x - y) ** 2).mean())"),
+    ("SL101", "rmse_loss(torch.sqrt(((x - y) ** 2).sum(-1)))", "rmse_loss(torch.sqrt((x * x).sum(-1)))"),
     ("SL102", "torch.log(F.softmax(x, -1))", "F.log_softmax(x, -1)"),
     ("SL102", "x.softmax(dim=1).log()", "torch.log(x.abs())"),
     ("SL103", "x.exp() / x.exp().sum(-1, keepdim=True)", "torch.softmax(x, -1)"),
@@ -65,11 +65,16 @@ CASES = [
 ]
 
 
-LOSS_FN = "def loss_fn(logits):\n    return torch.exp(logits).mean()\n"
+# an expression inside a function named like a loss (the rules that need one)
+IN_LOSS = {"loss_fn": "def loss_fn(logits):\n    return torch.exp(logits).mean()\n"}
 
 
 def _src(expr: str) -> str:
-    return f"{HEADER}{LOSS_FN if 'loss_fn' in expr else ''}r = {expr}\n"
+    head = "".join(v for k, v in IN_LOSS.items() if expr.startswith(k + "("))
+    if expr.startswith("rmse_loss("):  # evaluated inside the loss function
+        inner = expr[len("rmse_loss("):-1]
+        return f"{HEADER}def rmse_loss_of(x, y):\n    return {inner}\nr = rmse_loss_of(x, y)\n"
+    return f"{HEADER}{head}r = {expr}\n"
 
 
 def _inputs() -> dict:
@@ -186,6 +191,17 @@ def test_exp_of_logits_shifted_in_the_function_is_not_reported():
     assert lint_source("class CLIPLoss:\n    def f(self):\n        return self.logit_scale.exp()\n") == []
     lse = "def f(x):\n    shifted = x - x.amax(-1, keepdim=True)\n    return torch.log(torch.exp(shifted).sum(-1))\n"
     assert lint_source(lse) == []  # already shifted: it cannot overflow
+    empty = "def f(x):\n    if x.numel() == 0:\n        return torch.log(torch.exp(x).sum(-1))\n"
+    assert lint_source(empty) == []  # an empty tensor has no value to overflow
+    assert len(lint_source(empty.replace("if x.numel() == 0:", "if x.ndim == 0:"))) == 1
+
+
+def test_rms_of_data_is_not_reported_outside_a_loss():
+    rms = "def rms(x):\n    return x.pow(2).mean().sqrt()\n"
+    assert lint_source(rms) == []
+    assert [f.code for f in lint_source(rms.replace("def rms", "def rms_loss"))] == ["SL101"]
+    mse = "def rms(x, y):\n    return torch.sqrt(F.mse_loss(x, y))\n"
+    assert [f.code for f in lint_source(mse)] == ["SL101"]  # an MSE is a loss wherever it is
 
 
 def test_inplace_masked_fill_reports_without_fix():
@@ -399,3 +415,15 @@ def test_lint_module_imports_no_optional_dependency():
 def test_math_constant_neg_inf_spellings():
     for spelling in ("float('-inf')", "-float('inf')", "-math.inf", "-torch.inf", 'float("-Infinity")'):
         assert [f.code for f in lint_source(_src(f"torch.softmax(x.masked_fill(m, {spelling}), -1)"))] == ["SL109"]
+
+
+def test_many_files_in_parallel_give_the_serial_report(tmp_path, monkeypatch):
+    for i in range(70):
+        (tmp_path / f"m{i:02d}.py").write_text(_src("torch.log(torch.sigmoid(x))" if i % 7 else "x + 1"))
+    parallel, serial = io.StringIO(), io.StringIO()
+    assert run([str(tmp_path)], fmt="json", out=parallel) == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 1)  # one process
+    assert run([str(tmp_path)], fmt="json", out=serial) == 1
+    got = json.loads(parallel.getvalue())
+    assert got == json.loads(serial.getvalue()) and len(got) == 60
+    assert [r["path"] for r in got] == sorted(r["path"] for r in got)

@@ -240,24 +240,32 @@ def _plus_eps(m: Module, node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
 
 def _shifted(m: Module, x: ast.expr, at: ast.AST) -> bool:
     """``x - x.max(...)`` (or minus a name like ``x_max``): the exponent is at most 0."""
-    x = m.resolve(x, at) or x
+    if isinstance(x, ast.Name):  # any binding of the name in this function that is a shift
+        values = [v for _, v in m.scope(at).bindings.get(x.id, []) if v is not None]
+        return any(_shifted(m, v, at) for v in values if not isinstance(v, ast.Name))
     if not (isinstance(x, ast.BinOp) and isinstance(x.op, ast.Sub)):
         return False
-    r = m.resolve(x.right, at) or x.right
+    r = x.right
+    if isinstance(r, ast.Name) and "max" in r.id.lower():
+        return True
+    r = m.resolve(r, at) or r
     if isinstance(r, ast.Subscript):
         r = r.value
     if isinstance(r, ast.Attribute) and r.attr == "values":
         r = r.value
-    name = r.id if isinstance(r, ast.Name) else ""
-    return m.call(r, "max") is not None or "max" in name.lower()
+    if isinstance(r, ast.Call) and "max" in (m.seg(r.func).rsplit(".", 1)[-1]).lower():
+        return True
+    return m.call(r, "max") is not None
 
 
-def _in_loss(m: Module, node: ast.AST) -> bool:
-    """Inside a function named like a loss, or a method of a class named like one."""
+def _in_loss(m: Module, node: ast.AST, forward: bool = False) -> bool:
+    """Inside a function named like a loss (or ``forward``), or a method of a class named like one."""
     p = m.parent(node)
     while p is not None:
-        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and "loss" in p.name.lower():
-            return True
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = p.name.lower()
+            if "loss" in name or "criterion" in name or (forward and name == "forward"):
+                return True
         if isinstance(p, ast.ClassDef):
             return "loss" in p.name.lower()
         p = m.parent(p)
@@ -320,7 +328,11 @@ def _sqrt(m: Module, node: ast.Call) -> Finding | None:
     if _no_grad(m, node):
         return None  # the hazard is in the gradient only
     e = _mse(m, inner, node)
+    if e is not None and e.kind != "an MSE" and not _in_loss(m, node, forward=True):
+        return None  # an RMS or a std of data: a gradient rarely flows (measured: lint.md)
     if e is None:
+        if not _in_loss(m, node, forward=True):
+            return None
         s = m.call(inner, "sum")
         sq = _squared(m, m.resolve(s.args[0], node) or s.args[0]) if s is not None and s.args else None
         # a distance sqrt(sum((a - b) ** 2)) is 0 wherever two points meet; a norm spelled out
@@ -612,6 +624,24 @@ _CALL_RULES: list[Callable[[Module, ast.Call], Finding | None]] = [
 _BINOP_RULES: list[Callable[[Module, ast.BinOp], Finding | None]] = [_division, _focal_power]
 
 
+def _empty_branch(m: Module, node: ast.AST) -> bool:
+    """In the body of ``if x.numel() == 0:`` (or ``if not x.numel():``): an empty tensor has no
+    value to overflow or divide."""
+    child, p = node, m.parent(node)
+    while p is not None:
+        if isinstance(p, ast.If) and child in p.body:
+            t = p.test
+            if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
+                t = t.operand
+            elif (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)
+                  and _is_int(t.comparators[0], 0)):
+                t = t.left
+            if isinstance(t, ast.Call) and isinstance(t.func, ast.Attribute) and t.func.attr == "numel":
+                return True
+        child, p = p, m.parent(p)
+    return False
+
+
 def check_tree(m: Module) -> Iterator[Finding]:
     """Every finding in the module, in source order; a report-only SL113 inside another finding
     is dropped (the outer one names the stable op)."""
@@ -632,6 +662,7 @@ def check_tree(m: Module) -> Iterator[Finding]:
         return any((s[0], s[1]) <= a and b <= (s[2], s[3]) and (s[0], s[1], s[2], s[3]) != (*a, *b)
                    for s in spans)
 
-    kept = [f for f in found if not (f.code == "SL113" and f.fix is None and inside(f))]
+    kept = [f for f in found if not (f.code == "SL113" and f.fix is None and inside(f))
+            and not _empty_branch(m, f.node)]
     kept.sort(key=lambda f: (f.line, f.col, f.code))
     yield from kept

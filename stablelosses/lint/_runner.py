@@ -142,62 +142,91 @@ def _fix_loop(source: str, select, ignore, path: str) -> tuple[str, int]:
     return source, total
 
 
+@dataclass
+class _FileResult:
+    reports: list[Report]
+    errors: list[str]
+    diff: str = ""
+    fixed: int = 0
+
+
+def _one_file(path: Path, select, ignore, fix: bool = False, diff: bool = False) -> _FileResult:
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return _FileResult([], [f"{name}: cannot read: {e}"])
+    if name.endswith(".ipynb"):
+        try:
+            cells = _notebook_cells(text)
+        except ValueError as e:
+            return _FileResult([], [f"{name}: not a notebook: {e}"])
+        reports = []
+        for i, src in enumerate(cells, 1):
+            try:
+                tree = ast.parse(src)
+            except SyntaxError:
+                continue  # a cell of another language, or a half-written one
+            reports += [_report(name, src, f, cell=i) for f in lint_source(src, select, ignore, tree, name)]
+        return _FileResult(reports, [])
+    try:
+        tree = ast.parse(text, filename=name)
+    except (SyntaxError, ValueError) as e:
+        return _FileResult([], [f"{name}: cannot parse: {e}"])
+    res = _FileResult([], [])
+    if fix or diff:
+        new, n = _fix_loop(text, select, ignore, name)
+        if new != text:
+            res.fixed = n
+            res.diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), name, name))
+            if fix:
+                path.write_text(new, encoding="utf-8")
+                text, tree = new, ast.parse(new, filename=name)
+    if not diff:
+        res.reports = [_report(name, text, f) for f in lint_source(text, select, ignore, tree, name)]
+    return res
+
+
+def _lint_many(paths: list[Path], select, ignore) -> Iterator[_FileResult]:
+    """Lint-only over many files: one process per core (forked, so nothing is imported again)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
+
+    jobs = min(os.cpu_count() or 1, 8)
+    if jobs < 2 or len(paths) < 64 or "fork" not in multiprocessing.get_all_start_methods():
+        yield from (_one_file(p, select, ignore) for p in paths)
+        return
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        yield from pool.map(partial(_one_file, select=select, ignore=ignore), paths, chunksize=16)
+
+
 def run(paths: Sequence[str], *, select=None, ignore=None, fmt: str = "text", fix: bool = False,
         diff: bool = False, out=None) -> int:
     """The ``stablelosses lint`` command: 1 when findings remain (or, with ``--diff``, a file
     would change), 0 when clean, 2 when a path cannot be read or parsed."""
     out = out or sys.stdout
+    files = list(iter_files(paths))
     if fix or diff:
         from stablelosses.lint._fix import require_libcst
 
         require_libcst()
+        results: Iterable[_FileResult] = (_one_file(p, select, ignore, fix, diff) for p in files)
+    else:
+        results = _lint_many(files, select, ignore)
     reports: list[Report] = []
     fixed = 0
-    changed = False
-    broken = False
-    for path in iter_files(paths):
-        name = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            print(f"{name}: cannot read: {e}", file=sys.stderr)
-            broken = True
-            continue
-        if name.endswith(".ipynb"):
-            try:
-                cells = _notebook_cells(text)
-            except ValueError as e:
-                print(f"{name}: not a notebook: {e}", file=sys.stderr)
-                broken = True
-                continue
-            for i, src in enumerate(cells, 1):
-                try:
-                    tree = ast.parse(src)
-                except SyntaxError:
-                    continue  # a cell of another language, or a half-written one
-                found = lint_source(src, select, ignore, tree, name)
-                reports += [_report(name, src, f, cell=i) for f in found]
-            continue
-        try:
-            tree = ast.parse(text, filename=name)
-        except (SyntaxError, ValueError) as e:
-            print(f"{name}: cannot parse: {e}", file=sys.stderr)
-            broken = True
-            continue
-        if fix or diff:
-            new, n = _fix_loop(text, select, ignore, name)
-            if new != text:
-                changed = True
-                fixed += n
-                if diff:
-                    out.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
-                                                        name, name))
-                if fix:
-                    path.write_text(new, encoding="utf-8")
-                    text, tree = new, ast.parse(new, filename=name)
-        if diff:
-            continue
-        reports += [_report(name, text, f) for f in lint_source(text, select, ignore, tree, name)]
+    changed = broken = False
+    for res in results:
+        for e in res.errors:
+            print(e, file=sys.stderr)
+        broken = broken or bool(res.errors)
+        if res.diff:
+            changed = True
+            fixed += res.fixed
+            if diff:
+                out.write(res.diff)
+        reports += res.reports
     if fmt == "json":
         json.dump([r.as_dict() for r in reports], out, indent=1)
         out.write("\n")
