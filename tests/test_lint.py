@@ -33,6 +33,8 @@ CASES = [
     ("SL101", "rmse_loss(torch.sqrt(((x - y) ** 2).sum(-1)))", "rmse_loss(torch.sqrt((x * x).sum(-1)))"),
     ("SL102", "torch.log(F.softmax(x, -1))", "F.log_softmax(x, -1)"),
     ("SL102", "x.softmax(dim=1).log()", "torch.log(x.abs())"),
+    ("SL102", "torch.log(F.softmax(x, 1).gather(1, t[:, None]).squeeze(1))",
+     "torch.log(x.abs().gather(1, t[:, None]))"),
     ("SL103", "x.exp() / x.exp().sum(-1, keepdim=True)", "torch.softmax(x, -1)"),
     ("SL103", "torch.exp(x - x.max(1, keepdim=True)[0]) / "
               "torch.sum(torch.exp(x - x.max(1, keepdim=True)[0]), dim=1, keepdim=True)",
@@ -85,7 +87,7 @@ def _inputs() -> dict:
     mask[:, 0] = True
     p = torch.softmax(torch.randn(4, 5, dtype=torch.float64, generator=g), -1)
     return dict(x=x, y=y, mask=mask, w=mask.double(), p=p, logits=x, gamma=0.5, beta=0.9, step=3,
-                eps=1e-8)
+                eps=1e-8, t=torch.tensor([0, 1, 2, 4]))
 
 
 def _eval(src: str):
@@ -157,6 +159,21 @@ def test_names_bound_once_are_seen_through_and_rebound_ones_are_not():
     assert [f.fix for f in lint_source(once)] == ["SF.log_softmax(x, -1)"]
     assert lint_source(twice) == []
     assert lint_source(moved) == []  # x changed after p was made: log_softmax(x) is not log(p)
+
+
+def test_log_of_a_selection_from_softmax():
+    src = textwrap.dedent("""\
+        def focal(logits, t, gamma):
+            p = torch.softmax(logits, dim=1)
+            pt = p.gather(1, t[:, None]).squeeze(1)
+            return -((1 - pt) ** gamma) * torch.log(pt)
+        """)
+    found = {f.code: f for f in lint_source(src)}
+    assert sorted(found) == ["SL102", "SL106"]
+    assert found["SL102"].fix == "SF.log_softmax(logits, 1).gather(1, t[:, None]).squeeze(1)"
+    assert [f.fix for f in lint_source("y = torch.log(torch.softmax(z, -1)[:, 0])\n")] == [
+        "SF.log_softmax(z, -1)[:, 0]"]
+    assert lint_source("y = torch.log((torch.softmax(z, -1))[:, 0])\n")[0].fix is None
 
 
 def test_self_attribute_criterion():

@@ -104,6 +104,7 @@ class Module:
         # ``self.NAME = value`` anywhere in the module (attribute -> values)
         self.self_attrs: dict[str, list[ast.expr]] = {}
         self._lines: list[bytes] | None = None
+        self.scopes: list[Scope] = []
         self._collect()
 
     # ---------------------------------------------------------------- collection
@@ -111,6 +112,7 @@ class Module:
     def _collect(self) -> None:
         module_scope = Scope(self.tree)
         self.scope_of[id(self.tree)] = module_scope
+        self.scopes = [module_scope]
         stack: list[tuple[ast.AST, Scope]] = [(self.tree, module_scope)]
         while stack:
             node, scope = stack.pop()
@@ -119,6 +121,7 @@ class Module:
                 inner = scope
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                     inner = Scope(child)
+                    self.scopes.append(inner)
                     a = child.args
                     for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
                         if arg is not None:

@@ -86,7 +86,7 @@ class _Names:
         bound = self.m.aliases.get(asname)
         if bound is not None and bound != module:
             return None
-        if any(asname in s.bindings for s in self.m.scope_of.values()):
+        if any(asname in s.bindings for s in self.m.scopes):
             return None
         self.imports.add((module, asname))
         return asname
@@ -346,6 +346,39 @@ def _sqrt(m: Module, node: ast.Call) -> Finding | None:
                     "residual is 0", names, fix)
 
 
+_SELECT = frozenset({"gather", "squeeze", "unsqueeze", "view", "reshape", "flatten", "contiguous",
+                     "clone", "take_along_dim", "index_select", "masked_select"})
+
+
+def _select_from(m: Module, node: ast.expr, at: ast.AST, op: str, depth: int = 0
+                 ) -> tuple[Call | None, Callable[[str], str | None]]:
+    """``op(...)`` seen through selections (``gather``, ``squeeze``, indexing) and names bound
+    once; the second value rebuilds the selection around a replacement of the call, since a log
+    of selected entries is the selection of the logs."""
+    node = m.resolve(node, at) or node
+    c = m.call(node, op)
+    if c is not None:
+        return c, lambda text: text
+    if depth > 6:
+        return None, lambda text: None
+    base: ast.expr | None = None
+    if isinstance(node, ast.Subscript):
+        base = node.value
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SELECT
+          and m.qualname(node.func.value) is None):
+        base = node.func.value
+    if base is None:
+        return None, lambda text: None
+    c, inner = _select_from(m, base, at, op, depth + 1)
+    whole, head = m.seg(node), m.seg(base)
+    if c is None:
+        return None, inner
+    if not whole.startswith(head):  # a parenthesized base: no safe text splice
+        return c, lambda text: None
+    tail = whole[len(head):]
+    return c, lambda text: (lambda t: t + tail if t is not None else None)(inner(text))
+
+
 def _log(m: Module, node: ast.Call) -> Finding | None:
     c = m.call(node, "log")
     if c is None or len(c.args) != 1 or c.kwargs:
@@ -353,7 +386,7 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
     arg = c.args[0]
     inner = m.resolve(arg, node) or arg
     names = _Names(m)
-    sm = m.call(inner, "softmax")
+    sm, rebuild = _select_from(m, arg, node, "softmax")
     if sm is not None:
         dim = _dim(sm, 1)
         extra = set(sm.kwargs) - {"dim", "dtype"}
@@ -364,8 +397,9 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
         args = [m.seg(sm.args[0]), m.seg(dim)]
         if "dtype" in sm.kwargs:
             args.append(f"dtype={m.seg(sm.kwargs['dtype'])}")
+        fix = rebuild(f"{sf}.log_softmax({', '.join(args)})") if sf else None
         return _finding("SL102", node, "log of softmax: the softmax underflows to 0 and log 0 is -inf "
-                        "(NaN gradient)", names, f"{sf}.log_softmax({', '.join(args)})" if sf else None)
+                        "(NaN gradient)", names, fix, "a selection from the softmax is parenthesized")
     sig = m.call(inner, "sigmoid")
     neg = False
     if sig is None:

@@ -175,7 +175,11 @@ def _one_file(path: Path, select, ignore, fix: bool = False, diff: bool = False)
         return _FileResult([], [f"{name}: cannot parse: {e}"])
     res = _FileResult([], [])
     if fix or diff:
-        new, n = _fix_loop(text, select, ignore, name)
+        try:
+            new, n = _fix_loop(text, select, ignore, name)
+        except _cst_error() as e:  # newer syntax than the installed LibCST parses
+            res.errors.append(f"{name}: not fixed: LibCST cannot parse it: {str(e).splitlines()[0]}")
+            new, n = text, 0
         if new != text:
             res.fixed = n
             res.diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), name, name))
@@ -185,6 +189,12 @@ def _one_file(path: Path, select, ignore, fix: bool = False, diff: bool = False)
     if not diff:
         res.reports = [_report(name, text, f) for f in lint_source(text, select, ignore, tree, name)]
     return res
+
+
+def _cst_error() -> type[Exception]:
+    import libcst
+
+    return libcst.ParserSyntaxError
 
 
 def _lint_many(paths: list[Path], select, ignore) -> Iterator[_FileResult]:

@@ -17,6 +17,7 @@ import ast
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from stablelosses import __version__
 from stablelosses.lint._analysis import Module
 from stablelosses.lint._rules import check_tree
 
@@ -27,7 +28,7 @@ class Plugin:
     """Flake8 calls ``Plugin(tree, lines).run()``; each result is ``(line, col, message, type)``."""
 
     name = "stablelosses"
-    version = "0.2.0"
+    version = __version__
 
     def __init__(self, tree: ast.Module, lines: Sequence[str] | None = None, filename: str = "") -> None:
         self.tree = tree
