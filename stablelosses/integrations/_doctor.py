@@ -84,8 +84,10 @@ class NaNDoctor:
                                              loss_floor=self.loss_floor)
 
     def close(self) -> None:
+        """Remove the monitor's hooks; the next `start` makes a fresh one (a second ``fit``)."""
         if self.monitor is not None:
             self.monitor.close()
+            self.monitor = None
 
     def record_loss(self, loss: Any) -> None:
         """The loss of one backward (summed over gradient-accumulation micro-batches)."""
