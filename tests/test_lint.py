@@ -295,8 +295,11 @@ def test_flake8_entry_point(tmp_path):
 
 
 def test_pre_commit_hooks_file():
-    text = (Path(__file__).parents[1] / ".pre-commit-hooks.yaml").read_text()
-    assert "id: stablelosses-lint\n" in text and "entry: stablelosses lint\n" in text
+    yaml = pytest.importorskip("yaml")
+    hooks = yaml.safe_load((Path(__file__).parents[1] / ".pre-commit-hooks.yaml").read_text())
+    assert {h["id"]: h["entry"] for h in hooks} == {"stablelosses-lint": "stablelosses lint",
+                                                    "stablelosses-lint-fix": "stablelosses lint --fix"}
+    assert all(h["language"] == "python" and "python" in h["types_or"] for h in hooks)
 
 
 # ------------------------------------------------------------------------------ --fix
