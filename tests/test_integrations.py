@@ -16,6 +16,10 @@ from stablelosses.integrations._doctor import NaNDoctor
 
 LOGGER = "stablelosses.integrations"
 
+# Lightning 2.6 calls torch's deprecated LeafSpec (torch >= 2.10 warns): theirs, not ours
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`isinstance.treespec, LeafSpec.` is deprecated:FutureWarning")
+
 
 # ------------------------------------------------------------------------------ the shared core
 
