@@ -5,6 +5,8 @@ r"""The ``stablelosses`` command (also ``python -m stablelosses``).
   [`detect_nonfinite`][stablelosses.debug.detect_nonfinite]; report the first NaN/Inf created
   (exit 1) or that there was none (exit 0); a script that exits early or crashes exits with its own
   code (1 for an uncaught exception, as under ``python``).
+- ``lint [--fix | --diff] [--format json] [--select CODES] [--ignore CODES] PATH...``: find
+  the hazardous spellings and rewrite them into the stable calls (`stablelosses.lint`).
 - ``bench [--device cuda] [--compile] [--quick] [--targets] [--json PATH] ...``: the speed
   comparison (`stablelosses.bench`).
 
@@ -85,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
         "(`stablelosses bench --help`)",
         add_help=False,
     )
+    # `lint ARGS` is handed to stablelosses.lint.main as bench's are.
+    sub.add_parser(
+        "lint",
+        help="find hazardous spellings (sqrt of an MSE, log of softmax, ...) and --fix them "
+        "(`stablelosses lint --help`)",
+        add_help=False,
+    )
     return p
 
 
@@ -95,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "bench":
             return _bench(argv)
+        if argv and argv[0] == "lint":
+            return _lint(argv)
         args = parser.parse_args(argv)
     except _UsageError as e:
         print(str(e).splitlines()[0], file=sys.stderr)
@@ -126,6 +137,16 @@ def _bench(argv: list) -> int:
 
     try:
         return int(bench_main(argv[1:]) or 0)
+    except SystemExit as e:  # its argparse: --help, or a bad argument (already reported)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+
+
+def _lint(argv: list) -> int:
+    """Hand ``lint ARGS`` to ``stablelosses.lint.main(ARGS)``."""
+    from stablelosses.lint import main as lint_main
+
+    try:
+        return lint_main(argv[1:])
     except SystemExit as e:  # its argparse: --help, or a bad argument (already reported)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 

@@ -1,0 +1,125 @@
+"""The part of the NaN doctor callbacks that knows no framework: one `FiniteGuard` per
+optimizer (whose step is the framework's) and one `DivergenceMonitor` per model."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from stablelosses.debug import DivergenceError, DivergenceMonitor, FiniteGuard
+
+__all__ = ["NaNDoctor", "logger"]
+
+logger = logging.getLogger("stablelosses.integrations")
+
+
+class _FrameworkSteps:
+    """An optimizer seen by `FiniteGuard`: its parameters, a ``zero_grad`` that drops the
+    gradients, and a ``step`` that does nothing because the training loop steps right after."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def step(self, closure: Any = None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # straight on the parameters: a torch optimizer skips every parameter whose grad is None
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+
+def _steps(optimizer: Any) -> torch.optim.Optimizer:
+    return cast(torch.optim.Optimizer, _FrameworkSteps(optimizer))
+
+
+class NaNDoctor:
+    """Skip-and-count on non-finite gradients, early stop on divergence, for any loop that calls
+    `record_loss` after each backward and `before_step` before each optimizer step.
+
+    Args:
+        max_consecutive: `FiniteGuard`'s: raise `SkippedStepsError` after this many skipped steps
+            in a row (None: never).
+        divergence: watch for divergence with a `DivergenceMonitor` (``False``: skip-and-count only).
+        window, growth, loss_floor: the `DivergenceMonitor`'s.
+    """
+
+    def __init__(self, *, max_consecutive: int | None = None, divergence: bool = True, window: int = 5,
+                 growth: float = 1e3, loss_floor: float = 1.0) -> None:
+        FiniteGuard(_steps(_Empty()), max_consecutive)  # checks the argument now
+        self.max_consecutive = max_consecutive
+        self.divergence = divergence
+        self.window, self.growth, self.loss_floor = window, growth, loss_floor
+        self.guards: dict[int, FiniteGuard] = {}
+        self.monitor: DivergenceMonitor | None = None
+        self.error: DivergenceError | None = None
+        self._losses: list[torch.Tensor] = []
+
+    @property
+    def report(self) -> str | None:
+        """The divergence report when the run was stopped, else None."""
+        return None if self.error is None else str(self.error)
+
+    @property
+    def skipped_steps(self) -> int:
+        return sum(g.total_skips for g in self.guards.values())
+
+    @property
+    def stopped(self) -> bool:
+        return self.error is not None
+
+    def start(self, model: nn.Module, optimizer: Any | None = None) -> None:
+        if self.divergence and self.monitor is None:
+            opt = getattr(optimizer, "optimizer", optimizer)  # a wrapper's torch optimizer
+            self.monitor = DivergenceMonitor(model, opt if isinstance(opt, torch.optim.Optimizer) else None,
+                                             window=self.window, growth=self.growth,
+                                             loss_floor=self.loss_floor)
+
+    def close(self) -> None:
+        """Remove the monitor's hooks; the next `start` makes a fresh one (a second ``fit``)."""
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None
+
+    def record_loss(self, loss: Any) -> None:
+        """The loss of one backward (summed over gradient-accumulation micro-batches)."""
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self._losses.append(loss.detach().reshape(()).float())
+
+    def before_step(self, optimizers: list[Any]) -> bool:
+        """Check the gradients before the loop's optimizer step; returns whether to stop.
+
+        When the run diverges the step's gradients are dropped too, so the model stays at the
+        last healthy update. Raises `SkippedStepsError` after ``max_consecutive`` skips in a row.
+        """
+        losses, self._losses = self._losses, []
+        if self.monitor is not None and not self.stopped:
+            loss = torch.stack(losses).mean() if losses else torch.zeros(())
+            try:
+                self.monitor.check(loss)
+            except DivergenceError as err:
+                self.error = err
+                logger.error("stablelosses NaN doctor: stopping the run.\n%s", err)
+                for opt in optimizers:
+                    _FrameworkSteps(opt).zero_grad()
+                return True
+        for opt in optimizers:
+            guard = self.guards.get(id(opt))
+            if guard is None:
+                guard = self.guards[id(opt)] = FiniteGuard(_steps(opt), self.max_consecutive)
+            if not guard.step():
+                logger.warning("stablelosses NaN doctor: optimizer step skipped: NaN/Inf gradients "
+                               "(%d in a row, %d in all)", guard.consecutive_skips, guard.total_skips)
+        return False
+
+
+class _Empty:
+    param_groups: list[dict] = []

@@ -1,0 +1,265 @@
+"""What the rules need to know about a module: import aliases, calls by qualified name, the one
+assignment of a local name, and source text of sub-expressions. Standard library only (``ast``).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+__all__ = ["Call", "Module", "Scope"]
+
+# conventional names that snippets use without importing them
+_DEFAULT_ALIASES = {"torch": "torch", "F": "torch.nn.functional", "nn": "torch.nn"}
+
+# op -> (qualified function names, method names on a tensor)
+OPS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    k: (frozenset(f), frozenset(m))
+    for k, (f, m) in {
+        "sqrt": ({"torch.sqrt"}, {"sqrt"}),
+        "log": ({"torch.log"}, {"log"}),
+        "exp": ({"torch.exp"}, {"exp"}),
+        "cosh": ({"torch.cosh"}, {"cosh"}),
+        "sum": ({"torch.sum"}, {"sum"}),
+        "mean": ({"torch.mean"}, {"mean"}),
+        "pow": ({"torch.pow"}, {"pow"}),
+        "square": ({"torch.square"}, {"square"}),
+        "softmax": ({"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
+                     "stablelosses.functional.softmax", "stablelosses.softmax"}, {"softmax"}),
+        "log_softmax": ({"torch.log_softmax", "torch.nn.functional.log_softmax",
+                         "torch.special.log_softmax"}, {"log_softmax"}),
+        "sigmoid": ({"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit"}, {"sigmoid"}),
+        "norm": ({"torch.norm", "torch.linalg.norm", "torch.linalg.vector_norm"}, {"norm"}),
+        "masked_fill": ({"torch.masked_fill"}, {"masked_fill"}),
+        "max": ({"torch.max", "torch.amax"}, {"max", "amax"}),
+        "clamp": ({"torch.clamp", "torch.clip", "torch.clamp_min"}, {"clamp", "clip", "clamp_min"}),
+        "mse_loss": ({"torch.nn.functional.mse_loss"}, set()),
+        "bce": ({"torch.nn.functional.binary_cross_entropy"}, set()),
+        "kl_div": ({"torch.nn.functional.kl_div"}, set()),
+        "nan_to_num": ({"torch.nan_to_num"}, {"nan_to_num"}),
+        "MSELoss": ({"torch.nn.MSELoss", "torch.nn.modules.loss.MSELoss"}, set()),
+        "KLDivLoss": ({"torch.nn.KLDivLoss"}, set()),
+        "BCELoss": ({"torch.nn.BCELoss"}, set()),
+    }.items()
+}
+
+
+@dataclass
+class Call:
+    """A call seen as one op: ``args`` starts with the tensor a method is called on."""
+
+    op: str
+    node: ast.Call
+    args: list[ast.expr]
+    kwargs: dict[str, ast.expr]
+    method: bool
+
+    def arg(self, index: int, name: str) -> ast.expr | None:
+        """The argument by position (counting the receiver of a method) or keyword."""
+        if name in self.kwargs:
+            return self.kwargs[name]
+        return self.args[index] if index < len(self.args) else None
+
+
+@dataclass
+class Scope:
+    """One function (or the module): where each local name is bound."""
+
+    node: ast.AST
+    # name -> every binding: the assigned value, or None for a parameter, loop target, augmented
+    # assignment, import, ... (anything the resolver must not see through)
+    bindings: dict[str, list[tuple[int, ast.expr | None]]] = field(default_factory=dict)
+    # name -> lines where ``name.masked_fill_(mask, -inf)`` runs as a statement
+    inplace_neg_inf: dict[str, list[int]] = field(default_factory=dict)
+
+    def bind(self, name: str, line: int, value: ast.expr | None) -> None:
+        self.bindings.setdefault(name, []).append((line, value))
+
+
+def is_neg_inf(node: ast.expr) -> bool:
+    """``float('-inf')``, ``-float('inf')``, ``-math.inf``, ``-torch.inf``, ``-np.inf``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float":
+        if len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
+            return str(node.args[0].value).strip().lower() in ("-inf", "-infinity")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = node.operand
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "float":
+            return (len(v.args) == 1 and isinstance(v.args[0], ast.Constant)
+                    and str(v.args[0].value).strip().lower() in ("inf", "infinity", "+inf"))
+        if isinstance(v, ast.Attribute) and v.attr == "inf":
+            return True
+    return False
+
+
+class Module:
+    """A parsed module: aliases, scopes, parents, and the resolver the rules use."""
+
+    def __init__(self, source: str, tree: ast.Module | None = None, path: str = "") -> None:
+        self.source = source
+        self.path = path.replace("\\", "/")
+        self.tree = tree if tree is not None else ast.parse(source)
+        self.aliases: dict[str, str] = {}
+        self.parents: dict[int, ast.AST] = {}
+        self.scope_of: dict[int, Scope] = {}
+        # ``self.NAME = value`` anywhere in the module (attribute -> values)
+        self.self_attrs: dict[str, list[ast.expr]] = {}
+        self._lines: list[bytes] | None = None
+        self.scopes: list[Scope] = []
+        self._collect()
+
+    # ---------------------------------------------------------------- collection
+
+    def _collect(self) -> None:
+        module_scope = Scope(self.tree)
+        self.scope_of[id(self.tree)] = module_scope
+        self.scopes = [module_scope]
+        stack: list[tuple[ast.AST, Scope]] = [(self.tree, module_scope)]
+        while stack:
+            node, scope = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                self.parents[id(child)] = node
+                inner = scope
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    inner = Scope(child)
+                    self.scopes.append(inner)
+                    a = child.args
+                    for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                        if arg is not None:
+                            inner.bind(arg.arg, child.lineno, None)
+                    if not isinstance(child, ast.Lambda):
+                        scope.bind(child.name, child.lineno, None)
+                elif isinstance(child, ast.ClassDef):
+                    scope.bind(child.name, child.lineno, None)
+                self._note(child, scope)
+                self.scope_of[id(child)] = inner
+                stack.append((child, inner))
+
+    def _note(self, node: ast.AST, scope: Scope) -> None:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    self.aliases[a.asname] = a.name
+                else:
+                    top = a.name.split(".")[0]
+                    self.aliases[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    scope.bind(t.id, node.lineno, node.value if len(node.targets) == 1 else None)
+                elif (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                      and t.value.id == "self"):
+                    self.self_attrs.setdefault(t.attr, []).append(node.value)
+                else:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name):
+                            scope.bind(n.id, node.lineno, None)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            t = node.target
+            if isinstance(t, ast.Name):
+                value = node.value if isinstance(node, ast.AnnAssign) else None
+                scope.bind(t.id, node.lineno, value)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    scope.bind(n.id, getattr(node, "lineno", 0), None)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                if item.optional_vars is not None:
+                    for n in ast.walk(item.optional_vars):
+                        if isinstance(n, ast.Name):
+                            scope.bind(n.id, node.lineno, None)
+        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            scope.bind(node.target.id, node.lineno, None)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if (isinstance(f, ast.Attribute) and f.attr == "masked_fill_" and isinstance(f.value, ast.Name)
+                    and len(node.value.args) == 2 and is_neg_inf(node.value.args[1])):
+                scope.inplace_neg_inf.setdefault(f.value.id, []).append(node.lineno)
+
+    # ---------------------------------------------------------------- queries
+
+    def qualname(self, node: ast.expr) -> str | None:
+        """``F.softmax`` -> ``'torch.nn.functional.softmax'`` (None for a non-module value)."""
+        if isinstance(node, ast.Name):
+            return self.aliases.get(node.id, _DEFAULT_ALIASES.get(node.id))
+        if isinstance(node, ast.Attribute):
+            base = self.qualname(node.value)
+            return f"{base}.{node.attr}" if base else None
+        return None
+
+    def call(self, node: ast.AST | None, *ops: str) -> Call | None:
+        """``node`` as a call of one of ``ops`` (function or tensor-method spelling), else None."""
+        if not isinstance(node, ast.Call):
+            return None
+        f = node.func
+        q = self.qualname(f)
+        kwargs = {k.arg: k.value for k in node.keywords if k.arg}
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            return None
+        for op in ops:
+            funcs, methods = OPS[op]
+            if q in funcs:
+                return Call(op, node, list(node.args), kwargs, False)
+            if (isinstance(f, ast.Attribute) and f.attr in methods and self.qualname(f.value) is None):
+                return Call(op, node, [f.value, *node.args], kwargs, True)
+        return None
+
+    def scope(self, node: ast.AST) -> Scope:
+        return self.scope_of[id(node)]
+
+    def resolve(self, node: ast.expr | None, at: ast.AST | None = None) -> ast.expr | None:
+        """See through a local name bound exactly once, before its use, to a value whose own
+        names are bound at most once in that scope (so the value still holds where it is used).
+        Also ``self.attr`` assigned exactly once in the module. Anything else is returned as is."""
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            values = self.self_attrs.get(node.attr, [])
+            return values[0] if len(values) == 1 else node
+        if not isinstance(node, ast.Name):
+            return node
+        scope = self.scope(at if at is not None else node)
+        binds = scope.bindings.get(node.id, [])
+        if len(binds) != 1:
+            return node
+        line, value = binds[0]
+        if value is None or line >= node.lineno:
+            return node
+        for n in ast.walk(value):
+            if isinstance(n, ast.Name) and len(scope.bindings.get(n.id, [])) > 1:
+                return node
+        return value
+
+    def seg(self, node: ast.AST) -> str:
+        """The node's source text (ast's columns are UTF-8 byte offsets)."""
+        if self._lines is None:
+            self._lines = [ln.encode("utf-8") for ln in self.source.splitlines(keepends=True)]
+        lines = self._lines
+        l0, c0 = node.lineno, node.col_offset  # type: ignore[attr-defined]
+        l1, c1 = node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
+        if l1 is None or c1 is None or l1 > len(lines):  # pragma: no cover - no positions
+            return ast.unparse(node)
+        if l0 == l1:
+            return lines[l0 - 1][c0:c1].decode("utf-8")
+        parts = [lines[l0 - 1][c0:], *lines[l0:l1 - 1], lines[l1 - 1][:c1]]
+        return b"".join(parts).decode("utf-8")
+
+    def atom(self, node: ast.AST) -> str:
+        """Source text, parenthesized unless it is a name, attribute, call, subscript or constant."""
+        text = self.seg(node)
+        simple = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)
+        return text if isinstance(node, simple) else f"({text})"
+
+    def same(self, a: ast.AST | None, b: ast.AST | None) -> bool:
+        return a is not None and b is not None and ast.dump(a) == ast.dump(b)
+
+    def alias_for(self, module: str) -> str | None:
+        """A name bound to ``module`` in this file (``F`` for torch.nn.functional), else None."""
+        for name, target in self.aliases.items():
+            if target == module:
+                return name
+        return None
+
+    def parent(self, node: ast.AST) -> ast.AST | None:
+        return self.parents.get(id(node))

@@ -1,0 +1,702 @@
+"""The rules: each finds one hazardous spelling and, where a rewrite keeps the value wherever
+the old code was finite, builds the replacement text.
+
+A rule sees one ``ast`` node (a call or a binary operation) and the `Module`; it returns a
+`Finding` or None. Names bound once in the same function are seen through (``p = softmax(x)``
+then ``log(p)``), so the two-line spellings are found too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from stablelosses.lint._analysis import Call, Module, is_neg_inf
+
+__all__ = ["RULES", "Finding", "Rule", "check_tree"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    summary: str
+    page: str  # docs: the hazard page
+
+
+RULES: dict[str, Rule] = {r.code: r for r in [
+    Rule("SL101", "sqrt-of-mse", "square root of an MSE or a mean of squares", "sqrt-at-zero"),
+    Rule("SL102", "log-of-softmax", "log of softmax", "focal-log-zero"),
+    Rule("SL103", "hand-softmax", "hand-written softmax exp(x) / sum(exp(x))", "softmax-logsumexp"),
+    Rule("SL104", "log-of-sigmoid", "log of sigmoid", "sigmoid-focal-saturated"),
+    Rule("SL105", "bce-on-sigmoid", "binary_cross_entropy of sigmoid outputs", "sigmoid-focal-saturated"),
+    Rule("SL106", "focal-power", "(1 - p) ** gamma on probabilities", "focal-gamma-below-one"),
+    Rule("SL107", "divide-by-norm", "division by a norm with no eps", "zero-vector"),
+    Rule("SL108", "eps-hack", "log(x + eps) / sqrt(x + eps) where an exact op exists", "sqrt-at-zero"),
+    Rule("SL109", "masked-softmax", "masked_fill(-inf) then softmax, no guard for masked rows",
+         "softmax-logsumexp"),
+    Rule("SL110", "kl-div-probabilities", "F.kl_div given probabilities, not log-probabilities",
+         "kl-zero-targets"),
+    Rule("SL111", "masked-mean", "masked mean as sum(x * mask) / mask.sum()", "masked-mean-empty"),
+    Rule("SL112", "log-cosh", "log(cosh(r))", "log-cosh-overflow"),
+    Rule("SL113", "exp-unshifted", "exp of an unshifted logit: hand-written logsumexp", "softmax-logsumexp"),
+]}
+
+SF = "stablelosses.functional"
+TF = "torch.nn.functional"
+
+
+@dataclass
+class Finding:
+    """One hazard at one place; ``fix`` is the replacement for the node's source span."""
+
+    code: str
+    node: ast.AST
+    message: str
+    fix: str | None = None
+    no_fix: str | None = None  # why there is no automatic rewrite
+    imports: set[tuple[str, str | None]] = field(default_factory=set)
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno  # type: ignore[attr-defined]
+
+    @property
+    def col(self) -> int:
+        return self.node.col_offset  # type: ignore[attr-defined]
+
+    @property
+    def end(self) -> tuple[int, int]:
+        return self.node.end_lineno, self.node.end_col_offset  # type: ignore[attr-defined]
+
+
+class _Names:
+    """The names a replacement uses, and the imports it needs for them."""
+
+    def __init__(self, m: Module) -> None:
+        self.m = m
+        self.imports: set[tuple[str, str | None]] = set()
+
+    def _module(self, module: str, asname: str) -> str | None:
+        have = self.m.alias_for(module)
+        if have:
+            return have
+        bound = self.m.aliases.get(asname)
+        if bound is not None and bound != module:
+            return None
+        if any(asname in s.bindings for s in self.m.scopes):
+            return None
+        self.imports.add((module, asname))
+        return asname
+
+    def sf(self) -> str | None:
+        return self._module(SF, "SF")
+
+    def tf(self) -> str | None:
+        have = self.m.alias_for(TF)
+        if have:
+            return have
+        t = self.m.alias_for("torch")
+        return f"{t}.nn.functional" if t else self._module(TF, "F")
+
+    def torch(self) -> str | None:
+        return self.m.alias_for("torch") or self._module("torch", "torch")
+
+
+def _finding(code: str, node: ast.AST, message: str, names: _Names | None = None,
+             fix: str | None = None, no_fix: str | None = None) -> Finding:
+    if fix is None and no_fix is None:
+        no_fix = "the rewrite needs a name that this file binds to something else"
+    return Finding(code, node, message, fix, None if fix else no_fix,
+                   set(names.imports) if (names and fix) else set())
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _is_int(node: ast.AST | None, value: int) -> bool:
+    return (isinstance(node, ast.Constant) and type(node.value) in (int, float)
+            and node.value == value)
+
+
+def _squared(m: Module, node: ast.expr) -> ast.expr | None:
+    """``x ** 2``, ``x.pow(2)``, ``torch.square(x)``, ``x * x`` -> ``x``."""
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.Pow) and _is_int(node.right, 2):
+            return node.left
+        if isinstance(node.op, ast.Mult) and m.same(node.left, node.right):
+            return node.left
+    c = m.call(node, "pow", "square")
+    if c is None:
+        return None
+    if c.op == "pow":
+        return c.args[0] if len(c.args) == 2 and _is_int(c.args[1], 2) and not c.kwargs else None
+    return c.args[0] if len(c.args) == 1 and not c.kwargs else None
+
+
+@dataclass
+class _Mse:
+    """An MSE: the residual's two sides (or one squared tensor), the reduction, extra args."""
+
+    a: ast.expr
+    b: ast.expr | None
+    reduction: ast.expr | None  # None: 'mean'
+    mean_dims: bool  # a mean over some dims only: no rmse_loss spelling
+    kind: str
+
+
+def _mse(m: Module, node: ast.expr, at: ast.AST) -> _Mse | None:
+    node = m.resolve(node, at) or node
+    c = m.call(node, "mse_loss")
+    if c is not None:
+        if len(c.args) == 2 and set(c.kwargs) <= {"reduction"}:
+            return _Mse(c.args[0], c.args[1], c.kwargs.get("reduction"), False, "an MSE")
+        return None
+    if isinstance(node, ast.Call) and node.args and len(node.args) == 2 and not node.keywords:
+        ctor = m.resolve(node.func, at)
+        if isinstance(node.func, ast.Call):
+            ctor = node.func
+        k = m.call(ctor, "MSELoss")
+        if k is not None and not k.args and set(k.kwargs) <= {"reduction"}:
+            return _Mse(node.args[0], node.args[1], k.kwargs.get("reduction"), False, "an MSE")
+        return None
+    c = m.call(node, "mean")
+    if c is None or not c.args:
+        return None
+    sq = _squared(m, m.resolve(c.args[0], at) or c.args[0])
+    if sq is None:
+        return None
+    dims = len(c.args) > 1 or bool(c.kwargs)
+    if isinstance(sq, ast.BinOp) and isinstance(sq.op, ast.Sub):
+        return _Mse(sq.left, sq.right, None, dims, "a mean of squares")
+    return _Mse(sq, None, None, dims, "a mean of squares")
+
+
+def _rmse_text(m: Module, sf: str, e: _Mse, eps: ast.expr | None = None) -> str | None:
+    if e.mean_dims or e.b is None:
+        return None
+    args = [m.seg(e.a), m.seg(e.b)]
+    if e.reduction is not None:
+        args.append(f"reduction={m.seg(e.reduction)}")
+    if eps is not None:
+        args.append(f"eps={m.seg(eps)}")
+    return f"{sf}.rmse_loss({', '.join(args)})"
+
+
+_PROB_NAMES = re.compile(r"^(p|pt|p_t|prob|probs|probas|probabilities|pred_prob|p_hat)$", re.I)
+_EPS_NAMES = re.compile(r"eps|epsilon|tiny|smooth", re.I)
+_LOGITS = re.compile(r"(^|_)logits?(_per_[a-z]+)?$", re.I)
+_NO_GRAD_CLASSES = re.compile(r"(FeatureExtractor|Processor|Tokenizer)(Fast)?$")
+_NO_GRAD_FILES = re.compile(r"(feature_extraction|(image_|video_)?processing|tokenization)_\w+\.py$")
+_PASS_THROUGH = frozenset({"gather", "squeeze", "unsqueeze", "view", "reshape", "flatten", "detach",
+                           "contiguous", "float", "to", "type_as", "clone"})
+
+
+def _probability(m: Module, node: ast.expr, at: ast.AST, depth: int = 0) -> str | None:
+    """``'softmax'``/``'sigmoid'``/``'exp'`` when ``node`` is a probability made by that op."""
+    if depth > 6:
+        return None
+    node = m.resolve(node, at) or node
+    c = m.call(node, "softmax", "sigmoid", "exp")
+    if c is not None:
+        return c.op
+    if isinstance(node, ast.Subscript):
+        return _probability(m, node.value, at, depth + 1)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _PASS_THROUGH and m.qualname(node.func.value) is None):
+        return _probability(m, node.func.value, at, depth + 1)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        return _probability(m, node.left, at, depth + 1) or _probability(m, node.right, at, depth + 1)
+    if isinstance(node, ast.Name) and _PROB_NAMES.match(node.id):
+        return "name"
+    return None
+
+
+def _small_eps(m: Module, node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, float):
+        return 0 < node.value <= 1e-3
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        name = node.id if isinstance(node, ast.Name) else node.attr
+        return bool(_EPS_NAMES.search(name))
+    return False
+
+
+def _plus_eps(m: Module, node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+    """``x + eps`` or ``eps + x`` (eps a small constant or a name like ``eps``) -> (x, eps)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        if _small_eps(m, node.right):
+            return node.left, node.right
+        if _small_eps(m, node.left):
+            return node.right, node.left
+    c = m.call(node, "clamp")
+    if c is not None and c.args:
+        lo = c.arg(1, "min")
+        if lo is not None and _small_eps(m, lo):
+            return c.args[0], lo
+    return None
+
+
+def _shifted(m: Module, x: ast.expr, at: ast.AST) -> bool:
+    """``x - x.max(...)`` (or minus a name like ``x_max``): the exponent is at most 0."""
+    if isinstance(x, ast.Name):  # any binding of the name in this function that is a shift
+        values = [v for _, v in m.scope(at).bindings.get(x.id, []) if v is not None]
+        return any(_shifted(m, v, at) for v in values if not isinstance(v, ast.Name))
+    if not (isinstance(x, ast.BinOp) and isinstance(x.op, ast.Sub)):
+        return False
+    r = x.right
+    if isinstance(r, ast.Name) and "max" in r.id.lower():
+        return True
+    r = m.resolve(r, at) or r
+    if isinstance(r, ast.Subscript):
+        r = r.value
+    if isinstance(r, ast.Attribute) and r.attr == "values":
+        r = r.value
+    if isinstance(r, ast.Call) and "max" in (m.seg(r.func).rsplit(".", 1)[-1]).lower():
+        return True
+    return m.call(r, "max") is not None
+
+
+def _in_loss(m: Module, node: ast.AST, forward: bool = False) -> bool:
+    """Inside a function named like a loss (or ``forward``), or a method of a class named like one."""
+    p = m.parent(node)
+    while p is not None:
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = p.name.lower()
+            if "loss" in name or "criterion" in name or (forward and name == "forward"):
+                return True
+        if isinstance(p, ast.ClassDef):
+            return "loss" in p.name.lower()
+        p = m.parent(p)
+    return False
+
+
+def _no_grad(m: Module, node: ast.AST) -> bool:
+    """Inside ``@torch.no_grad()``/``inference_mode``, a ``with`` of them, a preprocessing class
+    (``*FeatureExtractor``, ``*Processor``, ``*Tokenizer``) or module (``processing_*.py``,
+    ``feature_extraction_*.py``, ``tokenization_*.py``): no gradient flows there."""
+    def grad_off(e: ast.expr) -> bool:
+        q = m.qualname(e.func if isinstance(e, ast.Call) else e) or ""
+        return q in ("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad")
+
+    p = m.parent(node)
+    while p is not None:
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(map(grad_off, p.decorator_list)):
+            return True
+        if isinstance(p, (ast.With, ast.AsyncWith)) and any(grad_off(i.context_expr) for i in p.items):
+            return True
+        if isinstance(p, ast.ClassDef) and _NO_GRAD_CLASSES.search(p.name):
+            return True
+        p = m.parent(p)
+    return bool(_NO_GRAD_FILES.match(m.path.rsplit("/", 1)[-1]))
+
+
+def _one_minus(node: ast.expr) -> ast.expr | None:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and _is_int(node.left, 1):
+        return node.right
+    return None
+
+
+def _dim(c: Call, index: int) -> ast.expr | None:
+    return c.arg(index, "dim")
+
+
+def _is_true(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+# ------------------------------------------------------------------------------ rules on calls
+
+
+def _sqrt(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "sqrt")
+    if c is None or len(c.args) != 1 or c.kwargs:
+        return None
+    inner = m.resolve(c.args[0], node) or c.args[0]
+    names = _Names(m)
+    plus = _plus_eps(m, inner)
+    if plus is not None:
+        e = _mse(m, plus[0], node)
+        if e is None or e.kind != "an MSE":  # sqrt(var + eps) in a norm layer is intended
+            return None
+        sf = names.sf()
+        fix = _rmse_text(m, sf, e, plus[1]) if sf else None
+        return _finding("SL108", node, "sqrt(MSE + eps): the eps biases the value, and the square "
+                        "inside the MSE overflows first", names, fix,
+                        "a mean over some dims has no rmse_loss spelling")
+    if _no_grad(m, node):
+        return None  # the hazard is in the gradient only
+    e = _mse(m, inner, node)
+    if e is not None and e.kind != "an MSE" and not _in_loss(m, node, forward=True):
+        return None  # an RMS or a std of data: a gradient rarely flows (measured: lint.md)
+    if e is None:
+        if not _in_loss(m, node, forward=True):
+            return None
+        s = m.call(inner, "sum")
+        sq = _squared(m, m.resolve(s.args[0], node) or s.args[0]) if s is not None and s.args else None
+        # a distance sqrt(sum((a - b) ** 2)) is 0 wherever two points meet; a norm spelled out
+        # is 0 only at the zero vector, and the division by it is SL107's
+        if s is None or not (isinstance(sq, ast.BinOp) and isinstance(sq.op, ast.Sub)):
+            return None
+        e = _Mse(s.args[0], None, None, True, "a sum of squared differences")
+    sf = names.sf()
+    fix = (_rmse_text(m, sf, e) or f"{sf}.safe_sqrt({m.seg(c.args[0])})") if sf else None
+    return _finding("SL101", node, f"sqrt of {e.kind}: its gradient is inf * 0 = NaN where the "
+                    "residual is 0", names, fix)
+
+
+_SELECT = frozenset({"gather", "squeeze", "unsqueeze", "view", "reshape", "flatten", "contiguous",
+                     "clone", "take_along_dim", "index_select", "masked_select"})
+
+
+def _select_from(m: Module, node: ast.expr, at: ast.AST, op: str, depth: int = 0
+                 ) -> tuple[Call | None, Callable[[str], str | None]]:
+    """``op(...)`` seen through selections (``gather``, ``squeeze``, indexing) and names bound
+    once; the second value rebuilds the selection around a replacement of the call, since a log
+    of selected entries is the selection of the logs."""
+    node = m.resolve(node, at) or node
+    c = m.call(node, op)
+    if c is not None:
+        return c, lambda text: text
+    if depth > 6:
+        return None, lambda text: None
+    base: ast.expr | None = None
+    if isinstance(node, ast.Subscript):
+        base = node.value
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SELECT
+          and m.qualname(node.func.value) is None):
+        base = node.func.value
+    if base is None:
+        return None, lambda text: None
+    c, inner = _select_from(m, base, at, op, depth + 1)
+    whole, head = m.seg(node), m.seg(base)
+    if c is None:
+        return None, inner
+    if not whole.startswith(head):  # a parenthesized base: no safe text splice
+        return c, lambda text: None
+    tail = whole[len(head):]
+    return c, lambda text: (lambda t: t + tail if t is not None else None)(inner(text))
+
+
+def _log(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "log")
+    if c is None or len(c.args) != 1 or c.kwargs:
+        return None
+    arg = c.args[0]
+    inner = m.resolve(arg, node) or arg
+    names = _Names(m)
+    sm, rebuild = _select_from(m, arg, node, "softmax")
+    if sm is not None:
+        dim = _dim(sm, 1)
+        extra = set(sm.kwargs) - {"dim", "dtype"}
+        if dim is None or len(sm.args) > 2 or extra:
+            return _finding("SL102", node, "log of softmax: the softmax underflows to 0 and log 0 is "
+                            "-inf (NaN gradient)", no_fix="the softmax's dim is not given")
+        sf = names.sf()
+        args = [m.seg(sm.args[0]), m.seg(dim)]
+        if "dtype" in sm.kwargs:
+            args.append(f"dtype={m.seg(sm.kwargs['dtype'])}")
+        fix = rebuild(f"{sf}.log_softmax({', '.join(args)})") if sf else None
+        return _finding("SL102", node, "log of softmax: the softmax underflows to 0 and log 0 is -inf "
+                        "(NaN gradient)", names, fix, "a selection from the softmax is parenthesized")
+    sig = m.call(inner, "sigmoid")
+    neg = False
+    if sig is None:
+        om = _one_minus(inner)
+        sig = m.call(m.resolve(om, node) if om is not None else None, "sigmoid")
+        neg = sig is not None
+    if sig is not None and len(sig.args) == 1 and not sig.kwargs:
+        tf = names.tf()
+        x = sig.args[0]
+        xs = f"-{m.atom(x)}" if neg else m.seg(x)
+        what = "log(1 - sigmoid(x))" if neg else "log of sigmoid"
+        return _finding("SL104", node, f"{what}: the sigmoid rounds to 0 (or 1) and the log is -inf "
+                        "(NaN gradient)", names, f"{tf}.logsigmoid({xs})" if tf else None)
+    plus = _plus_eps(m, inner)
+    if plus is not None and not _no_grad(m, node):  # without a gradient the eps only guards a score
+        base = m.resolve(plus[0], node) or plus[0]
+        kind = _probability(m, base, node)
+        if kind is None:
+            return None
+        exact = {"softmax": "SF.log_softmax(x, dim)", "sigmoid": "F.logsigmoid(x)",
+                 "exp": "the exponent itself (log(exp(y)) = y)"}.get(
+            kind, "SF.log_softmax(logits, dim) or F.logsigmoid(logits) from the logits")
+        return _finding("SL108", node, f"log(p + eps) hides a log 0 and biases every value; use {exact}",
+                        no_fix="dropping the eps changes the value")
+    s = m.call(inner, "sum")
+    if s is not None and s.args:
+        e = m.call(m.resolve(s.args[0], node) or s.args[0], "exp")
+        if e is not None and len(e.args) == 1 and not e.kwargs and not _shifted(m, e.args[0], node):
+            dim = _dim(s, 1)
+            keep = s.arg(2, "keepdim")
+            if set(s.kwargs) - {"dim", "keepdim"} or len(s.args) > 3:
+                return None
+            sf = names.sf()
+            x = e.args[0]
+            if dim is None:
+                fix = f"{sf}.logsumexp({m.atom(x)}.reshape(-1), 0)" if keep is None else None
+            else:
+                args = [m.seg(x), m.seg(dim)] + ([f"keepdim={m.seg(keep)}"] if keep is not None else [])
+                fix = f"{sf}.logsumexp({', '.join(args)})"
+            return _finding("SL113", node, "log(sum(exp(x))): exp overflows above 88 in float32 "
+                            "(inf, NaN gradient)", names, fix if sf else None,
+                            "keepdim without dim")
+    ch = m.call(inner, "cosh")
+    if ch is not None and len(ch.args) == 1 and not ch.kwargs:
+        r = m.resolve(ch.args[0], node) or ch.args[0]
+        sf, t = names.sf(), names.torch()
+        if isinstance(r, ast.BinOp) and isinstance(r.op, ast.Sub):
+            fix = f'{sf}.log_cosh_loss({m.seg(r.left)}, {m.seg(r.right)}, reduction="none")'
+        else:
+            rtext = m.seg(ch.args[0])
+            fix = f'{sf}.log_cosh_loss({rtext}, {t}.zeros_like({rtext}), reduction="none")'
+        return _finding("SL112", node, "log(cosh(r)): cosh overflows for |r| > 89 in float32 (inf, "
+                        "NaN gradient)", names, fix if sf and t else None)
+    return None
+
+
+def _softmax_masked(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "softmax", "log_softmax")
+    if c is None or not c.args:
+        return None
+    log = c.op == "log_softmax"
+    if c.method is False and (m.qualname(node.func) or "").startswith("stablelosses"):
+        return None
+    parent = m.parent(node)
+    if m.call(parent, "nan_to_num") is not None:
+        return None
+    arg = c.args[0]
+    inner = m.resolve(arg, node) or arg
+    mf = m.call(inner, "masked_fill")
+    msg = ("softmax of masked_fill(mask, -inf): a row with every entry masked is -inf - (-inf) = NaN "
+           "(NaN gradient too)")
+    if mf is None or len(mf.args) != 3 or mf.kwargs or not is_neg_inf(mf.args[2]):
+        if isinstance(arg, ast.Name):
+            lines = m.scope(node).inplace_neg_inf.get(arg.id, [])
+            if any(ln < node.lineno for ln in lines):
+                return _finding("SL109", node, msg, no_fix="the mask is applied in place "
+                                f"({arg.id}.masked_fill_); pass mask= to SF.softmax by hand")
+        return None
+    dim = _dim(c, 1)
+    if dim is None or len(c.args) > 2 or set(c.kwargs) - {"dim"}:
+        return _finding("SL109", node, msg, no_fix="the softmax's dim is not given")
+    names = _Names(m)
+    sf = names.sf()
+    mask = mf.args[1]
+    keep = (mask.operand if isinstance(mask, ast.UnaryOp) and isinstance(mask.op, ast.Invert)
+            else None)
+    mask_text = m.seg(keep) if keep is not None else f"~{m.atom(mask)}"
+    fn = "log_softmax" if log else "softmax"
+    fix = f"{sf}.{fn}({m.seg(mf.args[0])}, {m.seg(dim)}, mask={mask_text})" if sf else None
+    return _finding("SL109", node, msg, names, fix)
+
+
+def _bce(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "bce")
+    if c is None or not c.args:
+        ctor = m.call(node.func if isinstance(node, ast.Call) else None, "BCELoss")
+        if ctor is None or not node.args:
+            return None
+        if m.call(m.resolve(node.args[0], node) or node.args[0], "sigmoid") is None:
+            return None
+        return _finding("SL105", node, "BCELoss on sigmoid outputs: the sigmoid saturates to 0 or 1 "
+                        "and the loss is clamped at 100 with a zero gradient",
+                        no_fix="use nn.BCEWithLogitsLoss on the logits (the module is built elsewhere)")
+    sig = m.call(m.resolve(c.args[0], node) or c.args[0], "sigmoid")
+    if sig is None or len(sig.args) != 1 or sig.kwargs:
+        return None
+    names = _Names(m)
+    tf = names.tf()
+    rest = [m.seg(a) for a in c.args[1:]] + [f"{k}={m.seg(v)}" for k, v in c.kwargs.items()]
+    fix = f"{tf}.binary_cross_entropy_with_logits({', '.join([m.seg(sig.args[0]), *rest])})" if tf else None
+    return _finding("SL105", node, "binary_cross_entropy of sigmoid outputs: the sigmoid saturates "
+                    "to 0 or 1, the log is clamped at -100 and the gradient vanishes", names, fix)
+
+
+def _kl(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "kl_div")
+    args = c.args if c is not None else None
+    if c is None:
+        ctor = m.call(m.resolve(node.func, node) if isinstance(node.func, ast.Name) else node.func,
+                      "KLDivLoss")
+        if ctor is None or not node.args:
+            return None
+        args = node.args
+    assert args is not None
+    if not args:
+        return None
+    kind = _probability(m, args[0], node)
+    if kind not in ("softmax", "sigmoid"):
+        return None
+    return _finding("SL110", node, f"kl_div's input is a {kind} (probabilities); it expects "
+                    "log-probabilities, so the value is not a KL divergence",
+                    no_fix="passing SF.log_softmax(x, dim) changes the value (the old one was wrong)")
+
+
+def _exp_logits(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "exp")
+    if c is None or len(c.args) != 1 or c.kwargs:
+        return None
+    x = c.args[0]
+    name = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else ""
+    if not _LOGITS.search(name):  # logits, cls_logits, logits_per_text; not logit_scale
+        return None
+    if not _in_loss(m, node):
+        return None
+    if isinstance(x, ast.Name):
+        binds = m.scope(node).bindings.get(x.id, [])
+        if any(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Sub) for _, v in binds):
+            return None  # shifted somewhere in this function (logits = logits - max)
+    return _finding("SL113", node, "exp of unshifted logits overflows above 88 in float32 (inf, then "
+                    "NaN); subtract the max, or use SF.softmax / SF.logsumexp / SF.cross_entropy",
+                    no_fix="what the exp feeds decides the stable op")
+
+
+# ------------------------------------------------------------------------------ rules on operators
+
+
+def _division(m: Module, node: ast.BinOp) -> Finding | None:
+    if not isinstance(node.op, ast.Div):
+        return None
+    return _hand_softmax(m, node) or _div_norm(m, node) or _masked_mean(m, node)
+
+
+def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
+    num = m.call(m.resolve(node.left, node) or node.left, "exp")
+    s = m.call(m.resolve(node.right, node) or node.right, "sum")
+    if num is None or s is None or len(num.args) != 1 or not s.args:
+        return None
+    den = m.call(m.resolve(s.args[0], node) or s.args[0], "exp")
+    if den is None or len(den.args) != 1 or not m.same(num.args[0], den.args[0]):
+        return None
+    x = num.args[0]
+    msg = "hand-written softmax: exp overflows (inf / inf = NaN) and a row of -inf is 0 / 0"
+    dim, keep = _dim(s, 1), s.arg(2, "keepdim")
+    if dim is None:
+        return None  # a sum over everything normalizes a kernel or a histogram, not logits
+    if not _is_true(keep) or isinstance(dim, (ast.Tuple, ast.List)):
+        return _finding("SL103", node, msg, no_fix="the sum is not over one dim with keepdim=True")
+    # exp(x - x.max(dim, keepdim=True)[0]): the same softmax, shift-invariant
+    if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Sub):
+        mx = x.right.value if isinstance(x.right, ast.Subscript) else x.right
+        if isinstance(mx, ast.Attribute) and mx.attr == "values":
+            mx = mx.value
+        mc = m.call(mx, "max")
+        if mc is not None and mc.args and m.same(mc.args[0], x.left):
+            x = x.left
+    names = _Names(m)
+    sf = names.sf()
+    return _finding("SL103", node, msg, names, f"{sf}.softmax({m.seg(x)}, {m.seg(dim)})" if sf else None)
+
+
+def _div_norm(m: Module, node: ast.BinOp) -> Finding | None:
+    n = m.call(m.resolve(node.right, node) or node.right, "norm")
+    if n is None or not n.args or not m.same(n.args[0], node.left):
+        return None
+    q = m.qualname(n.node.func) or ""
+    p_name = "ord" if q.startswith("torch.linalg") else "p"
+    p = n.arg(1, p_name)
+    dim = _dim(n, 2)
+    keep = n.arg(3, "keepdim")
+    msg = "division by a norm: a zero vector gives 0 / 0 = NaN (NaN gradient)"
+    two = p is None or _is_int(p, 2) or (isinstance(p, ast.Constant) and p.value == "fro")
+    if q == "torch.linalg.norm" and p is None and dim is None:
+        two = False  # a matrix norm
+    if not two or dim is None or not _is_true(keep) or isinstance(dim, (ast.Tuple, ast.List)):
+        return _finding("SL107", node, msg, no_fix="not a 2-norm over one dim with keepdim=True")
+    names = _Names(m)
+    sf = names.sf()
+    return _finding("SL107", node, msg, names,
+                    f"{sf}.normalize({m.seg(node.left)}, dim={m.seg(dim)})" if sf else None)
+
+
+def _masked_mean(m: Module, node: ast.BinOp) -> Finding | None:
+    top = m.call(m.resolve(node.left, node) or node.left, "sum")
+    bot = m.call(m.resolve(node.right, node) or node.right, "sum")
+    if top is None or bot is None or not top.args or not bot.args:
+        return None
+    prod = m.resolve(top.args[0], node) or top.args[0]
+    if not (isinstance(prod, ast.BinOp) and isinstance(prod.op, ast.Mult)):
+        return None
+    mask = bot.args[0]
+    if not (m.same(mask, prod.left) or m.same(mask, prod.right)):
+        return None
+    if [ast.dump(a) for a in top.args[1:]] != [ast.dump(a) for a in bot.args[1:]]:
+        return None
+    if {k: ast.dump(v) for k, v in top.kwargs.items()} != {k: ast.dump(v) for k, v in bot.kwargs.items()}:
+        return None
+    names = _Names(m)
+    sf = names.sf()
+    return _finding("SL111", node, "masked mean sum(x * mask) / mask.sum(): an empty mask gives 0 / 0 "
+                    "= NaN; SF.masked_mean(x, mask.bool()) for a 0/1 mask", names,
+                    f"{sf}.safe_div({m.seg(node.left)}, {m.seg(node.right)})" if sf else None)
+
+
+def _focal_power(m: Module, node: ast.BinOp) -> Finding | None:
+    if not isinstance(node.op, ast.Pow):
+        return None
+    p = _one_minus(node.left)
+    if p is None:
+        return None
+    g = m.resolve(node.right, node) or node.right
+    if isinstance(g, ast.Constant) and isinstance(g.value, (int, float)) and g.value >= 1:
+        return None  # a polynomial: its slope is finite at p = 1
+    if _no_grad(m, node):
+        return None  # the hazard is in the gradient only
+    kind = _probability(m, p, node)
+    if kind is None:
+        return None
+    return _finding("SL106", node, "(1 - p) ** gamma: for gamma < 1 its slope at p = 1 is inf (NaN "
+                    "gradient), and log p of the same p is -inf at p = 0; use SF.focal_loss / "
+                    "SF.sigmoid_focal_loss on the logits",
+                    no_fix="the whole loss must become one call; its pieces cannot be rewritten alone")
+
+
+_CALL_RULES: list[Callable[[Module, ast.Call], Finding | None]] = [
+    _sqrt, _log, _softmax_masked, _bce, _kl, _exp_logits]
+_BINOP_RULES: list[Callable[[Module, ast.BinOp], Finding | None]] = [_division, _focal_power]
+
+
+def _empty_branch(m: Module, node: ast.AST) -> bool:
+    """In the body of ``if x.numel() == 0:`` (or ``if not x.numel():``): an empty tensor has no
+    value to overflow or divide."""
+    child, p = node, m.parent(node)
+    while p is not None:
+        if isinstance(p, ast.If) and child in p.body:
+            t = p.test
+            if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
+                t = t.operand
+            elif (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)
+                  and _is_int(t.comparators[0], 0)):
+                t = t.left
+            if isinstance(t, ast.Call) and isinstance(t.func, ast.Attribute) and t.func.attr == "numel":
+                return True
+        child, p = p, m.parent(p)
+    return False
+
+
+def check_tree(m: Module) -> Iterator[Finding]:
+    """Every finding in the module, in source order; a report-only SL113 inside another finding
+    is dropped (the outer one names the stable op)."""
+    found: list[Finding] = []
+    for node in ast.walk(m.tree):
+        rules: list = _CALL_RULES if isinstance(node, ast.Call) else (
+            _BINOP_RULES if isinstance(node, ast.BinOp) else [])
+        for rule in rules:
+            f = rule(m, node)
+            if f is not None:
+                found.append(f)
+                break
+    spans = [(f.line, f.col, *f.end) for f in found if f.code != "SL113" or f.fix]
+
+    def inside(f: Finding) -> bool:
+        a = (f.line, f.col)
+        b = f.end
+        return any((s[0], s[1]) <= a and b <= (s[2], s[3]) and (s[0], s[1], s[2], s[3]) != (*a, *b)
+                   for s in spans)
+
+    kept = [f for f in found if not (f.code == "SL113" and f.fix is None and inside(f))
+            and not _empty_branch(m, f.node)]
+    kept.sort(key=lambda f: (f.line, f.col, f.code))
+    yield from kept
