@@ -167,6 +167,10 @@ class detect_nonfinite:
     and called inside the context may run eagerly (Dynamo skips frames while such a mode is
     active) or as one opaque compiled call whose inner operators are not checked; check a
     non-finite result of compiled code by running the same code eagerly under this context.
+    ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``, ``jacrev``, ``hessian``) and
+    ``torch.autograd.forward_ad`` run as without the context; a stablelosses function's result is
+    read through the transform's wrappers (the whole batch, the primal). Results on fake tensors
+    are not checked (they hold no values); a `UserWarning` says so once per context.
     Custom C++/CUDA kernels are seen as one operator; operators that write only to outputs
     given through ``out=`` are checked like any other. Distributed collectives are checked as
     operators.
