@@ -318,7 +318,7 @@ def test_check_targets_and_make_docs_on_a_quick_run(tiny_run, tmp_path, capsys):
     page_path = tmp_path / "benchmarks.md"
     assert _script("make_docs").main([str(js), "--out", str(page_path)]) == 0
     page = page_path.read_text()
-    for section in ("## Machine and run", "## Ratios", "## Issue-12 targets", "## Per-input checks",
+    for section in ("## Machine and run", "## Ratios", "## Speed targets", "## Per-input checks",
                     "## Raw medians", "## Bytes moved", "## How to rerun"):
         assert section in page
     assert "| softmax | 1024x1000 | float32 | fwdbwd |" in page

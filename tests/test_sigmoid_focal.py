@@ -99,7 +99,7 @@ def test_extremes_vs_mpmath(x, t, gamma):
         gamma=gamma,
     )
     if gamma == 0.0:
-        # γ = 0 is α_t·BCE with torch's own BCE term, bit for bit (drop-in item 10 of issue 9);
+        # γ = 0 is α_t·BCE with torch's own BCE term, bit for bit (design: Drop-in);
         # that term cancels for a logit on the right side (-20 with t = 0), so no mpmath here.
         xt, tt = torch.tensor([x], dtype=torch.float64), torch.tensor([t], dtype=torch.float64)
         bce = F.binary_cross_entropy_with_logits(xt, tt, reduction="none")
@@ -155,7 +155,7 @@ def test_property_finite_gradients(data, gamma, alpha, reduction):
     v, gx, gt = value_and_grads(SF.sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma, reduction=reduction)
     assert torch.isfinite(v).all() and torch.isfinite(gx).all() and torch.isfinite(gt).all()
     if gamma == 0.0:
-        # γ = 0 is torch's BCE term bit for bit (issue 9 item 10), cancellation included: its
+        # γ = 0 is torch's BCE term bit for bit (design: Drop-in), cancellation included: its
         # (1 - t)·x + max(-x, 0) loses the small t·|x| of a soft target at a large negative x
         # in float32, so the reference is torch's float32 term, not float64
         ref = torchvision_formula(x, t, alpha, gamma, reduction)
@@ -308,7 +308,7 @@ def _mp_focal(X, T, alpha, gamma):
 @pytest.mark.parametrize("t", [0.0, 1.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_double_backward_at_saturated_logits_vs_mpmath(gamma, x, t, dtype):
-    """Issue 9 item 4: d²/dx² matches mpmath (torchvision: NaN for γ < 1 once 1 - p_t rounds to
+    """d²/dx² matches mpmath (torchvision: NaN for γ < 1 once 1 - p_t rounds to
     0); the mixed d²/dxdt is finite and right to the rounding of its O(1) terms."""
     mpmath.mp.dps = 300  # 1 - σ(200) needs ~90 digits
 
@@ -360,7 +360,7 @@ def _torchvision_test_inputs(shape=(5, 2), dtype=torch.float32):
 @pytest.mark.parametrize("gamma", [0, 2])
 @pytest.mark.parametrize("seed", range(10))
 def test_torchvision_correct_ratio(alpha, gamma, seed):
-    """Issue 9 item 10: torchvision's own test_correct_ratio/test_equal_ce_loss hold, with
+    """torchvision's own test_correct_ratio/test_equal_ce_loss hold, with
     focal <= BCE bit for bit and, at γ = 0 and α < 0, focal == BCE exactly."""
     torch.manual_seed(seed)
     inputs, targets = _torchvision_test_inputs()

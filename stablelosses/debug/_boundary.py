@@ -42,7 +42,7 @@ from stablelosses.debug._report import _judge_inputs, _kind, make_error
 
 __all__ = ["install", "uninstall", "call", "public_functions", "public_name"]
 
-# The contract's defined -inf outputs: log-probabilities of masked entries or zero probabilities,
+# The -inf outputs docs/design.md defines: log-probabilities of masked entries or zero probabilities,
 # logsumexp of an all -inf slice. A -inf from these is silent; NaN or +inf is still reported.
 NEG_INF_OK = frozenset({"log_softmax", "logsumexp", "xlogy", "logaddexp", "log_sigmoid"})
 

@@ -145,8 +145,9 @@ class detect_nonfinite:
     a NaN/Inf one returns from inputs without one is reported under its public name
     (``stablelosses.safe_sqrt``, ``stablelosses.functional.cross_entropy``), while what it
     computes inside on the way to a finite result (a ``log 0`` selected away by a ``where``) and
-    the ``-inf`` outputs the contract defines (``log_softmax`` on masked entries, ``logsumexp``
-    of an all ``-inf`` slice, ``xlogy(x, 0)``) stay silent. Their backward is trusted.
+    the ``-inf`` outputs the design contract (``docs/design.md``) defines (``log_softmax`` on
+    masked entries, ``logsumexp`` of an all ``-inf`` slice, ``xlogy(x, 0)``) stay silent. Their
+    backward is trusted.
 
     **What the message says.** ``err.cause`` is one of ``'division by zero'``, ``'0/0'``,
     ``'log of zero'``, ``'overflow'`` and ``'invalid'``; for a catalogued hazard ``err.hint``
