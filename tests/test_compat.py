@@ -166,3 +166,80 @@ def test_the_detector_skips_and_says_so_where_torch_cannot_read_past_a_transform
     said = [str(w.message) for w in record if "cannot read past it" in str(w.message)]
     assert len(said) == 1 and "stablelosses.safe_sqrt" in said[0]
     assert det.reports == [] and torch.isnan(y[0]).all()
+
+
+# ---- each fallback, forced: what the library does on a torch without the private name --------
+
+
+def test_fallbacks_of_the_transform_probes(monkeypatch):
+    monkeypatch.setattr(_compat, "_transforms_active", None)
+    assert _compat.functorch_transforms_active() is True  # conservative: fast paths off
+    monkeypatch.setattr(_compat, "_functorch", None)
+    assert _compat.is_transform_wrapped(torch.zeros(2)) is True
+    monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
+    assert _compat.forward_ad_active() is True
+
+
+def test_fallback_of_current_autograd_node(monkeypatch):
+    monkeypatch.setattr(_compat, "_current_node", None)
+    seen = []
+    x = torch.ones(2, requires_grad=True)
+    y = x.exp()
+    y.register_hook(lambda g: seen.append(_compat.current_autograd_node()))
+    y.sum().backward()
+    assert seen == [None]
+
+
+def test_fallback_of_foreach_norm(monkeypatch):
+    ts = [torch.tensor([3.0, 4.0]), torch.tensor([[1.0, -2.0], [2.0, 0.0]])]
+    want = [torch.linalg.vector_norm(t, 2.0) for t in ts]
+    monkeypatch.delattr(torch, "_foreach_norm")
+    assert torch.equal(torch.stack(_compat.foreach_norm(ts, 2.0)), torch.stack(want))
+
+    def old_signature(tensors, ord):  # a torch whose _foreach_norm takes no dtype
+        raise TypeError("unexpected keyword argument 'dtype'")
+
+    monkeypatch.setattr(torch, "_foreach_norm", old_signature, raising=False)
+    wide = _compat.foreach_norm(ts, 2.0, torch.float64)
+    assert all(t.dtype == torch.float64 for t in wide)
+    assert torch.equal(torch.stack(wide).float(), torch.stack(want))
+
+
+def test_fallback_of_direct_apply(monkeypatch):
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    monkeypatch.setattr(_compat, "_unwrap_dead_wrappers", None)
+    call = _compat.direct_apply(Twice)
+    assert call == Twice.apply
+    x = torch.ones(2, requires_grad=True)
+    (g,) = torch.autograd.grad(call(x).sum(), x)
+    assert torch.equal(g, torch.full((2,), 2.0))
+
+
+def test_fallbacks_of_the_softmax_backward_kernels(monkeypatch):
+    x = torch.randn(4, 6, dtype=torch.float64)
+    g = torch.randn(4, 6, dtype=torch.float64)
+    y, ly = torch.softmax(x, 1), torch.log_softmax(x, 1)
+    kernel = _compat.softmax_backward(g, y, 1), _compat.log_softmax_backward(g, ly, 1)
+    monkeypatch.setattr(_compat, "_softmax_bwd", None)
+    monkeypatch.setattr(_compat, "_log_softmax_bwd", None)
+    torch.testing.assert_close(_compat.softmax_backward(g, y, 1), kernel[0])
+    torch.testing.assert_close(_compat.log_softmax_backward(g, ly, 1), kernel[1])
+
+
+def test_fallback_of_is_zero_tensor():
+    class NoProbe:  # an object without _is_zerotensor, as on a torch that lacks it
+        pass
+
+    assert _compat.is_zero_tensor(NoProbe()) is False  # type: ignore[arg-type]
