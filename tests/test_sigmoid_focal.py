@@ -37,14 +37,16 @@ def mp_reference(x, t, alpha, gamma):
 
 
 def mp_value(x, t, alpha, gamma):
-    """The loss of one element at 40 significant digits (mpmath): the value only, no derivatives."""
+    """The loss of one element at 40 significant digits (mpmath): the value only, no derivatives.
+
+    p and 1 - p are each computed directly (no 1 - p subtraction), so a saturated logit keeps
+    every digit: log p = -log1p(e^-x), log(1 - p) = -log1p(e^x).
+    """
     with mpmath.workdps(40):
         X, T = mpmath.mpf(x), mpmath.mpf(t)
-        p = 1 / (1 + mpmath.exp(-X))
-        ce = -(T * mpmath.log(p) + (1 - T) * mpmath.log(1 - p)) if 0 < p < 1 else None
-        if ce is None:  # p rounds to 0 or 1 even at 40 digits: log1p(exp(-|x|)) form of BCE
-            ce = mpmath.log1p(mpmath.exp(-abs(X))) + max(X, 0) - X * T
-        q = T * (1 - p) + (1 - T) * p
+        p, q_ = 1 / (1 + mpmath.exp(-X)), 1 / (1 + mpmath.exp(X))  # sigmoid(x), 1 - sigmoid(x)
+        ce = T * mpmath.log1p(mpmath.exp(-X)) + (1 - T) * mpmath.log1p(mpmath.exp(X))
+        q = T * q_ + (1 - T) * p
         at = alpha * T + (1 - alpha) * (1 - T) if alpha >= 0 else 1
         return at * ce * q ** gamma
 
