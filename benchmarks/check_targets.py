@@ -20,7 +20,8 @@ forward+backward, with a slack of 0.5% + 4 KiB (a scalar or a per-row vector mor
 reference does not count as a miss). Targets are stated for float32 with 2 threads; a run with another thread
 count gets a warning.
 
-After the per-input checks it prints the issue-12 target table: every target of the issue with
+After the per-input checks it prints the speed-target table: every speed target of the design
+contract (``docs/design.md``, section Speed) with
 its measured ratio, its bytes-moved ratio and met / missed (``--no-goals`` to leave it out;
 ``--goals-markdown PATH`` writes it as Markdown). The checks and the targets live in
 ``stablelosses/bench/checks.py`` and ``stablelosses/bench/targets.py``.

@@ -7,7 +7,7 @@ Usage::
                                    [--out docs/benchmarks.md]
 
 The page holds: the machine and the command, the ratio table (time, bytes moved, kernels of
-compiled calls, peak memory), the issue-12 target table (each target with its measured ratio,
+compiled calls, peak memory), the speed-target table (each target with its measured ratio,
 bytes-moved ratio and met / missed), the per-input checks (holds / MISS / not measured, from
 ``check_targets.py``), the raw medians and bytes moved of every variant, an optional
 hand-written notes section (``--notes``), and how to rerun. Every number comes from the one JSON given.
@@ -182,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         format_table(result, markdown=True),
         "",
-        "## Issue-12 targets",
+        "## Speed targets",
         "",
-        "Every target of the speed issue, from the same run (`stablelosses bench --targets` prints "
+        "Every speed target of the [design contract](design.md#speed), from the same run "
+        "(`stablelosses bench --targets` prints "
         "this table; so does `python benchmarks/check_targets.py`). Time targets are on "
         "forward+backward unless the mode says `fwd`; `bytes ÷ ref` is ours against the same "
         "reference in bytes moved by the eager calls.",

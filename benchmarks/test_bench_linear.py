@@ -6,7 +6,7 @@ memory of one call in ``extra_info['peak_bytes']``; ``test_memory`` (not timed) 
 ``torch.profiler``'s allocation events that the fused path never allocates an ``(N, V)``
 buffer and that its peak is at most 1/4 of the unfused one.
 
-Default case: ``N=4096, H=1024, V=32000`` float32 (the issue's target shape).
+Default case: ``N=4096, H=1024, V=32000`` float32 (a 32k-vocabulary language-model head).
 ``STABLELOSSES_BENCH_FULL=1`` adds ``V=128256`` (``N=2048``, to fit a shared machine's memory)
 and bfloat16 input and weights. ``STABLELOSSES_BENCH_ROUNDS`` (default 3) sets the rounds.
 

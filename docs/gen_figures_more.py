@@ -1,4 +1,4 @@
-"""Figures of the hazard pages added with issue 13: zero vectors, logaddexp, empty masks,
+"""Figures of the hazard pages for the 0.2 ops: zero vectors, logaddexp, empty masks,
 masked entropy, Dice on empty masks.
 
 Run at build time by ``docs/hooks.py`` after ``docs/gen_figures.py`` (whose ``Row``/``Figure``/

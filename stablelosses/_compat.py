@@ -26,6 +26,12 @@ _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 _softmax_bwd = getattr(torch, "_softmax_backward_data", None)
 _log_softmax_bwd = getattr(torch, "_log_softmax_backward_data", None)
+_disable_functorch = getattr(torch._C, "_DisableFuncTorch", None)
+_is_fake: Any
+try:
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+except ImportError:  # pragma: no cover - other torch versions
+    _is_fake = None
 _unwrap_dead_wrappers: Any
 try:
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
@@ -128,3 +134,53 @@ def log_softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
     if _log_softmax_bwd is None:
         return grad - torch.exp(output) * grad.sum(dim, keepdim=True)
     return _log_softmax_bwd(grad, output, dim, output.dtype)
+
+
+def is_zero_tensor(t: Tensor) -> bool:
+    """True for forward-mode AD's storage-less zero tangent (``torch._efficientzerotensor``).
+
+    Reading such a tensor inside a dispatch mode crashes the process; it holds only zeros.
+    Fallback: False (a torch without the method has no such tensors either).
+    """
+    probe = getattr(t, "_is_zerotensor", None)
+    return bool(probe()) if probe is not None else False
+
+
+def is_fake(t: Tensor) -> bool:
+    """True for a tensor that holds no values: a FakeTensor (``torch.compile``'s tracing) or meta.
+
+    Fallback: the class name, so a fake tensor is still never read.
+    """
+    if t.device.type == "meta":
+        return True
+    if _is_fake is None:
+        return type(t).__name__ in ("FakeTensor", "FunctionalTensor")
+    return bool(_is_fake(t))
+
+
+def transform_free_value(t: Tensor) -> Tensor | None:
+    """The plain tensor under the ``torch.func`` wrappers of ``t`` (vmap's batched tensors hold the
+    whole batch, grad/jvp's wrappers the primal), or None when it cannot be had.
+
+    Read it only inside :func:`functorch_disabled`. Fallback: None (the caller skips it).
+    """
+    if not is_transform_wrapped(t):
+        return t
+    unwrap = getattr(_functorch, "get_unwrapped", None) if _functorch is not None else None
+    check = getattr(_functorch, "is_functorch_wrapped_tensor", None) if _functorch is not None else None
+    if unwrap is None or check is None:
+        return None
+    for _ in range(64):  # one wrapper per nested transform
+        if not check(t):
+            return t
+        t = unwrap(t)
+    return None
+
+
+def functorch_disabled() -> Any:
+    """A context in which torch operators on plain tensors bypass the active ``torch.func``
+    transforms, so reading a value (``.item()``) is an ordinary read.
+
+    Fallback: None; the caller then reads nothing while a transform is active.
+    """
+    return None if _disable_functorch is None else _disable_functorch()

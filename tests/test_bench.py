@@ -166,6 +166,7 @@ def tiny_run():
     return run(settings, progress=False)
 
 
+@pytest.mark.slow  # times a real run of the harness
 def test_tiny_run_records_every_variant_and_mode(tiny_run):
     recs = tiny_run["results"]
     assert tiny_run["schema"].startswith("stablelosses-bench/")
@@ -183,12 +184,14 @@ def test_tiny_run_records_every_variant_and_mode(tiny_run):
         assert ("peak_bytes" in r) == (r["mode"] == "fwdbwd")
 
 
+@pytest.mark.slow  # times a real run of the harness
 def test_tiny_run_bytes_of_torch_softmax_are_one_read_one_write(tiny_run):
     (rec,) = [r for r in tiny_run["results"]
               if (r["fn"], r["case"], r["mode"], r["variant"]) == ("softmax", "1024x1000", "fwd", "torch")]
     assert rec["bytes_read"] == rec["bytes_written"] == 1024 * 1000 * 4
 
 
+@pytest.mark.slow  # times a real run of the harness
 def test_tiny_run_tables(tiny_run):
     rows = ratio_rows(tiny_run)
     assert len(rows) == 8
@@ -201,6 +204,7 @@ def test_tiny_run_tables(tiny_run):
     assert md.startswith("| function |") and md.count("\n") == 2 + len(rows) - 1
 
 
+@pytest.mark.slow  # times a real run of the harness
 def test_tiny_run_goal_table(tiny_run):
     rows = goal_rows(index(tiny_run["results"]))
     soft = [r for r in rows if r["fn"] == "softmax"]
@@ -285,6 +289,7 @@ def test_bench_bad_arguments(args, message, capsys):
     assert len(err.strip().splitlines()) == 1 and message in err
 
 
+@pytest.mark.slow  # times a real run of the harness
 def test_bench_main_quick_subset_writes_json_markdown_and_targets(tmp_path, capsys):
     js, md = tmp_path / "b.json", tmp_path / "b.md"
     code = bench_cli.main(["--quick", "--only", "safe_sqrt", "--repeats", "1", "--no-reexec",
@@ -307,6 +312,7 @@ def _script(name: str):
     return mod
 
 
+@pytest.mark.slow  # times a real run of the harness
 def test_check_targets_and_make_docs_on_a_quick_run(tiny_run, tmp_path, capsys):
     js = tmp_path / "bench.json"
     js.write_text(json.dumps(tiny_run))
@@ -318,7 +324,7 @@ def test_check_targets_and_make_docs_on_a_quick_run(tiny_run, tmp_path, capsys):
     page_path = tmp_path / "benchmarks.md"
     assert _script("make_docs").main([str(js), "--out", str(page_path)]) == 0
     page = page_path.read_text()
-    for section in ("## Machine and run", "## Ratios", "## Issue-12 targets", "## Per-input checks",
+    for section in ("## Machine and run", "## Ratios", "## Speed targets", "## Per-input checks",
                     "## Raw medians", "## Bytes moved", "## How to rerun"):
         assert section in page
     assert "| softmax | 1024x1000 | float32 | fwdbwd |" in page

@@ -26,6 +26,7 @@ def run(*args, timeout=120):
 # ---- trace --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a fresh interpreter per run (torch import); the in-process tests cover the logic
 def test_trace_finds_the_planted_overflow():
     script = os.path.join(SCRIPTS, "overflow.py")
     proc = run("trace", script)
@@ -61,6 +62,7 @@ def test_trace_missing_script(capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter per run (torch import); the in-process tests cover the logic
 def test_trace_crash_exits_1_as_python_does_with_the_scripts_traceback():
     script = os.path.join(SCRIPTS, "crash.py")
     proc = run("trace", script)
@@ -97,6 +99,7 @@ def test_trace_reports_a_nan_made_inside_stablelosses(capsys):
     assert f"library_nan.py:{line}" in out
 
 
+@pytest.mark.slow  # a fresh interpreter per run (torch import); the in-process tests cover the logic
 def test_trace_watch_stops_a_diverging_run_before_inf():
     script = os.path.join(SCRIPTS, "diverge.py")
     proc = run("trace", "--watch", script)
@@ -150,6 +153,7 @@ def test_bad_arguments_in_process(args, message, capsys):
     assert len(err.strip().splitlines()) == 1 and message in err
 
 
+@pytest.mark.slow  # a fresh interpreter per run (torch import); the in-process tests cover the logic
 def test_help_and_bad_arguments_subprocess():
     proc = run("trace", "--help")
     assert proc.returncode == 0 and "SCRIPT.py" in proc.stdout

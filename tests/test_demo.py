@@ -73,6 +73,7 @@ def test_demo_reports_an_exception_in_its_cell():
     assert lines[2] == "boom" and lines[4].startswith("  stablelosses") and "error" in lines[4]
 
 
+@pytest.mark.slow  # a fresh interpreter (torch import)
 def test_demo_subprocess_prints_the_table_without_warnings():
     proc = run_python("-m", "stablelosses", timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -116,6 +117,7 @@ def test_demo_dice_row_has_both_masks_empty_and_shows_the_defined_value():
     assert _demo.evaluate(dice, "stable").value_text == "0"  # empty against empty: a perfect match
 
 
+@pytest.mark.slow  # a fresh interpreter (torch import)
 def test_demo_without_numpy_prints_no_torch_warning():
     proc = run_python("-c", NO_NUMPY, timeout=60)
     assert proc.returncode == 0, proc.stderr

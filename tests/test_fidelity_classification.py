@@ -1,4 +1,4 @@
-"""Drop-in fidelity of the softmax family and the classification losses (issue 9).
+"""Drop-in fidelity of the softmax family and the classification losses (design: Drop-in).
 
 Every assertion is against torch or against a float64 / mpmath reference written with plain
 torch ops (never against stablelosses' own formula): finite fill values are ordinary numbers,
@@ -45,7 +45,7 @@ def _fill_rows(dtype):
     )
 
 
-# --- item 1: a finfo.min row is an ordinary row --------------------------------------------
+# --- a finfo.min row is an ordinary row --------------------------------------------
 
 CASES = {
     "cross_entropy": (
@@ -110,7 +110,7 @@ def test_only_all_minus_inf_rows_are_masked():
     torch.testing.assert_close(x.grad, torch.tensor([[-2 / 3, 1 / 3, 1 / 3], [0.0, 0.0, 0.0]]))
 
 
-# --- item 5: logsumexp's gradient is the exact softmax at every magnitude ---------------------
+# --- logsumexp's gradient is the exact softmax at every magnitude ---------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -128,7 +128,7 @@ def test_logsumexp_minus_1e30_gives_one_half():
     assert x.grad.tolist() == [0.5, 0.5]
 
 
-# --- item 2: weight that requires grad gets its gradient --------------------------------------
+# --- weight that requires grad gets its gradient --------------------------------------
 
 
 def _ref_index_loss(x, t, w, gamma, eps, ignore_index, reduction):
@@ -197,7 +197,7 @@ def test_weight_gradient_gradcheck():
     assert gradgradcheck(lambda a, b: SF.focal_loss(a, t, gamma=1.5, weight=b), (x, w))
 
 
-# --- item 3: forward-mode AD -------------------------------------------------------------------
+# --- forward-mode AD -------------------------------------------------------------------
 
 
 def _jvp_pairs():
@@ -322,7 +322,7 @@ def test_compiled_fullgraph_with_jvp_functions():
     torch.testing.assert_close(out, f(x))
 
 
-# --- item 4: double backward is finite at the hazards and matches float64 ---------------------
+# --- double backward is finite at the hazards and matches float64 ---------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -372,7 +372,7 @@ def test_focal_double_backward_on_posinf_rows(gamma):
     torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-6)
 
 
-# --- item 6: no intermediate overflow ---------------------------------------------------------
+# --- no intermediate overflow ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
@@ -391,7 +391,7 @@ def test_label_smoothing_near_1e37_is_finite_and_exact(reduction, weighted):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=0)
 
 
-# --- item 7: exact tails (mpmath references) ----------------------------------------------------
+# --- exact tails (mpmath references) ----------------------------------------------------
 
 
 def _mp_focal(margin: float, n_other: int, gamma: float) -> float:
@@ -411,7 +411,7 @@ def test_focal_tail_full_relative_accuracy_float32(margin, gamma):
     assert abs(out.item() - ref) <= 1e-5 * ref
 
 
-# --- item 8: arguments torch rejects are rejected ----------------------------------------------
+# --- arguments torch rejects are rejected ----------------------------------------------
 
 
 def test_probability_target_with_nonnegative_ignore_index_raises_like_torch():
@@ -462,7 +462,7 @@ def test_target_out_of_range_with_smoothing_and_spatial_dims():
         SF.cross_entropy(torch.randn(1, 3, 2), t, label_smoothing=0.1)
 
 
-# --- item 9: type promotion as torch ------------------------------------------------------------
+# --- type promotion as torch ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -486,7 +486,7 @@ def test_type_promotion_like_torch(dt_in, dt_t):
     torch.testing.assert_close(kl.double(), kl_ref.double(), rtol=1e-2, atol=1e-3)
 
 
-# --- item 10: kl_div(reduction='mean') warns as torch does --------------------------------------
+# --- kl_div(reduction='mean') warns as torch does --------------------------------------
 
 
 def test_kl_div_mean_warns_like_torch():
@@ -530,7 +530,7 @@ def test_logsumexp_rounds_as_torch_and_its_gradient_keeps_the_tail(values, dtype
 @pytest.mark.parametrize("margin", [5.0, 15.0, 17.0, 20.0, 25.0, 30.0])
 @pytest.mark.parametrize("classes", [2, 10])
 def test_cross_entropy_exact_tail_against_mpmath(margin, classes):
-    """Issue 9 item 7: a confident correct row keeps its small loss (torch rounds it to 0)."""
+    """Exact tails: a confident correct row keeps its small loss (torch rounds it to 0)."""
     mpmath.mp.dps = 60
     x = torch.zeros(1, classes)
     x[0, 0] = margin
@@ -543,7 +543,7 @@ def test_cross_entropy_exact_tail_against_mpmath(margin, classes):
 @pytest.mark.parametrize("margin", [5.0, 17.0, 25.0, 40.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_log_softmax_exact_tail_against_mpmath(margin, dtype):
-    """Issue 9 item 7: the argmax entry is −log1p(δ), not a rounded 0; the others stay exact."""
+    """Exact tails: the argmax entry is −log1p(δ), not a rounded 0; the others stay exact."""
     mpmath.mp.dps = 60
     x = torch.tensor([[margin, 0.0, -1.0]], dtype=dtype)
     got = SF.log_softmax(x, 1)[0].double()

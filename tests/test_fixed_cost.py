@@ -1,4 +1,5 @@
-"""The per-call shortcuts of issue 12 compute what the general code computes.
+"""The per-call shortcuts that keep the fixed cost low (design: Speed) compute what the general
+code computes.
 
 * ``applier`` calls a Function's ``forward`` directly under ``no_grad`` (no graph, no tangent):
   same values as with grad, and forward-mode AD inside ``no_grad`` still gets its tangent;

@@ -1,4 +1,4 @@
-"""Forward-mode AD (issue 9 item 3) for the elementwise ops and the regression/detection losses:
+"""Forward-mode AD (design: Composable) for the elementwise ops and the regression/detection losses:
 ``torch.func.jvp``/``jacfwd``/``hessian`` and ``torch.autograd.forward_ad`` equal torch's
 (or the naive formula's) where those are finite, and are finite at the hazards."""
 

@@ -559,7 +559,7 @@ def test_single_row_and_empty_batch():
 
 
 def test_smoothing_no_intermediate_overflow_float32():
-    # Logits near ±1e37 (issue 9 item 6): the exact smoothed loss is representable in float32.
+    # Logits near ±1e37 (design: No avoidable overflow): the exact smoothed loss is representable in float32.
     x, w, _, _ = _data(n=4, dtype=torch.float32, scale=0.1)
     b = torch.zeros(V)
     b[0], b[1] = 1e37, -1e37

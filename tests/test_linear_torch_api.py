@@ -1,8 +1,7 @@
 """linear_cross_entropy / linear_focal_loss with torch's signature: parity with
 ``torch.nn.functional.linear_cross_entropy`` (torch >= 2.13; the unfused formula everywhere),
 the deprecated old spelling, ``options``, zero-size H, meta tensors, bf16 weights converted
-block by block, and a compiled graph that does not depend on N (issue 21 part 1 and 3, issue 19
-items 6, 8, 15)."""
+block by block, and a compiled graph that does not depend on N."""
 
 from __future__ import annotations
 
@@ -235,7 +234,7 @@ def test_options_type_is_checked():
         SF.linear_cross_entropy(x, w, t, options={"batch_chunk_size": 2})
 
 
-# --- issue 19, items 6 and 8: H = 0 and meta tensors ------------------------------------------
+# --- H = 0 and meta tensors ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -273,7 +272,7 @@ def test_meta_tensors_like_the_unfused_version(reduction, dtype):
     assert [(g.device, g.shape, g.dtype) for g in ga] == [(g.device, g.shape, g.dtype) for g in gb]
 
 
-# --- issue 21 part 3: a bf16 weight is never converted to float32 whole -----------------------
+# --- a bf16 weight is never converted to float32 whole ------------------------------------------
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
@@ -308,7 +307,7 @@ def test_bf16_weight_gradient_is_accumulated_in_float32():
     torch.testing.assert_close(gw, ref.bfloat16(), rtol=8e-3, atol=1e-3)
 
 
-# --- issue 19, item 15: compiled, z_loss not a literal, graph independent of N ----------------
+# --- compiled, z_loss not a literal, graph independent of N --------------------------------------
 
 
 def _graph_size(gm):

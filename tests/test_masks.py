@@ -1,4 +1,4 @@
-"""The ``mask=`` argument of every loss with a reduction (issue 13).
+"""The ``mask=`` argument of every loss with a reduction.
 
 References are independent of the masked code path: torch's loss on the selected entries
 (``loss[mask]``, or the rows ``input[mask]``) in float64, or torch's ``reduction='none'`` loss

@@ -202,7 +202,7 @@ def _export_cases():
 @pytest.mark.slow
 @pytest.mark.parametrize("module, make", _export_cases())
 def test_export_with_dynamic_batch(module, make):
-    """Issue 9 item 11: one graph for every batch size (0.1's SigmoidFocalLoss branched on
+    """One graph for every batch size (0.1's SigmoidFocalLoss branched on
     numel() > 65536 and failed to export)."""
     batch = torch.export.Dim("batch")
     program = torch.export.export(module, make(4), dynamic_shapes=({0: batch}, {0: batch}))
@@ -214,7 +214,7 @@ def test_export_with_dynamic_batch(module, make):
 @pytest.mark.slow
 @pytest.mark.parametrize("module, make", _export_cases())
 def test_compile_dynamic_does_not_recompile_when_input_grows(module, make):
-    """Issue 9 item 11: torch.compile(dynamic=True) captures one graph for 8 to 70000 rows."""
+    """torch.compile(dynamic=True) captures one graph for 8 to 70000 rows."""
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()

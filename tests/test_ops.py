@@ -575,7 +575,7 @@ def test_top_level_exports():
 
 
 def test_safe_div_of_two_numbers_returns_a_tensor_like_torch_div():
-    """Issue 9 item 9: torch.div(number, number) is a tensor of the default dtype; so is ours."""
+    """torch.div(number, number) is a tensor of the default dtype; so is ours."""
     for a, b in [(1, 2), (3.0, 4), (True, 2), (-1, 8.0)]:
         got, expected = SF.safe_div(a, b), torch.div(a, b)
         assert isinstance(got, torch.Tensor) and got.dtype == expected.dtype and got.device == expected.device
@@ -587,7 +587,7 @@ def test_safe_div_of_two_numbers_returns_a_tensor_like_torch_div():
 
 
 def test_xlogy_input_gradient_at_zero_matches_torch():
-    """Issue 9 item 10: d/dx xlogy(x, y) at x == 0 is 0 where y <= 0 and log y where y > 0, as torch."""
+    """d/dx xlogy(x, y) at x == 0 is 0 where y <= 0 and log y where y > 0, as torch."""
     x = torch.zeros(4, dtype=torch.float64)
     y = torch.tensor([-1.0, 0.0, 2.0, -0.0], dtype=torch.float64)
     _, (g, _) = grad_of(SF.xlogy, x, y)

@@ -1,4 +1,4 @@
-"""README's python snippets run as written and print what their comments claim (issue 9 item 12).
+"""README's python snippets run as written and print what their comments claim.
 
 Every ``print(expr)  # text`` line in a fenced ``python`` block is checked: ``str(expr)`` must
 equal ``text``. The blocks run in order, each in a fresh namespace.

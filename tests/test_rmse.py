@@ -253,7 +253,7 @@ def test_compile_fullgraph():
     (torch.float32, torch.float64, ()),  # F.mse_loss broadcasts first: a 0-dim float64 wins
 ])
 def test_mixed_dtypes_promote_as_mse_loss(x_dtype, y_dtype, y_shape):
-    """Issue 9 item 9: rmse_loss(x, y) has the dtype, value and gradients of sqrt(F.mse_loss(x, y))."""
+    """rmse_loss(x, y) has the dtype, value and gradients of sqrt(F.mse_loss(x, y))."""
     x = (torch.randn(4, 3) * 3).to(x_dtype)
     y = (torch.randn(y_shape) * 3).to(y_dtype)
 
@@ -288,7 +288,7 @@ def test_mixed_dtypes_promote_as_mse_loss(x_dtype, y_dtype, y_shape):
 
 @pytest.mark.slow
 def test_compiled_zero_residual_is_positive_zero():
-    """Issue 9 item 10: sqrt(0) is +0.0, compiled as eager (the scaled 0.1 kernel gave -0.0)."""
+    """sqrt(0) is +0.0, compiled as eager (the scaled 0.1 kernel gave -0.0)."""
     f = torch.compile(lambda a, b: SF.rmse_loss(a, b), fullgraph=True)
     for x in [torch.zeros(5), torch.full((5,), -2.5)]:
         for out in [f(x, x.clone()), SF.rmse_loss(x, x.clone())]:

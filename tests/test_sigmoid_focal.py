@@ -36,6 +36,21 @@ def mp_reference(x, t, alpha, gamma):
     return float(f(X, T)), float(mpmath.diff(lambda v: f(v, T), X)), float(mpmath.diff(lambda v: f(X, v), T))
 
 
+def mp_value(x, t, alpha, gamma):
+    """The loss of one element at 40 significant digits (mpmath): the value only, no derivatives.
+
+    p and 1 - p are each computed directly (no 1 - p subtraction), so a saturated logit keeps
+    every digit: log p = -log1p(e^-x), log(1 - p) = -log1p(e^x).
+    """
+    with mpmath.workdps(40):
+        X, T = mpmath.mpf(x), mpmath.mpf(t)
+        p, q_ = 1 / (1 + mpmath.exp(-X)), 1 / (1 + mpmath.exp(X))  # sigmoid(x), 1 - sigmoid(x)
+        ce = T * mpmath.log1p(mpmath.exp(-X)) + (1 - T) * mpmath.log1p(mpmath.exp(X))
+        q = T * q_ + (1 - T) * p
+        at = alpha * T + (1 - alpha) * (1 - T) if alpha >= 0 else 1
+        return at * ce * q ** gamma
+
+
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("alpha", [0.25, 0.5, 1.0, -1.0])
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 1.0, 2.0, 3.5])
@@ -99,7 +114,7 @@ def test_extremes_vs_mpmath(x, t, gamma):
         gamma=gamma,
     )
     if gamma == 0.0:
-        # γ = 0 is α_t·BCE with torch's own BCE term, bit for bit (drop-in item 10 of issue 9);
+        # γ = 0 is α_t·BCE with torch's own BCE term, bit for bit (design: Drop-in);
         # that term cancels for a logit on the right side (-20 with t = 0), so no mpmath here.
         xt, tt = torch.tensor([x], dtype=torch.float64), torch.tensor([t], dtype=torch.float64)
         bce = F.binary_cross_entropy_with_logits(xt, tt, reduction="none")
@@ -155,15 +170,21 @@ def test_property_finite_gradients(data, gamma, alpha, reduction):
     v, gx, gt = value_and_grads(SF.sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma, reduction=reduction)
     assert torch.isfinite(v).all() and torch.isfinite(gx).all() and torch.isfinite(gt).all()
     if gamma == 0.0:
-        # γ = 0 is torch's BCE term bit for bit (issue 9 item 10), cancellation included: its
+        # γ = 0 is torch's BCE term bit for bit (design: Drop-in), cancellation included: its
         # (1 - t)·x + max(-x, 0) loses the small t·|x| of a soft target at a large negative x
         # in float32, so the reference is torch's float32 term, not float64
         ref = torchvision_formula(x, t, alpha, gamma, reduction)
         torch.testing.assert_close(v, ref, rtol=1e-6, atol=0)
         return
-    # matches a float64 evaluation of our own math
-    v64 = SF.sigmoid_focal_loss(x.double(), t.double(), alpha=alpha, gamma=gamma, reduction=reduction)
-    torch.testing.assert_close(v.double(), v64, rtol=1e-4, atol=1e-6)
+    # matches the exact value: the formula evaluated term by term in mpmath (40 digits), which
+    # shares nothing with our kernel; the float32 inputs are exact binary numbers
+    terms = [mp_value(float(xi), float(ti), alpha, gamma) for xi, ti in zip(x.tolist(), t.tolist())]
+    if reduction == "none":
+        want = torch.tensor([float(v_) for v_ in terms], dtype=torch.float64)
+    else:
+        total = mpmath.fsum(terms)
+        want = torch.tensor(float(total / len(terms) if reduction == "mean" else total), dtype=torch.float64)
+    torch.testing.assert_close(v.double(), want, rtol=1e-4, atol=1e-6)
 
 
 def test_nan_propagates():
@@ -308,7 +329,7 @@ def _mp_focal(X, T, alpha, gamma):
 @pytest.mark.parametrize("t", [0.0, 1.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_double_backward_at_saturated_logits_vs_mpmath(gamma, x, t, dtype):
-    """Issue 9 item 4: d²/dx² matches mpmath (torchvision: NaN for γ < 1 once 1 - p_t rounds to
+    """d²/dx² matches mpmath (torchvision: NaN for γ < 1 once 1 - p_t rounds to
     0); the mixed d²/dxdt is finite and right to the rounding of its O(1) terms."""
     mpmath.mp.dps = 300  # 1 - σ(200) needs ~90 digits
 
@@ -360,7 +381,7 @@ def _torchvision_test_inputs(shape=(5, 2), dtype=torch.float32):
 @pytest.mark.parametrize("gamma", [0, 2])
 @pytest.mark.parametrize("seed", range(10))
 def test_torchvision_correct_ratio(alpha, gamma, seed):
-    """Issue 9 item 10: torchvision's own test_correct_ratio/test_equal_ce_loss hold, with
+    """torchvision's own test_correct_ratio/test_equal_ce_loss hold, with
     focal <= BCE bit for bit and, at γ = 0 and α < 0, focal == BCE exactly."""
     torch.manual_seed(seed)
     inputs, targets = _torchvision_test_inputs()

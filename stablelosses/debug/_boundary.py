@@ -1,18 +1,23 @@
 """stablelosses' own functions as operators: checked at their public boundary.
 
-While a `detect_nonfinite` context is active, every public function of ``stablelosses`` and
-``stablelosses.functional`` (those in their ``__all__``) runs through a check of its result:
-a NaN or Inf it returns from inputs without one is reported under the public name
-(``stablelosses.safe_sqrt``, ``stablelosses.functional.cross_entropy``). What the function does
-inside (its ATen operators, a ``log 0`` selected away by a ``where``) is not looked at, so the
-check does not depend on how a function is written today.
+While a `detect_nonfinite` context is active on a thread, every public function of
+``stablelosses`` and ``stablelosses.functional`` (those in their ``__all__``) called on that
+thread has its result checked: a NaN or Inf it returns from inputs without one is reported
+under the public name (``stablelosses.safe_sqrt``, ``stablelosses.functional.cross_entropy``).
+What the function does inside (its ATen operators, a ``log 0`` selected away by a ``where``) is
+not looked at, so the check does not depend on how a function is written today.
 
-How: on entering the first context, each function's ``__code__`` is swapped for a small
-trampoline that calls `call` with the function's original code (a copy of the function); on
-leaving the last context the original code is put back. Swapping the code, rather than the
-module attribute, reaches every reference to the function: ``from stablelosses.functional
-import cross_entropy`` made before the context, and the module classes in ``losses.py``.
-Functions with a closure cannot have their code swapped and are left unchecked (none today).
+How: each public function is, from import on, a thin wrapper (``stablelosses/_public.py``) that
+reads one global, the number of open detectors. While it is 0 the wrapper only calls the
+function. Otherwise it calls `call` here, which finds this thread's detector in a thread-local
+and checks the outputs. Nothing is swapped or patched, so other threads, signatures and
+``torch.compile`` see the same objects whether or not a detector is open.
+
+Under ``torch.func`` transforms the outputs are wrappers (vmap's batched tensors, grad's and
+jvp's dual wrappers) on which ``.item()`` raises or crashes. The check reads the plain tensor
+underneath instead (the whole batch; the primal), with the transforms switched off for the
+read. Fake tensors hold no values: their results are not checked, and the detector says so
+once. A forward-mode AD dual tensor is read through its primal.
 """
 
 from __future__ import annotations
@@ -20,111 +25,85 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-import types
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+import torch.autograd.forward_ad as fwAD
+from torch.utils._pytree import tree_flatten, tree_map
 
+from stablelosses import _compat
+from stablelosses._public import closed, is_public, opened
 from stablelosses.debug._checks import _all_finite, _has_nan
 from stablelosses.debug._errors import NonFiniteError, TensorSummary
 from stablelosses.debug._frames import _user_line
 from stablelosses.debug._report import _judge_inputs, _kind, make_error
 
-__all__ = ["install", "uninstall", "call", "public_functions"]
+__all__ = ["install", "uninstall", "call", "public_functions", "public_name"]
 
-# The contract's defined -inf outputs: log-probabilities of masked entries or zero probabilities,
+# The -inf outputs docs/design.md defines: log-probabilities of masked entries or zero probabilities,
 # logsumexp of an all -inf slice. A -inf from these is silent; NaN or +inf is still reported.
 NEG_INF_OK = frozenset({"log_softmax", "logsumexp", "xlogy", "logaddexp", "log_sigmoid"})
 
-_lock = threading.Lock()
-_installed: dict[int, tuple[types.FunctionType, types.CodeType]] = {}  # key -> (function, code)
-_calls: dict[int, tuple[types.FunctionType, str]] = {}  # key -> (copy of the original, name)
-_users = 0
-_local = threading.local()  # .det: the detector of this thread; .depth: inside a public call
-
-_TEMPLATE = (
-    "def {name}(*args, **kwargs):\n"
-    "    return __import__('stablelosses.debug._boundary', fromlist=['call']).call({key}, args, kwargs)\n"
-)
+_local = threading.local()  # .det: this thread's detector; .depth: True inside a public call
 
 
-def public_functions() -> list[tuple[str, types.FunctionType]]:
-    """(public name, function) for every plain Python function in the public namespaces."""
+def public_name(short: str) -> str:
+    """The name a report uses: top-level for the ops ``stablelosses`` re-exports."""
+    import stablelosses
+
+    top = short in getattr(stablelosses, "__all__", ())
+    return f"stablelosses.{short}" if top else f"stablelosses.functional.{short}"
+
+
+def public_functions() -> list[tuple[str, Callable[..., Any]]]:
+    """(public name, function) for every hooked function in the public namespaces.
+
+    The function is the one the hook calls (``__wrapped__``): for the linear losses that is
+    their old-spelling shim, itself a ``functools.wraps`` wrapper of the plain function.
+    """
     import stablelosses
     import stablelosses.functional as sf
 
-    seen: dict[int, tuple[str, types.FunctionType]] = {}
-    for mod, prefix in ((stablelosses, "stablelosses"), (sf, "stablelosses.functional")):
+    seen: dict[int, tuple[str, Callable[..., Any]]] = {}
+    for mod in (stablelosses, sf):
         for n in getattr(mod, "__all__", ()):
-            f = getattr(mod, n, None)
-            # a functools.wraps wrapper (the linear losses' old-spelling shim) calls the plain
-            # function it wraps: swapping that one's code covers every call
-            f = getattr(f, "__wrapped__", f)
-            if isinstance(f, types.FunctionType) and id(f) not in seen and not f.__closure__:
-                seen[id(f)] = (f"{prefix}.{n}", f)
+            f: Any = getattr(mod, n, None)
+            if is_public(f) and id(f) not in seen:
+                seen[id(f)] = (public_name(n), f.__wrapped__)
     return list(seen.values())
 
 
-def _trampoline(f: types.FunctionType, key: int) -> types.CodeType:
-    scope: dict[str, Any] = {}
-    src = _TEMPLATE.format(name=f.__name__, key=key)
-    exec(compile(src, __file__, "exec"), scope)  # noqa: S102 - a fixed template, no user input
-    code: types.CodeType = scope[f.__name__].__code__
-    if sys.version_info >= (3, 11):
-        code = code.replace(co_qualname=f.__qualname__)
-    return code
-
-
 def install(det: Any) -> None:
-    """Route the public functions through `call` for ``det``'s thread (first user swaps code)."""
-    global _users
-    with _lock:
-        if _users == 0:
-            for key, (name, f) in enumerate(public_functions()):
-                copy = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__)
-                copy.__kwdefaults__ = f.__kwdefaults__
-                copy.__qualname__ = f.__qualname__
-                _calls[key] = (copy, name)
-                _installed[key] = (f, f.__code__)
-                f.__code__ = _trampoline(f, key)
-        _users += 1
+    """Make ``det`` this thread's detector and switch the public functions' hook on."""
     det._outer_detector = getattr(_local, "det", None)  # a context nested on this thread
+    det._said = set()
     _local.det = det
-    _local.depth = 0
+    _local.depth = False
+    opened()
 
 
 def uninstall(det: Any) -> None:
-    """Undo `install`; the last user puts every original code back."""
-    global _users
+    """Undo `install`; after the last open detector the hook is a plain call again."""
     if getattr(_local, "det", None) is det:
         _local.det = getattr(det, "_outer_detector", None)
-    with _lock:
-        _users -= 1
-        if _users == 0:
-            for f, code in _installed.values():
-                f.__code__ = code
-            _installed.clear()
-            _calls.clear()
+    closed()
 
 
-def call(key: int, args: tuple, kwargs: dict) -> Any:
-    """Run public function ``key``; on this thread's active detector, check what it returns."""
-    fn, name = _calls[key]
+def call(fn: Callable[..., Any], short: str, args: tuple, kwargs: dict) -> Any:
+    """Run ``fn``; under this thread's active detector, check what it returns."""
     det = getattr(_local, "det", None)
-    if det is None or _local.depth or det._suspended or not det.forward:
+    if det is None or getattr(_local, "depth", False) or det._suspended or not det.forward:
         return fn(*args, **kwargs)  # not watched here, or inside another public call
-    _local.depth = 1
+    _local.depth = True
     try:
         out = fn(*args, **kwargs)
     finally:
-        _local.depth = 0
+        _local.depth = False
     det._suspended = True  # the checks below run torch operators
     try:
-        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.is_floating_point()]
-        if all(_all_finite(o) for o in outs):
-            return out
-        err = _diagnose(det, fn, name, args, kwargs, outs)
+        err = _check(det, fn, short, out, args, kwargs)
     finally:
         det._suspended = False
     if err is not None:
@@ -132,11 +111,73 @@ def call(key: int, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _check(det: Any, fn: Any, short: str, out: Any, args: tuple, kwargs: dict) -> NonFiniteError | None:
+    """The report for a non-finite result, read with any torch.func transform switched off."""
+    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    if not outs:
+        return None
+    if not _compat.functorch_transforms_active():
+        return _judge(det, fn, short, outs, args, kwargs)
+    guard = _compat.functorch_disabled()
+    if guard is None:
+        _skip(det, short, "a torch.func transform is active and this torch cannot read past it")
+        return None
+    with guard:
+        return _judge(det, fn, short, outs, args, kwargs)
+
+
+def _judge(det: Any, fn: Any, short: str, outs: list, args: tuple, kwargs: dict) -> NonFiniteError | None:
+    values = [_plain(o) for o in outs]
+    if any(v is None for v in values):
+        _skip(det, short, "its result is a fake tensor (no values to check)")
+        return None
+    if all(_all_finite(v) for v in values):
+        return None
+    return _diagnose(det, fn, public_name(short), args, kwargs, values)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor | None:
+    """The values of ``t`` as a plain tensor that can be read, or None (a fake tensor)."""
+    if _compat.is_fake(t):
+        return None
+    p = _compat.transform_free_value(t)
+    if p is None or _compat.is_fake(p):
+        return None
+    if _compat.forward_ad_active():
+        p = fwAD.unpack_dual(p).primal
+    return p
+
+
+def _skip(det: Any, short: str, why: str) -> None:
+    """Say once per detector why results go unchecked."""
+    if why not in det._said:
+        det._said.add(why)
+        filename, lineno = _user_line(sys._getframe())
+        warnings.warn_explicit(
+            f"detect_nonfinite: stablelosses functions' results are not checked where {why} "
+            f"(first: {public_name(short)}); ATen operators outside stablelosses still are",
+            UserWarning, filename or "<unknown>", lineno or 0,
+        )
+
+
+_NO_VALUES = object()
+
+
+def _plain_input(a: Any) -> Any:
+    if not isinstance(a, torch.Tensor):
+        return a
+    p = _plain(a)
+    return _NO_VALUES if p is None else p
+
+
 def _diagnose(det: Any, fn: Any, name: str, args: tuple, kwargs: dict, outs: list) -> NonFiniteError | None:
     short = name.rsplit(".", 1)[-1]
     if name in det.allow or f"aten::{short}" in det.allow:  # 'safe_sqrt' is normalised to 'aten::safe_sqrt'
         return None
+    args, kwargs = tree_map(_plain_input, (args, kwargs))
     flat = tree_flatten((args, kwargs))[0]
+    if any(a is _NO_VALUES for a in flat):
+        return None  # an input holds no values: nothing can be said about it
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
     in_finite, in_nan = _judge_inputs(args, flat, tensors, (), None)
     kind = _kind(det, outs, in_finite, in_nan)

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from stablelosses._compat import is_fake, is_zero_tensor
+
 # --------------------------------------------------------------------------------------------
 # operators that only move, select or fill values: their non-finite outputs never come
 # from arithmetic (a -inf here comes from a -inf scalar or input), so they are not checked.
@@ -17,6 +19,7 @@ _NOT_ARITHMETIC = frozenset(
     empty empty_like empty_strided new_empty new_empty_strided empty_permuted
     zeros zeros_like ones ones_like new_zeros new_ones zero_
     index_fill index_fill_ masked_scatter masked_scatter_
+    _efficientzerotensor
     gather index index_select masked_select take take_along_dim
     cat stack hstack vstack clone contiguous lift_fresh lift_fresh_copy detach alias
     constant_pad_nd pad reflection_pad1d reflection_pad2d replication_pad1d replication_pad2d
@@ -47,6 +50,15 @@ def _info(func):
     return info
 
 
+def _unreadable(t: torch.Tensor) -> bool:
+    """No values to read (meta, fake), or reading them crashes: forward AD's zero tensors."""
+    if t.layout is not torch.strided or t.device.type == "meta":
+        return True
+    if type(t) is not torch.Tensor and is_fake(t):  # a plain Tensor is never fake: skip the call
+        return True
+    return is_zero_tensor(t)
+
+
 def _all_finite(t) -> bool:
     """Exact and cheap: a finite sum means every element is finite; otherwise look closer."""
     if not isinstance(t, torch.Tensor):
@@ -55,7 +67,7 @@ def _all_finite(t) -> bool:
         return True
     if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
         return True
-    if t.layout is not torch.strided or t.device.type == "meta":
+    if _unreadable(t):
         return True
     if t.is_complex():
         t = torch.view_as_real(t)
@@ -68,14 +80,15 @@ def _all_finite(t) -> bool:
 def _has_nan(t) -> bool:
     if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
         return False
-    if t.layout is not torch.strided or t.numel() == 0:
+    if t.numel() == 0 or _unreadable(t):
         return False
     return bool(torch.isnan(t).any())
 
 
-
 def _has_inf(t) -> bool:
-    return bool(torch.isinf(t).any()) if t.is_floating_point() and t.numel() else False
+    if not t.is_floating_point() or t.numel() == 0 or _unreadable(t):
+        return False
+    return bool(torch.isinf(t).any())
 
 
 def _finite_number(x) -> bool:

@@ -145,8 +145,9 @@ class detect_nonfinite:
     a NaN/Inf one returns from inputs without one is reported under its public name
     (``stablelosses.safe_sqrt``, ``stablelosses.functional.cross_entropy``), while what it
     computes inside on the way to a finite result (a ``log 0`` selected away by a ``where``) and
-    the ``-inf`` outputs the contract defines (``log_softmax`` on masked entries, ``logsumexp``
-    of an all ``-inf`` slice, ``xlogy(x, 0)``) stay silent. Their backward is trusted.
+    the ``-inf`` outputs the design contract (``docs/design.md``) defines (``log_softmax`` on
+    masked entries, ``logsumexp`` of an all ``-inf`` slice, ``xlogy(x, 0)``) stay silent. Their
+    backward is trusted.
 
     **What the message says.** ``err.cause`` is one of ``'division by zero'``, ``'0/0'``,
     ``'log of zero'``, ``'overflow'`` and ``'invalid'``; for a catalogued hazard ``err.hint``
@@ -167,6 +168,10 @@ class detect_nonfinite:
     and called inside the context may run eagerly (Dynamo skips frames while such a mode is
     active) or as one opaque compiled call whose inner operators are not checked; check a
     non-finite result of compiled code by running the same code eagerly under this context.
+    ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``, ``jacrev``, ``hessian``) and
+    ``torch.autograd.forward_ad`` run as without the context; a stablelosses function's result is
+    read through the transform's wrappers (the whole batch, the primal). Results on fake tensors
+    are not checked (they hold no values); a `UserWarning` says so once per context.
     Custom C++/CUDA kernels are seen as one operator; operators that write only to outputs
     given through ``out=`` are checked like any other. Distributed collectives are checked as
     operators.

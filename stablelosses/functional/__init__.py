@@ -40,3 +40,11 @@ __all__ = [
     "linear_cross_entropy",
     "linear_focal_loss",
 ]
+
+# Each public function is the wrapper that carries the NaN detector's hook (stablelosses/_public.py):
+# one read of a global while no detector is open. Applied here, once, when the namespace is built.
+from stablelosses._public import public as _public  # noqa: E402
+
+for _name in __all__:
+    globals()[_name] = _public(globals()[_name], __name__)
+del _name, _public
