@@ -30,6 +30,7 @@ from stablelosses._utils import (
     promote_types,
 )
 from stablelosses.functional._classification import _INDEX_DTYPES, _check_label_smoothing
+from stablelosses.functional._linear_parallel import is_dtensor, linear_loss_parallel
 from stablelosses.functional._masked import check_mask
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
@@ -351,6 +352,25 @@ def _linear_loss(
     return loss.to(out_dtype)
 
 
+def _parallel(
+    fn: str, input: Any, linear_weight: Any, target: Any, linear_bias: Any, weight: Any, ignore_index: object,
+    reduction: object, label_smoothing: object, z_loss: object, softcap: object, gamma: float | None,
+    chunk_size: object, mask: Tensor | None, options: object, process_group: Any, vocab_start: int | None,
+) -> Tensor:
+    """The vocabulary-parallel call, its scalar arguments checked as in the one-process one."""
+    check_reduction(fn, reduction)
+    ii = -100 if ignore_index is None else ignore_index
+    z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
+    eps = _check_label_smoothing(fn, label_smoothing)
+    if forward_ad_active():
+        raise NotImplementedError(f"{fn}: forward-mode AD is not supported with a sharded vocabulary")
+    assert isinstance(ii, int) and isinstance(reduction, str)
+    return linear_loss_parallel(
+        fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, gamma, chunk,
+        mask, options, process_group, vocab_start,
+    )
+
+
 _OLD_SPELLING = (
     "{fn}(input, weight, target, bias) is deprecated and will be removed in the next version: "
     "torch.nn.functional.linear_cross_entropy's spelling is {fn}(input, linear_weight, target, *, "
@@ -404,7 +424,8 @@ def linear_cross_entropy(
     input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
     weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = None,
     label_smoothing: float = 0.0, options: Any = None, z_loss: float = 0.0, softcap: float | None = None,
-    chunk_size: int | None = None, mask: Tensor | None = None,
+    chunk_size: int | None = None, mask: Tensor | None = None, process_group: Any = None,
+    vocab_start: int | None = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear layer's logits, computed chunk by chunk: the $(N, V)$ logits never exist.
 
@@ -506,6 +527,17 @@ def linear_cross_entropy(
             64 MiB (a power of two, from $V$ and the dtype).
         mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        process_group: vocabulary-parallel: `linear_weight` (and `linear_bias`) are this
+            rank's shard of the vocabulary rows, `input` and the global class-index `target`
+            are the same on every rank of this `torch.distributed` group; `weight` is either
+            replicated $(V)$ or sharded like the matrix. The per-row max, exp-sum and target
+            logit are combined in two all-reduces of N-sized tensors; every rank gets the
+            identical loss; the input gradient is all-reduced, the weight gradient stays local.
+            A `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
+            by itself (no `process_group`). Not with probability targets, K-dimensional weights,
+            a class weight that requires grad or forward mode. Default: `None`.
+        vocab_start: with `process_group`, the global index of this shard's first row.
+            Default: rank × the local number of rows (equal shards).
 
     Returns:
         The loss: a scalar, or shape of `target` for `'none'`; dtype of `input` and `weight`
@@ -553,6 +585,13 @@ def linear_cross_entropy(
     and `torch.nn.functional.linear_cross_entropy` (same arguments).
     """
     fn = "linear_cross_entropy"
+    if process_group is not None or is_dtensor(linear_weight):
+        return _parallel(
+            fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, label_smoothing,
+            z_loss, softcap, None, chunk_size, mask, options, process_group, vocab_start,
+        )
+    if vocab_start is not None:
+        raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
     ii, z, cap, chunk, shapes = _check_args(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
         chunk_size,
@@ -569,7 +608,8 @@ def linear_focal_loss(
     input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
     weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = None,
     options: Any = None, gamma: float = 2.0, z_loss: float = 0.0, softcap: float | None = None,
-    chunk_size: int | None = None, mask: Tensor | None = None,
+    chunk_size: int | None = None, mask: Tensor | None = None, process_group: Any = None,
+    vocab_start: int | None = None,
 ) -> Tensor:
     r"""Focal loss of a linear layer's logits, chunked like `linear_cross_entropy`.
 
@@ -615,6 +655,8 @@ def linear_focal_loss(
         chunk_size: rows per chunk or `None` (automatic). Default: `None`.
         mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        process_group: vocabulary-parallel, as in `linear_cross_entropy`. Default: `None`.
+        vocab_start: as in `linear_cross_entropy`. Default: `None`.
 
     Returns:
         The loss, as `linear_cross_entropy`.
@@ -642,6 +684,13 @@ def linear_focal_loss(
     Replaces `focal_loss(F.linear(input, linear_weight, linear_bias), target, weight=weight)`.
     """
     fn = "linear_focal_loss"
+    if process_group is not None or is_dtensor(linear_weight):
+        return _parallel(
+            fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, 0.0,
+            z_loss, softcap, check_gamma(fn, gamma), chunk_size, mask, options, process_group, vocab_start,
+        )
+    if vocab_start is not None:
+        raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
     ii, z, cap, chunk, shapes = _check_args(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
         chunk_size, focal=True,
