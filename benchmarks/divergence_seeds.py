@@ -24,7 +24,7 @@ from stablelosses.debug import DivergenceError, DivergenceMonitor
 
 def seed_net(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
     torch.manual_seed(seed)
-    net = nn.Sequential(nn.BatchNorm2d(1), nn.Conv2d(1, 1, [1, 16]))
+    net = nn.Sequential(nn.BatchNorm2d(1), nn.Conv2d(1, 1, (1, 16)))
     return net, torch.optim.SGD(net.parameters(), lr=lr), torch.rand(1, 1, 1, 16)
 
 

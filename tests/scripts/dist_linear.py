@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,10 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _prefixed(prefix: str) -> Callable[[str], str]:
+    return lambda message: f"{prefix}: {message}"
 
 
 def _bounds(v: int, world: int, uneven: bool) -> list[int]:
@@ -48,6 +53,9 @@ def _problem(case: dict, dtype: torch.dtype):
     if case.get("huge_margin"):
         x[0] = 0.0
         b[int(t[0])] = 60.0  # p_t = 1 - ~1e-26: the loss is read off log1p of the rest
+    if case.get("tie"):  # row 1's max logit is on the first and on the last shard: R gets its 1
+        x[1] = 0.0
+        b[0] = b[-1] = b.max() + 1.0
     if case.get("masked_shard") is not None:  # every logit of one shard -inf, no target there
         lo, hi = case["masked_shard"]
         b[lo:hi] = -INF
@@ -110,14 +118,12 @@ def _check(case: dict, rank: int, world: int, dtype: torch.dtype) -> str:
                  process_group=dist.group.WORLD, vocab_start=None if v % world == 0 else lo, **kw)
         grads = list(torch.autograd.grad(got, [a for a in (xp, wp, bp) if a is not None], go))
     expected = [ref_g[0], ref_g[1][lo:hi]] + ([ref_g[2][lo:hi]] if use_b else [])
-    if dtype == torch.float64:
-        tol = dict(rtol=1e-12, atol=1e-14)
-    else:
-        tol = dict(rtol=4 * torch.finfo(dtype).eps, atol=4 * torch.finfo(dtype).eps)
-    torch.testing.assert_close(got, ref, equal_nan=True, **tol)
-    gtol = tol if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    ulp = torch.finfo(dtype).eps
+    rtol, atol = (1e-12, 1e-14) if dtype == torch.float64 else (4 * ulp, 4 * ulp)
+    torch.testing.assert_close(got, ref, equal_nan=True, rtol=rtol, atol=atol)
+    grtol, gatol = (rtol, atol) if dtype == torch.float64 else (1e-5, 1e-6)
     for name, a, e in zip(("input", "weight", "bias"), grads, expected):
-        torch.testing.assert_close(a, e, msg=lambda m, n=name: f"{case['name']}: grad {n}: {m}", **gtol)
+        torch.testing.assert_close(a, e, rtol=grtol, atol=gatol, msg=_prefixed(f"{case['name']}: grad {name}"))
     # every rank holds the identical loss, bit for bit
     mine = got.detach().reshape(-1).clone()
     every = [torch.empty_like(mine) for _ in range(world)]
@@ -139,6 +145,7 @@ CASES = [
     dict(name="all masked (NaN mean, zero grads)", v=11, all_masked=True),
     dict(name="huge margin (exact tail)", v=11, huge_margin=True, kw=dict(reduction="none")),
     dict(name="no bias", v=9, bias=False, kw=dict(reduction="sum")),
+    dict(name="tie at the max across shards", v=11, tie=True, kw=dict(reduction="none", label_smoothing=0.1)),
     dict(name="float32 smoothing z", v=11, dtype=torch.float32, kw=dict(label_smoothing=0.1, z_loss=1e-3)),
     dict(name="dtensor smoothing z softcap", v=11, dtensor=True, kw=dict(label_smoothing=0.1, z_loss=1e-2,
          softcap=4.0)),
@@ -161,7 +168,9 @@ def _worker(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for case in CASES if world == 2 else CASES_4:
-            line = _check(case, rank, world, case.get("dtype", torch.float64))
+            dtype = case.get("dtype", torch.float64)
+            assert isinstance(dtype, torch.dtype)
+            line = _check(case, rank, world, dtype)
             if rank == 0:
                 print(line, flush=True)
     finally:
