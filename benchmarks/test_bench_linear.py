@@ -1,18 +1,26 @@
-"""Fused linear cross-entropy against ``F.cross_entropy(F.linear(x, W), t)``: time and peak memory.
+"""Fused linear cross-entropy against torch: time and peak memory.
+
+Variants: ``torch`` (``F.cross_entropy(F.linear(x, W), t)``, torch's reference), ``torch-chunked``
+(torch >= 2.13's ``F.linear_cross_entropy(x, W, t, options=nn.LinearCrossEntropyOptions())``),
+``stable`` (``SF.linear_cross_entropy``), and with ``label_smoothing=0.1``: ``torch-chunked-ls``
+(torch's chunked path has no smoothing: it falls back to its reference, with a warning) and
+``stable-ls``.
 
 ``pytest benchmarks/test_bench_linear.py`` times forward+backward (``torch.autograd.grad`` with
-respect to ``x`` and ``W``) of both variants (ids ``torch``, ``stable``) and records the peak
+respect to ``x`` and ``W``) of each variant and records the peak
 memory of one call in ``extra_info['peak_bytes']``; ``test_memory`` (not timed) checks with
 ``torch.profiler``'s allocation events that the fused path never allocates an ``(N, V)``
 buffer and that its peak is at most 1/4 of the unfused one.
 
-Default case: ``N=4096, H=1024, V=32000`` float32 (a 32k-vocabulary language-model head).
-``STABLELOSSES_BENCH_FULL=1`` adds ``V=128256`` (``N=2048``, to fit a shared machine's memory)
-and bfloat16 input and weights. ``STABLELOSSES_BENCH_ROUNDS`` (default 3) sets the rounds.
+Default case: ``N=4096, H=1024, V=32000`` float32 (the issue's target shape).
+``STABLELOSSES_BENCH_FULL=1`` adds ``V=128256`` (``N=2048`` and ``N=4096``) and bfloat16 input
+and weights. ``STABLELOSSES_BENCH_ROUNDS`` (default 3) sets the rounds.
 
-``python benchmarks/test_bench_linear.py [--full] [--repeats R]`` measures both variants
-*interleaved* (torch, stable, torch, stable, ...) and prints medians, the time ratio and the
-peak-memory ratio: the fairer comparison on a machine whose load changes during the run.
+``python benchmarks/test_bench_linear.py [--full] [--repeats R] [--variants a,b,...]`` measures
+the variants *interleaved* (torch, torch-chunked, stable, ..., then again) and prints medians,
+peaks and each one's time and peak ratio against ``torch-chunked`` (``stable-ls`` against
+``torch-chunked-ls``), with a markdown row per variant: the fairer comparison on a machine whose
+load changes during the run.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import cpu_allocation_events, peak_memory
@@ -35,11 +44,16 @@ from stablelosses.functional._linear import default_chunk_size
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
 HAS_CUDA = torch.cuda.is_available()
+HAS_TORCH_LCE = hasattr(F, "linear_cross_entropy") and hasattr(nn, "LinearCrossEntropyOptions")
+VARIANTS = ("torch", "torch-chunked", "stable", "torch-chunked-ls", "stable-ls")
+# the variant each one's ratios are taken against in main()
+BASELINE = {"torch": "torch-chunked", "stable": "torch-chunked", "stable-ls": "torch-chunked-ls"}
 
 # (label, N, H, V, dtype of input and weight, tier)
 CASES = [
     ("4096x1024x32000-float32", 4096, 1024, 32000, torch.float32, "default"),
     ("2048x1024x128256-float32", 2048, 1024, 128256, torch.float32, "full"),
+    ("4096x1024x128256-float32", 4096, 1024, 128256, torch.float32, "full"),
     ("4096x1024x32000-bfloat16", 4096, 1024, 32000, torch.bfloat16, "full"),
 ]
 
@@ -54,10 +68,13 @@ def _params(with_variant: bool) -> list[Any]:
             if dev == "cuda" and not HAS_CUDA:
                 marks.append(pytest.mark.skip(reason="needs CUDA"))
             cid = f"{label}-{dev}"
-            for v in ("torch", "stable") if with_variant else (None,):
+            for v in VARIANTS if with_variant else (None,):
                 vid = cid if v is None else f"{cid}-{v}"
                 args = (cid, v) if with_variant else (cid,)
-                out.append(pytest.param(*args, marks=marks, id=vid))
+                vmarks = list(marks)
+                if v is not None and v.startswith("torch-chunked") and not HAS_TORCH_LCE:
+                    vmarks.append(pytest.mark.skip(reason="torch < 2.13 has no F.linear_cross_entropy"))
+                out.append(pytest.param(*args, marks=vmarks, id=vid))
     return out
 
 
@@ -72,16 +89,20 @@ def make_call(cid: str, variant: str) -> tuple[Callable[[], Any], tuple[int, int
     t[::17] = -100
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
-    if variant == "torch":
-        def call() -> Any:
-            out = torch.autograd.grad(F.cross_entropy(F.linear(x, w), t), (x, w))
-            sync()
-            return out
-    else:
-        def call() -> Any:
-            out = torch.autograd.grad(SF.linear_cross_entropy(x, w, t), (x, w))
-            sync()
-            return out
+    ls = 0.1 if variant.endswith("-ls") else 0.0
+
+    def loss() -> torch.Tensor:
+        if variant == "torch":
+            return F.cross_entropy(F.linear(x, w), t)
+        if variant.startswith("torch-chunked"):
+            opts = nn.LinearCrossEntropyOptions()
+            return F.linear_cross_entropy(x, w, t, label_smoothing=ls, options=opts)  # type: ignore[attr-defined]
+        return SF.linear_cross_entropy(x, w, t, label_smoothing=ls)
+
+    def call() -> Any:
+        out = torch.autograd.grad(loss(), (x, w))
+        sync()
+        return out
     return call, (n, h, v, torch.finfo(dtype).bits // 8)
 
 
@@ -120,19 +141,26 @@ def test_memory(case):
 
 
 def main() -> None:
+    import warnings
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="also the large cases")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--only", default="", help="run the cases whose label contains this")
+    parser.add_argument("--only", default="", help="run the cases whose label contains one of these (comma-separated)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # torch's chunked path warns that it falls back to its reference for label smoothing
+    warnings.filterwarnings("ignore", "linear_cross_entropy: ``options`` ignored")
+    wanted = [v for v in args.variants.split(",") if HAS_TORCH_LCE or not v.startswith("torch-chunked")]
+    rows = []
     for label, *_, tier in CASES:
-        if (tier == "full" and not args.full) or args.only not in label:
+        if (tier == "full" and not args.full) or not any(o in label for o in args.only.split(",")):
             continue
         cid = f"{label}-{args.device}"
-        calls = {v: make_call(cid, v)[0] for v in ("torch", "stable")}
+        calls = {v: make_call(cid, v)[0] for v in wanted}
         times: dict[str, list[float]] = {v: [] for v in calls}
         for c in calls.values():  # warm-up
             c()
@@ -142,15 +170,21 @@ def main() -> None:
                 c()
                 times[v].append(time.perf_counter() - t0)
         med = {v: statistics.median(ts) for v, ts in times.items()}
-        best = {v: min(ts) for v, ts in times.items()}
         peaks = {v: peak_memory(c, args.device) for v, c in calls.items()}
         print(f"{cid} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats)")
         for v in calls:
-            print(f"  {v:6s} median {med[v]:7.3f} s  (all: {', '.join(f'{s:.2f}' for s in times[v])})  "
-                  f"peak {peaks[v] / 2**20:7.1f} MiB")
-        print(f"  time ratio stable/torch: median {med['stable'] / med['torch']:.3f}, "
-              f"min {best['stable'] / best['torch']:.3f}, "
-              f"peak ratio {peaks['stable'] / peaks['torch']:.3f}", flush=True)
+            base = BASELINE.get(v, "")
+            ratio, tr, pr = "", "—", "—"
+            if base in calls:
+                tr, pr = f"{med[v] / med[base]:.2f}", f"{peaks[v] / peaks[base]:.2f}"
+                ratio = f"  vs {base}: time {med[v] / med[base]:.3f}, peak {peaks[v] / peaks[base]:.3f}"
+            print(f"  {v:17s} median {med[v]:7.3f} s  (all: {', '.join(f'{s:.2f}' for s in times[v])})  "
+                  f"peak {peaks[v] / 2**20:7.1f} MiB{ratio}", flush=True)
+            rows.append(f"| {label} | {v} | {med[v]:.2f} s | {peaks[v] / 2**20:.0f} MiB | {base or '—'} "
+                        f"| {tr} | {pr} |")
+    print("\n| case | variant | median time | peak | against | time ratio | peak ratio |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

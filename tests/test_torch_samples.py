@@ -3,6 +3,12 @@ functions and modules we replace: values (dtype included); in float32/float64 th
 with respect to every differentiable tensor (input, target and weight), and forward-mode (jvp)
 tangents, wherever torch's are finite; where torch raises, we raise too (``error_inputs`` of
 OpInfo and ``module_error_inputs`` of ``module_db``).
+
+``nn.functional.linear_cross_entropy`` (torch >= 2.13; absent from older op_db, then its tests
+skip) has three OpInfos: the reference path and two chunked ones (``options=...``). The chunked
+ones give the class ``weight`` no gradient (silently) and have no forward mode, where ours is
+exact; their values are compared with the chunked op, their gradients and tangents with torch's
+reference path (``options=None``) on the same sample.
 """
 
 from __future__ import annotations
@@ -43,7 +49,12 @@ CLASSIFICATION = {
     ("nn.functional.cross_entropy", ""): SF.cross_entropy,
     ("nn.functional.kl_div", ""): SF.kl_div,
 }
-OURS = {**ELEMENTWISE, **CLASSIFICATION}
+LINEAR = {
+    ("nn.functional.linear_cross_entropy", variant): SF.linear_cross_entropy
+    for variant in ("", "chunked", "chunked_none")
+}
+_IN_OP_DB = {(op.name, op.variant_test_name) for op in op_db}
+OURS = {**ELEMENTWISE, **CLASSIFICATION, **{k: v for k, v in LINEAR.items() if k in _IN_OP_DB}}
 OPS = [op for op in op_db if (op.name, op.variant_test_name) in OURS]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
 GRAD_DTYPES = [torch.float32, torch.float64]
@@ -62,6 +73,14 @@ class _MSEFromRMSE(nn.Module):
 
 MODULES = {nn.MSELoss: _MSEFromRMSE, nn.CrossEntropyLoss: sl.CrossEntropyLoss, nn.KLDivLoss: sl.KLDivLoss}
 MODULE_INFOS = {m.module_cls: m for m in module_db if m.module_cls in MODULES}
+
+
+def _reference(op):
+    """torch's function that the gradients and tangents are compared with: the op itself, but
+    torch's reference path for linear_cross_entropy's chunked variants (see the module doc)."""
+    if op.name == "nn.functional.linear_cross_entropy" and op.variant_test_name:
+        return lambda *a, **k: op.op(*a, **{**k, "options": None})
+    return op.op
 
 
 def _op_id(op):
@@ -146,7 +165,7 @@ def _check_gradients(op, ours, args, kwargs, got):
     for leaf in _grad_leaves(args, kwargs):
         (g_got,) = torch.autograd.grad((got * w).sum(), leaf, retain_graph=True, allow_unused=True)
         try:
-            expected = op.op(*_only(args, kwargs, leaf)[0], **_only(args, kwargs, leaf)[1])
+            expected = _reference(op)(*_only(args, kwargs, leaf)[0], **_only(args, kwargs, leaf)[1])
             (g_exp,) = torch.autograd.grad((expected * w).sum(), leaf, allow_unused=True)
         except RuntimeError:  # "nll_loss_forward is not differentiable with respect to 'weight'"
             assert g_got is not None, "a tensor that requires grad got no gradient"
@@ -192,13 +211,13 @@ def _check_jvp(op, dtype):
 
         primals = tuple(t.detach() for t in leaves)
         try:
-            op.op(*args, **kwargs)
+            _reference(op)(*args, **kwargs)
         except (RuntimeError, ValueError, TypeError, IndexError):  # torch refuses; the value test covers it
             continue
         tangents = tuple(torch.randn_like(p) for p in primals)
         out, tan = torch.func.jvp(lambda *v: call(ours, *v), primals, tangents)
         try:
-            r_out, r_tan = torch.func.jvp(lambda *v: call(op.op, *v), primals, tangents)
+            r_out, r_tan = torch.func.jvp(lambda *v: call(_reference(op), *v), primals, tangents)
         except RuntimeError:  # torch has no forward derivative here (e.g. nll_loss weight)
             if dtype == torch.float64:
                 assert torch.autograd.gradcheck(lambda *v: call(ours, *v),
@@ -262,6 +281,12 @@ def _check_module_inputs(torch_cls, dtype):
 def test_every_replaced_op_has_samples():
     assert {(op.name, op.variant_test_name) for op in OPS} == set(OURS)
     assert set(MODULE_INFOS) == set(MODULES)
+
+
+def test_linear_cross_entropy_opinfos_are_checked():
+    if not hasattr(torch.nn.functional, "linear_cross_entropy"):
+        pytest.skip("this torch has no F.linear_cross_entropy (torch < 2.13): no OpInfo to run")
+    assert set(LINEAR) <= {(op.name, op.variant_test_name) for op in OPS}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)

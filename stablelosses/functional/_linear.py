@@ -6,13 +6,19 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import fast_apply
-from stablelosses._autograd.linear import LinearLossConfig, _LinearLossReduced, _LinearLossRows
+from stablelosses._autograd.linear import (
+    LinearLossConfig,
+    _LinearLossReduced,
+    _LinearLossRows,
+    _no_autocast,
+)
+from stablelosses._compat import forward_ad_active
 from stablelosses._utils import (
     autocast_to_float32,
     check_floating,
@@ -24,6 +30,7 @@ from stablelosses._utils import (
     promote_types,
 )
 from stablelosses.functional._classification import _INDEX_DTYPES, _check_label_smoothing
+from stablelosses.functional._linear_parallel import is_dtensor, linear_loss_parallel
 from stablelosses.functional._masked import check_mask
 
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
@@ -46,49 +53,79 @@ def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
 _OPTIONS_CLASS = getattr(torch.nn, "LinearCrossEntropyOptions", None)
 
 
+class _Shapes(NamedTuple):
+    """What ``_check_args`` read off the shapes: which path the call takes."""
+
+    probabilities: bool  # target holds class probabilities (shape of the logits, floating)
+    k_dim: bool  # linear_weight is (V, d_1, ..., d_K, H) with K >= 1
+
+
+_PLAIN = _Shapes(False, False)  # a 2-D weight and class-index targets: the chunk loop
+
+
 def _check_args(
     fn: str, input: object, linear_weight: object, target: object, linear_bias: object, weight: object,
     ignore_index: object, reduction: object, z_loss: object, softcap: object, chunk_size: object,
-) -> tuple[int, float, float | None, int]:
-    """``(ignore_index, z_loss, softcap, chunk)`` checked, with every tensor argument."""
+    focal: bool = False,
+) -> tuple[int, float, float | None, int, _Shapes]:
+    """``(ignore_index, z_loss, softcap, chunk, shapes)`` checked, with every tensor argument."""
     check_reduction(fn, reduction)
     x = check_floating(fn, "input", input)
     w = check_floating(fn, "linear_weight", linear_weight)
     t = check_tensor(fn, "target", target)
     if x.dim() == 0:
         raise ValueError(f"{fn}: input must have shape (..., H), got a 0-d tensor")
-    if w.dim() != 2 or w.shape[1] != x.shape[-1]:
+    if w.dim() < 2 or w.shape[-1] != x.shape[-1]:
         raise RuntimeError(
-            f"{fn}: linear_weight must have shape (V, H) with H = input.shape[-1] = {x.shape[-1]}, "
-            f"got {list(w.shape)}"
+            f"{fn}: linear_weight must have shape (V, H) (or (V, d_1, ..., d_K, H) for a K-dimensional "
+            f"loss) with H = input.shape[-1] = {x.shape[-1]}, got {list(w.shape)}"
+        )
+    classes, out = w.shape[0], tuple(w.shape[1:-1])
+    if out and x.dim() != 2:  # torch's rule: a K-dimensional loss needs a batch (N, H)
+        raise RuntimeError(
+            f"{fn}: a K-dimensional linear_weight of shape {tuple(w.shape)} needs input of shape "
+            f"(N, {x.shape[-1]}), got {tuple(x.shape)}"
         )
     if linear_bias is not None:
         b = check_floating(fn, "linear_bias", linear_bias)
-        if b.shape != (w.shape[0],):
+        if tuple(b.shape) != (classes, *out):
             raise RuntimeError(
-                f"{fn}: linear_bias must have shape ({w.shape[0]},) or be None, got {list(b.shape)}"
+                f"{fn}: linear_bias must have shape {(classes, *out)} or be None, got {list(b.shape)}"
             )
     if weight is not None:
         cw = check_floating(fn, "weight", weight)
-        if cw.shape != (w.shape[0],):
+        if cw.shape != (classes,):
             hint = (
                 " (weight is the per-class weight, as in F.cross_entropy; the output layer's matrix"
                 " is linear_weight, the second argument)" if cw.dim() == 2 else ""
             )
             raise RuntimeError(
-                f"{fn}: weight must have shape ({w.shape[0]},) (one weight per class) or be None, "
+                f"{fn}: weight must have shape ({classes},) (one weight per class) or be None, "
                 f"got {list(cw.shape)}{hint}"
             )
-    if t.dtype not in _INDEX_DTYPES:
-        raise RuntimeError(f"{fn}: target must hold class indices (int64 or uint8), got {t.dtype}")
-    if t.shape != x.shape[:-1]:
-        raise ValueError(
-            f"{fn}: target must have shape {list(x.shape[:-1])} (input's without H), got {list(t.shape)}"
-        )
+    logits_shape = (*x.shape[:-1], classes, *out)
+    # torch's rule: a target with the logits' shape holds probabilities
+    probabilities = t.is_floating_point() and tuple(t.shape) == logits_shape
+    if probabilities:
+        if focal:
+            raise RuntimeError(f"{fn}: target must hold class indices (int64 or uint8), got {t.dtype}")
+        if ignore_index is not None:
+            raise RuntimeError(f"{fn}: ignore_index cannot be specified when target contains probabilities")
+    else:
+        if t.dtype not in _INDEX_DTYPES:
+            raise RuntimeError(
+                f"{fn}: target must hold class indices (int64 or uint8) or class probabilities of "
+                f"shape {list(logits_shape)}, got {t.dtype} of shape {list(t.shape)}"
+            )
+        if tuple(t.shape) != (*x.shape[:-1], *out):
+            raise ValueError(
+                f"{fn}: target must have shape {list((*x.shape[:-1], *out))} (input's without H"
+                f"{', then d_1, ..., d_K' if out else ''}), got {list(t.shape)}"
+            )
     ii = -100 if ignore_index is None else ignore_index  # None: torch's default, -100
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     assert isinstance(ii, int)  # checked there
-    return ii, z, cap, chunk
+    return ii, z, cap, chunk, _Shapes(probabilities, bool(out))
 
 
 _F32_MAX = torch.finfo(torch.float32).max
@@ -178,15 +215,115 @@ def resolve_options(
     return chunk, cd
 
 
+def _unfused_loss(
+    fn: str, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weight: Tensor | None,
+    ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float | None,
+    gamma: float | None, mask: Tensor | None, cd: torch.dtype, out_dtype: torch.dtype, probabilities: bool,
+) -> Tensor:
+    """torch's reference formula on our exact losses: ``cross_entropy`` (``focal_loss``) of
+    ``linear(input, W.reshape(V·Πd, H), b.reshape(-1)).reshape(*batch, V, *d)`` in ``cd``.
+
+    The path for what the chunk loop does not do: a K-dimensional ``linear_weight``, probability
+    targets, a class ``weight`` that requires grad and forward-mode AD (the logits exist whole;
+    every hazard row keeps its defined value, as ``cross_entropy`` gives it). Softcap and z-loss
+    are applied as in the fused loss: ``c tanh(u / c)`` with ``-inf`` kept, ``z w_t lse²`` per
+    kept row (``z lse²`` with probabilities), in the same ``'mean'`` denominator.
+    """
+    from stablelosses.functional._classification import cross_entropy, focal_loss
+
+    h, classes, out = input.shape[-1], weight.shape[0], tuple(weight.shape[1:-1])
+    batch = tuple(input.shape[:-1])
+    x = input if input.dim() <= 2 else input.reshape(-1, h)  # (..., H) with a 2-D weight: rows
+    t = target
+    if input.dim() > 2:
+        t = target.reshape(-1, classes) if probabilities else target.reshape(-1)
+    rows = tuple(x.shape[:-1]) + out  # shape of the unreduced loss
+    m = None
+    if mask is not None:
+        m = check_mask(fn, mask, torch.Size((*batch, *out)), "the per-row loss", device=input.device)
+        m = m.expand((*batch, *out)).reshape(rows)
+    with _no_autocast(input.device.type):
+        w2 = weight.reshape(-1, h).to(cd)
+        u = torch.nn.functional.linear(x.to(cd), w2, None if bias is None else bias.reshape(-1).to(cd))
+        u = u.reshape(*x.shape[:-1], classes, *out)
+        if softcap is not None:
+            u = torch.where(u == -math.inf, u, softcap * torch.tanh(u / softcap))
+        cw = None if class_weight is None else class_weight.to(cd)
+        tt = t.to(cd) if probabilities else t
+        ii = -100 if probabilities else ignore_index
+        inner = reduction if z_loss == 0.0 else "none"
+        if gamma is None:
+            loss = cross_entropy(u, tt, weight=cw, ignore_index=ii, reduction=inner,
+                                 label_smoothing=label_smoothing, mask=m)
+        else:
+            loss = focal_loss(u, tt, gamma=gamma, weight=cw, ignore_index=ii, reduction=inner, mask=m)
+        if z_loss > 0.0:
+            loss = _add_z_loss(loss, u, tt, cw, ii, reduction, z_loss, m, probabilities)
+    if reduction == "none":
+        loss = loss.reshape((*batch, *out))
+    return loss.to(out_dtype)
+
+
+def _add_z_loss(
+    loss: Tensor, u: Tensor, t: Tensor, cw: Tensor | None, ignore_index: int, reduction: str, z: float,
+    mask: Tensor | None, probabilities: bool,
+) -> Tensor:
+    """The unreduced ``loss`` plus ``z w_t lse²`` on its kept rows, then reduced as the loss."""
+    cdim = 0 if u.dim() == 1 else 1
+    all_masked = (u == -math.inf).all(cdim)
+    # an all -inf row's lse (-inf) would give 0 · inf in the gradient: such rows read 0 instead
+    lse = torch.logsumexp(torch.where(all_masked.unsqueeze(cdim), 0.0, u), cdim)
+    valid = ~all_masked
+    if mask is not None:
+        valid = valid & mask
+    wt = None
+    if not probabilities:
+        kept = t != ignore_index
+        valid = valid & kept
+        if cw is not None:
+            wt = cw[torch.where(kept, t, 0)]
+    z_row = z * lse.square()
+    if wt is not None:
+        z_row = z_row * wt
+    loss = loss + torch.where(valid, z_row, 0.0)
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    count = torch.where(valid, 1.0 if wt is None else wt, 0.0).sum()
+    if mask is not None:  # masked mean: 0 with gradient 0 when no row is kept
+        return torch.where(count > 0, total / torch.where(count > 0, count, 1.0), 0.0)
+    return total / count
+
+
 def _linear_loss(
     fn: str, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weight: Tensor | None,
     ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float | None,
     gamma: float | None, chunk_size: int, mask: Tensor | None = None, options: object = None,
+    shapes: _Shapes = _PLAIN,
 ) -> Tensor:
     tensors = (input, weight) if bias is None else (input, weight, bias)
     cd = torch.float64 if any(v.dtype == torch.float64 for v in tensors) else torch.float32
     h = input.shape[-1]
     chunk_size, cd = resolve_options(fn, options, chunk_size, target.numel(), h, weight.shape[0], cd)
+    out_dtype = input.dtype
+    for v in tensors[1:]:
+        out_dtype = promote_types(out_dtype, v.dtype)
+    if shapes.probabilities:
+        out_dtype = promote_types(out_dtype, target.dtype)
+        if target.dtype == torch.float64:
+            cd = torch.float64
+    if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
+        out_dtype = torch.float32
+    if (
+        shapes.probabilities or shapes.k_dim or forward_ad_active()
+        or (class_weight is not None and class_weight.requires_grad and torch.is_grad_enabled())
+    ):
+        return _unfused_loss(
+            fn, input, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
+            softcap, gamma, mask, cd, out_dtype, shapes.probabilities,
+        )
     chunk = default_chunk_size(weight.shape[0], cd) if chunk_size < 0 else chunk_size
     cfg = LinearLossConfig(fn, int(ignore_index), label_smoothing, z_loss, softcap, gamma, chunk)
     # target.numel() rows, not -1: a reshape to (-1, 0) is ambiguous when H = 0
@@ -201,11 +338,6 @@ def _linear_loss(
         x = torch.where(m[:, None], x, 0.0)
         t = torch.where(m, t, int(ignore_index))
         kept = (t != int(ignore_index)).any() if reduction == "mean" else None
-    out_dtype = input.dtype
-    for v in tensors[1:]:
-        out_dtype = promote_types(out_dtype, v.dtype)
-    if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
-        out_dtype = torch.float32
     if reduction == "none":
         return _rows(x, weight, bias, t, cw, cfg, cd).reshape(target.shape).to(out_dtype)
     grad_on = torch.is_grad_enabled()
@@ -218,6 +350,25 @@ def _linear_loss(
     if kept is not None:
         loss = torch.where(kept, loss, 0.0)  # no kept row: 0 (masked_mean), not 0 / 0
     return loss.to(out_dtype)
+
+
+def _parallel(
+    fn: str, input: Any, linear_weight: Any, target: Any, linear_bias: Any, weight: Any, ignore_index: object,
+    reduction: object, label_smoothing: object, z_loss: object, softcap: object, gamma: float | None,
+    chunk_size: object, mask: Tensor | None, options: object, process_group: Any, vocab_start: int | None,
+) -> Tensor:
+    """The vocabulary-parallel call, its scalar arguments checked as in the one-process one."""
+    check_reduction(fn, reduction)
+    ii = -100 if ignore_index is None else ignore_index
+    z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
+    eps = _check_label_smoothing(fn, label_smoothing)
+    if forward_ad_active():
+        raise NotImplementedError(f"{fn}: forward-mode AD is not supported with a sharded vocabulary")
+    assert isinstance(ii, int) and isinstance(reduction, str)
+    return linear_loss_parallel(
+        fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, gamma, chunk,
+        mask, options, process_group, vocab_start,
+    )
 
 
 _OLD_SPELLING = (
@@ -271,9 +422,10 @@ def _accepts_old_spelling(impl: Callable[..., Tensor]) -> Callable[..., Tensor]:
 @_accepts_old_spelling
 def linear_cross_entropy(
     input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
-    weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = -100,
+    weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = None,
     label_smoothing: float = 0.0, options: Any = None, z_loss: float = 0.0, softcap: float | None = None,
-    chunk_size: int | None = None, mask: Tensor | None = None,
+    chunk_size: int | None = None, mask: Tensor | None = None, process_group: Any = None,
+    vocab_start: int | None = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear layer's logits, computed chunk by chunk: the $(N, V)$ logits never exist.
 
@@ -328,9 +480,18 @@ def linear_cross_entropy(
     $\operatorname{lse}$ are computed as $(l_t - m) - \operatorname{log1p}(\sum_{j \ne \arg\max} e^{l_j - m})$
     (exact as $p_t \to 1$). Defined values: a masked ($-\infty$) class gets gradient exactly 0,
     so a vocabulary entry masked by a $-\infty$ bias gets an exactly zero weight row unless it is
-    a target; ignored and fully masked rows get gradient 0. First order only: differentiating
-    the gradient (double backward, `torch.func.hessian`) raises `RuntimeError`; forward-mode AD
-    is not implemented.
+    a target; ignored and fully masked rows get gradient 0. First order only on the chunked
+    path: differentiating the gradient (double backward) raises `RuntimeError`.
+
+    **Beyond the chunk loop** (torch's reference path takes these, so do we, exactly, on the
+    unfused formula `cross_entropy(linear(input, W.reshape(V·Πd, H), b.reshape(-1))
+    .reshape(*batch, V, *d))` with the logits whole, softcap and z-loss as above): a
+    K-dimensional `linear_weight` $(V, d_1, \dots, d_K, H)$ (with `input` $(N, H)$, target
+    $(N, d_1, \dots)$), probability targets (the logits' shape; the z-loss is $z\,\text{lse}^2$
+    per row, `'mean'` over the rows), a class `weight` that requires grad (it gets its true
+    gradient, `'mean'`'s denominator included; torch's chunked path silently gives it none) and
+    forward-mode AD (`torch.func.jvp`, `torch.autograd.forward_ad`, `jacfwd`;
+    torch's chunked path has none). vmap is not supported.
 
     **Mask.** ``mask`` (bool, True = counts) broadcastable to ``target`` drops rows: a False
     row becomes an ignored row (the chunked code's own path) and its hidden state is replaced
@@ -342,14 +503,16 @@ def linear_cross_entropy(
         input: hidden states $(N, H)$ or $(\dots, H)$, any float dtype (float16/bfloat16 are
             computed in float32).
         linear_weight: output-layer matrix $(V, H)$, as `nn.Linear.weight` (for tied
-            embeddings, pass the embedding matrix).
-        target: class indices (int64 or uint8) of shape `input.shape[:-1]`.
+            embeddings, pass the embedding matrix), or $(V, d_1, \dots, d_K, H)$ for a
+            K-dimensional loss (unfused).
+        target: class indices (int64 or uint8) of shape `input.shape[:-1]` (then $d_1, \dots$),
+            or class probabilities of the logits' shape (unfused).
         linear_bias: output-layer bias $(V)$ or `None`. Default: `None`.
-        weight: per-class weights $(V)$ as in `F.cross_entropy`, or `None`; not differentiated.
-            Default: `None`.
+        weight: per-class weights $(V)$ as in `F.cross_entropy`, or `None`; one that requires
+            grad gets its gradient (unfused). Default: `None`.
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
-        ignore_index: target value that contributes nothing (`None`: -100, torch's default).
-            Default: `-100`.
+        ignore_index: target value that contributes nothing (`None`: -100, as torch; with
+            probability targets it must be `None`, as torch). Default: `None`.
         label_smoothing: $\varepsilon \in [0, 1]$, spread over the unmasked classes. Default: `0.0`.
         options: `None` or a `torch.nn.LinearCrossEntropyOptions` (torch >= 2.13): its
             `batch_chunk_size` / `chunking_method` set the rows per chunk as in torch
@@ -364,6 +527,17 @@ def linear_cross_entropy(
             64 MiB (a power of two, from $V$ and the dtype).
         mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        process_group: vocabulary-parallel: `linear_weight` (and `linear_bias`) are this
+            rank's shard of the vocabulary rows, `input` and the global class-index `target`
+            are the same on every rank of this `torch.distributed` group; `weight` is either
+            replicated $(V)$ or sharded like the matrix. The per-row max, exp-sum and target
+            logit are combined in two all-reduces of N-sized tensors; every rank gets the
+            identical loss; the input gradient is all-reduced, the weight gradient stays local.
+            A `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
+            by itself (no `process_group`). Not with probability targets, K-dimensional weights,
+            a class weight that requires grad or forward mode. Default: `None`.
+        vocab_start: with `process_group`, the global index of this shard's first row.
+            Default: rank × the local number of rows (equal shards).
 
     Returns:
         The loss: a scalar, or shape of `target` for `'none'`; dtype of `input` and `weight`
@@ -379,12 +553,16 @@ def linear_cross_entropy(
             `options` of another type.
         RuntimeError: `linear_weight`/`linear_bias`/`weight` shape, `target` dtype,
             `label_smoothing` outside $[0, 1]$, a target index out of range (raised by the
-            gather), double backward.
+            gather), double backward, a K-dimensional `linear_weight` without an $(N, H)$
+            input, `ignore_index` given with probability targets (as torch).
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
         input $(\dots, H)$, linear_weight $(V, H)$, linear_bias $(V)$, weight $(V)$, target
-        $(\dots)$; output $()$ or $(\dots)$.
+        $(\dots)$ (probabilities: $(\dots, V)$); output $()$ or $(\dots)$. K-dimensional:
+        input $(N, H)$, linear_weight $(V, d_1, \dots, d_K, H)$, linear_bias
+        $(V, d_1, \dots, d_K)$, target $(N, d_1, \dots, d_K)$ (probabilities:
+        $(N, V, d_1, \dots, d_K)$); output $()$ or $(N, d_1, \dots, d_K)$.
 
     Example:
         >>> import torch, torch.nn.functional as F, stablelosses.functional as SF
@@ -407,23 +585,31 @@ def linear_cross_entropy(
     and `torch.nn.functional.linear_cross_entropy` (same arguments).
     """
     fn = "linear_cross_entropy"
-    ii, z, cap, chunk = _check_args(
+    if process_group is not None or is_dtensor(linear_weight):
+        return _parallel(
+            fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, label_smoothing,
+            z_loss, softcap, None, chunk_size, mask, options, process_group, vocab_start,
+        )
+    if vocab_start is not None:
+        raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
+    ii, z, cap, chunk, shapes = _check_args(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
         chunk_size,
     )
     eps = _check_label_smoothing(fn, label_smoothing)  # cross_entropy's check: the same values pass
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, None, chunk,
-        mask, options,
+        mask, options, shapes,
     )
 
 
 @_accepts_old_spelling
 def linear_focal_loss(
     input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
-    weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = -100,
+    weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = None,
     options: Any = None, gamma: float = 2.0, z_loss: float = 0.0, softcap: float | None = None,
-    chunk_size: int | None = None, mask: Tensor | None = None,
+    chunk_size: int | None = None, mask: Tensor | None = None, process_group: Any = None,
+    vocab_start: int | None = None,
 ) -> Tensor:
     r"""Focal loss of a linear layer's logits, chunked like `linear_cross_entropy`.
 
@@ -443,7 +629,9 @@ def linear_focal_loss(
     + 2 z \operatorname{lse}_i\, p_{i,c}$ with
     $A = (1 - p_t)^\gamma (1 + \gamma p_t r)$, $r = -\log p_t / (1 - p_t)$ ($r = 1$ at $p_t = 1$),
     finite for every $\gamma \ge 0$; then through softcap and the linear layer as in
-    `linear_cross_entropy`. First order only (double backward raises `RuntimeError`).
+    `linear_cross_entropy`. First order only (double backward raises `RuntimeError`); a
+    K-dimensional `linear_weight`, a class `weight` that requires grad and forward-mode AD take
+    the unfused `focal_loss` formula, as in `linear_cross_entropy`; probability targets raise.
 
     **Mask.** As in `linear_cross_entropy`: a False row of ``mask`` (broadcastable to
     ``target``) is an ignored row that is never read; a masked ``'mean'`` with no kept row is 0.
@@ -459,7 +647,7 @@ def linear_focal_loss(
         weight: per-class weights $(V)$ or `None` (`'mean'` divides by $\sum w_{t_i}$, as
             `focal_loss`). Default: `None`.
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
-        ignore_index: target value that contributes nothing. Default: `-100`.
+        ignore_index: target value that contributes nothing (`None`: -100). Default: `None`.
         options: as in `linear_cross_entropy`. Default: `None`.
         gamma: focusing parameter $\gamma \ge 0$, finite. Default: `2.0`.
         z_loss: z-loss coefficient $\ge 0$. Default: `0.0`.
@@ -467,6 +655,8 @@ def linear_focal_loss(
         chunk_size: rows per chunk or `None` (automatic). Default: `None`.
         mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        process_group: vocabulary-parallel, as in `linear_cross_entropy`. Default: `None`.
+        vocab_start: as in `linear_cross_entropy`. Default: `None`.
 
     Returns:
         The loss, as `linear_cross_entropy`.
@@ -494,13 +684,20 @@ def linear_focal_loss(
     Replaces `focal_loss(F.linear(input, linear_weight, linear_bias), target, weight=weight)`.
     """
     fn = "linear_focal_loss"
-    ii, z, cap, chunk = _check_args(
+    if process_group is not None or is_dtensor(linear_weight):
+        return _parallel(
+            fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, 0.0,
+            z_loss, softcap, check_gamma(fn, gamma), chunk_size, mask, options, process_group, vocab_start,
+        )
+    if vocab_start is not None:
+        raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
+    ii, z, cap, chunk, shapes = _check_args(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
-        chunk_size,
+        chunk_size, focal=True,
     )
     g = check_gamma(fn, gamma)
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, 0.0, z, cap, g, chunk, mask,
-        options,
+        options, shapes,
     )
 

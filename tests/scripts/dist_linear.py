@@ -1,0 +1,190 @@
+"""Vocabulary-parallel linear losses under torch.distributed: ``python dist_linear.py WORLD``.
+
+WORLD gloo processes on CPU. Each builds the same full problem, keeps its shard of the
+vocabulary (plain tensor + ``process_group=``, uneven shards through ``vocab_start=``, and a
+``Shard(0)`` DTensor) and checks the loss and the gradients against the one-process
+``SF.linear_cross_entropy`` / ``SF.linear_focal_loss`` on the full matrix: float64 to 1e-12
+relative, float32 to a few ulp; every rank's loss must be bit-identical. Exits 0 when every
+case passes on every rank; prints one line per case on rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+INF = float("inf")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prefixed(prefix: str) -> Callable[[str], str]:
+    return lambda message: f"{prefix}: {message}"
+
+
+def _bounds(v: int, world: int, uneven: bool) -> list[int]:
+    """Shard starts (world + 1 numbers): even-ish, or deliberately uneven."""
+    if not uneven:
+        per = -(-v // world)
+        return [min(r * per, v) for r in range(world)] + [v]
+    cuts = sorted({max(1, (v * (r + 1)) // (world + 1)) for r in range(world - 1)})
+    return [0, *cuts, v]
+
+
+def _problem(case: dict, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(case.get("seed", 0))
+    n, h, v = case.get("n", 24), case.get("h", 5), case["v"]
+    x = torch.randn(n, h, generator=g, dtype=torch.float64) * 2
+    w = torch.randn(v, h, generator=g, dtype=torch.float64)
+    b = torch.randn(v, generator=g, dtype=torch.float64)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[3] = -100
+    cw = torch.rand(v, generator=g, dtype=torch.float64) + 0.5
+    if case.get("huge_margin"):
+        x[0] = 0.0
+        b[int(t[0])] = 60.0  # p_t = 1 - ~1e-26: the loss is read off log1p of the rest
+    if case.get("tie"):  # row 1's max logit is on the first and on the last shard: R gets its 1
+        x[1] = 0.0
+        b[0] = b[-1] = b.max() + 1.0
+    if case.get("masked_shard") is not None:  # every logit of one shard -inf, no target there
+        lo, hi = case["masked_shard"]
+        b[lo:hi] = -INF
+        t = torch.where((t >= lo) & (t < hi), lo - 1 if lo > 0 else hi, t)
+    if case.get("all_masked"):
+        b[:] = -INF
+    return [a.to(dtype) if a.is_floating_point() else a for a in (x, w, b, t, cw)]
+
+
+def _check(case: dict, rank: int, world: int, dtype: torch.dtype) -> str:
+    import stablelosses.functional as SF
+
+    x, w, b, t, cw = _problem(case, dtype)
+    v = w.shape[0]
+    fn = SF.linear_focal_loss if "gamma" in case else SF.linear_cross_entropy
+    kw = dict(case.get("kw", {}))
+    if "gamma" in case:
+        kw["gamma"] = case["gamma"]
+    mask = None
+    if case.get("mask"):
+        mask = torch.ones(x.shape[0], dtype=torch.bool)
+        mask[::5] = False
+        kw["mask"] = mask
+    use_b = case.get("bias", True)
+    cw_mode = case.get("class_weight")  # None | "replicated" | "sharded"
+    bounds = _bounds(v, world, case.get("uneven", False))
+    lo, hi = bounds[rank], bounds[rank + 1]
+    # one process, full matrix
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    bs = b.clone().requires_grad_() if use_b else None
+    full_kw = dict(kw, weight=cw if cw_mode else None, chunk_size=case.get("chunk", 7))
+    ref = fn(xs, ws, t, linear_bias=bs, **full_kw)
+    go = torch.linspace(0.5, 1.5, ref.numel(), dtype=ref.dtype).reshape(ref.shape)
+    ref_g = torch.autograd.grad(ref, [a for a in (xs, ws, bs) if a is not None], go)
+    # the sharded call
+    xp = x.clone().requires_grad_()
+    if case.get("dtensor"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (world,))
+        wp = distribute_tensor(w, mesh, [Shard(0)]).requires_grad_()
+        bp = distribute_tensor(b, mesh, [Shard(0)]).requires_grad_() if use_b else None
+        lo, hi = bounds_dt = _bounds(v, world, False)[rank], _bounds(v, world, False)[rank + 1]
+        del bounds_dt
+        cwp = None
+        if cw_mode == "sharded":
+            cwp = distribute_tensor(cw, mesh, [Shard(0)])
+        elif cw_mode == "replicated":
+            cwp = cw
+        got = fn(xp, wp, t, linear_bias=bp, weight=cwp, chunk_size=case.get("chunk", 5), **kw)
+        leaves = [a for a in (xp, wp, bp) if a is not None]
+        grads = list(torch.autograd.grad(got, leaves, go))
+        grads = [g.full_tensor()[lo:hi] if hasattr(g, "full_tensor") else g for g in grads]
+    else:
+        wp = w[lo:hi].clone().requires_grad_()
+        bp = b[lo:hi].clone().requires_grad_() if use_b else None
+        cwp = {"sharded": cw[lo:hi], "replicated": cw, None: None}[cw_mode]
+        got = fn(xp, wp, t, linear_bias=bp, weight=cwp, chunk_size=case.get("chunk", 5),
+                 process_group=dist.group.WORLD, vocab_start=None if v % world == 0 else lo, **kw)
+        grads = list(torch.autograd.grad(got, [a for a in (xp, wp, bp) if a is not None], go))
+    expected = [ref_g[0], ref_g[1][lo:hi]] + ([ref_g[2][lo:hi]] if use_b else [])
+    ulp = torch.finfo(dtype).eps
+    rtol, atol = (1e-12, 1e-14) if dtype == torch.float64 else (4 * ulp, 4 * ulp)
+    torch.testing.assert_close(got, ref, equal_nan=True, rtol=rtol, atol=atol)
+    grtol, gatol = (rtol, atol) if dtype == torch.float64 else (1e-5, 1e-6)
+    for name, a, e in zip(("input", "weight", "bias"), grads, expected):
+        torch.testing.assert_close(a, e, rtol=grtol, atol=gatol, msg=_prefixed(f"{case['name']}: grad {name}"))
+    # every rank holds the identical loss, bit for bit
+    mine = got.detach().reshape(-1).clone()
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    assert all(torch.equal(e, mine) or (e.isnan() & mine.isnan()).all() for e in every), case["name"]
+    err = ((got.double() - ref.double()).abs() / ref.double().abs().clamp(min=1e-300)).max().item()
+    return f"{case['name']}: ok (max relative error {err:.2e})"
+
+
+CASES = [
+    dict(name="mean (default vocab_start)", v=12),
+    dict(name="mean", v=11),
+    dict(name="sum z softcap smoothing replicated-weight", v=11, kw=dict(reduction="sum", z_loss=1e-2,
+         softcap=3.0, label_smoothing=0.1), class_weight="replicated"),
+    dict(name="none sharded-weight smoothing mask uneven", v=11, kw=dict(reduction="none", label_smoothing=0.2),
+         class_weight="sharded", mask=True, uneven=True),
+    dict(name="focal mean z", v=11, gamma=2.0, kw=dict(z_loss=1e-3)),
+    dict(name="masked shard smoothing z", v=12, masked_shard=(6, 12), kw=dict(label_smoothing=0.1, z_loss=1e-2)),
+    dict(name="all masked (NaN mean, zero grads)", v=11, all_masked=True),
+    dict(name="huge margin (exact tail)", v=11, huge_margin=True, kw=dict(reduction="none")),
+    dict(name="no bias", v=9, bias=False, kw=dict(reduction="sum")),
+    dict(name="tie at the max across shards", v=11, tie=True, kw=dict(reduction="none", label_smoothing=0.1)),
+    dict(name="float32 smoothing z", v=11, dtype=torch.float32, kw=dict(label_smoothing=0.1, z_loss=1e-3)),
+    dict(name="dtensor smoothing z softcap", v=11, dtensor=True, kw=dict(label_smoothing=0.1, z_loss=1e-2,
+         softcap=4.0)),
+    dict(name="dtensor none sharded-weight", v=11, dtensor=True, kw=dict(reduction="none"),
+         class_weight="sharded"),
+    dict(name="dtensor focal float32", v=11, dtensor=True, gamma=1.5, dtype=torch.float32),
+]
+CASES_4 = [
+    dict(name="4 ranks uneven smoothing z", v=13, uneven=True, kw=dict(label_smoothing=0.1, z_loss=1e-2),
+         class_weight="replicated"),
+    dict(name="4 ranks dtensor (4, 4, 4, 1) none", v=13, dtensor=True, kw=dict(reduction="none", softcap=3.0)),
+    dict(name="4 ranks float32 focal mask", v=13, gamma=2.0, dtype=torch.float32, mask=True),
+]
+
+
+def _worker(rank: int, world: int, port: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for case in CASES if world == 2 else CASES_4:
+            dtype = case.get("dtype", torch.float64)
+            assert isinstance(dtype, torch.dtype)
+            line = _check(case, rank, world, dtype)
+            if rank == 0:
+                print(line, flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    # fork where there is one: this parent has run no torch op yet, and it saves interpreter starts
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    mp.start_processes(_worker, args=(world, _free_port()), nprocs=world, join=True, start_method=method)
+    print(f"all cases passed on {world} ranks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
