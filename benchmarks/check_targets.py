@@ -20,11 +20,10 @@ forward+backward, with a slack of 0.5% + 4 KiB (a scalar or a per-row vector mor
 reference does not count as a miss). Targets are stated for float32 with 2 threads; a run with another thread
 count gets a warning.
 
-After the per-input checks it prints the speed-target table: every speed target of the design
-contract (``docs/design.md``, section Speed) with
-its measured ratio, its bytes-moved ratio and met / missed (``--no-goals`` to leave it out;
-``--goals-markdown PATH`` writes it as Markdown). The checks and the targets live in
-``stablelosses/bench/checks.py`` and ``stablelosses/bench/targets.py``.
+After the per-input checks it prints the speed targets table: every target with its measured
+value, its bytes-moved ratio, aten-op count, compiled kernel count and met / missed
+(``--no-goals`` to leave it out; ``--goals-markdown PATH`` writes it as Markdown). The checks
+and the targets live in ``stablelosses/bench/checks.py`` and ``stablelosses/bench/targets.py``.
 
 This is a check, not a unit test: run it after a benchmark, e.g.::
 

@@ -16,7 +16,7 @@ with the environment below set.
   shape do not fault while the heap grows.
 * ``STABLELOSSES_BENCH_FULL=1`` runs the full grid (all shapes, float32 and bfloat16, compiled
   variants in both modes); the default is a modest subset.
-* At the end of the session the speed-target table (each target with its measured ratio,
+* At the end of the session the speed targets table (each target with its measured ratio,
   bytes-moved ratio and met / missed) is printed from the benchmarks that ran
   (``benchmarks/check_targets.py`` prints the same table from ``--benchmark-json``).
 * Display: pytest-benchmark's tables are split per function *and* input (group ``focal_loss``,

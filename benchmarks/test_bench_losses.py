@@ -7,7 +7,7 @@ plus ``torch.autograd.grad``. The registry (inputs, baselines, shapes) is the on
 ``stablelosses bench`` (``stablelosses/bench/cases.py``), so both report the same things.
 
 Compiled variants are built and warmed up before the timed calls. ``extra_info`` holds, for
-``benchmarks/check_targets.py`` (which prints the speed-target table from it): the bytes moved
+``benchmarks/check_targets.py`` (which prints the speed targets table from it): the bytes moved
 by one call (``bytes_read``, ``bytes_written``, ``aten_ops``; eager variants), the kernel count
 of a compiled variant (``kernels``, ``kernels_generated``, ``kernels_extern``) and the peak
 memory of one forward+backward (``peak_bytes``, with ``grad_bytes``, the size of the gradient).
@@ -39,7 +39,7 @@ SAMPLE_S = 0.02
 DTYPES = ("float32", "bfloat16") if FULL else ("float32",)
 HAS_CUDA = torch.cuda.is_available()
 #: One record per benchmark of the session, in `stablelosses bench`'s JSON format: conftest.py
-#: prints the speed-target table from them at the end of the session.
+#: prints the speed targets table from them at the end of the session.
 RECORDS: list[dict[str, Any]] = []
 
 

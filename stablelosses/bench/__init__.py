@@ -21,9 +21,10 @@ then one callable per *variant* — ``torch`` (the built-in replaced), ``naive``
 * peak memory of one forward+backward (`stablelosses.bench.memory`);
 * kernels launched by a compiled call (`stablelosses.bench.kernels`).
 
-It prints a table of ratios (`stablelosses.bench.report`), with ``--targets`` the issue-12
-target table (`stablelosses.bench.targets`), and with ``--json`` writes every raw number for
-``benchmarks/check_targets.py`` and ``benchmarks/make_docs.py``.
+It prints a table of ratios (`stablelosses.bench.report`), with ``--targets`` the speed
+targets (`stablelosses.bench.targets`: each with its measured value, bytes-moved ratio,
+aten-op count and compiled kernel count), and with ``--json`` writes every raw number (and the
+command) for ``benchmarks/check_targets.py`` and ``benchmarks/make_docs.py``.
 
 Tiers: ``--quick`` small shapes and 3 repeats (well under a minute on 2 cores without
 ``--compile``); the default the shapes the targets are stated for; ``--full`` adds the LLM

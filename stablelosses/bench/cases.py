@@ -33,6 +33,21 @@ def ce_torch(x: Tensor, t: Tensor) -> Tensor:
     return F.cross_entropy(x, t)
 
 
+SMOOTHING = 0.1  # the label_smoothing of the ``cross_entropy_smoothing`` comparison
+
+
+def ce_smoothing_torch(x: Tensor, t: Tensor) -> Tensor:
+    return F.cross_entropy(x, t, label_smoothing=SMOOTHING)
+
+
+def ce_weight_torch(x: Tensor, t: Tensor, w: Tensor) -> Tensor:
+    return F.cross_entropy(x, t, weight=w)
+
+
+def ce_probs_torch(x: Tensor, p: Tensor) -> Tensor:
+    return F.cross_entropy(x, p)
+
+
 def rmse_torch(x: Tensor, y: Tensor) -> Tensor:
     return naive.sqrt_mse(x, y)
 
@@ -95,6 +110,18 @@ def ce_stable(x: Tensor, t: Tensor) -> Tensor:
     return _sf().cross_entropy(x, t)
 
 
+def ce_smoothing_stable(x: Tensor, t: Tensor) -> Tensor:
+    return _sf().cross_entropy(x, t, label_smoothing=SMOOTHING)
+
+
+def ce_weight_stable(x: Tensor, t: Tensor, w: Tensor) -> Tensor:
+    return _sf().cross_entropy(x, t, weight=w)
+
+
+def ce_probs_stable(x: Tensor, p: Tensor) -> Tensor:
+    return _sf().cross_entropy(x, p)
+
+
 def focal_stable(x: Tensor, t: Tensor) -> Tensor:
     return _sf().focal_loss(x, t, gamma=2.0)
 
@@ -148,6 +175,17 @@ def _randn(shape, dtype, gen, scale=1.0):
 def _class_inputs(shape, dtype, gen) -> Inputs:
     tshape = (shape[0],) + tuple(shape[2:])
     return [_randn(shape, dtype, gen, 2.0), torch.randint(0, shape[1], tshape, generator=gen)], (0,)
+
+
+def _weighted_class_inputs(shape, dtype, gen) -> Inputs:
+    (x, t), grad_idx = _class_inputs(shape, dtype, gen)
+    w = (torch.rand(shape[1], generator=gen) + 0.5).to(dtype)  # a class weight in [0.5, 1.5)
+    return [x, t, w], grad_idx
+
+
+def _prob_target_inputs(shape, dtype, gen) -> Inputs:
+    p = torch.softmax(torch.randn(shape, generator=gen) * 2.0, dim=1).to(dtype)
+    return [_randn(shape, dtype, gen, 2.0), p], (0,)
 
 
 def _binary_target_inputs(shape, dtype, gen) -> Inputs:
@@ -232,6 +270,13 @@ def _cls_cases(llm_default: bool = False) -> list[Case]:
     ]
 
 
+def _ce_variant_cases() -> list[Case]:
+    return [
+        Case("8192x1000", (8192, 1000), "classification", _D),
+        Case("1024x1000", (1024, 1000), "classification", _Q),
+    ]
+
+
 def _rows_cases() -> list[Case]:
     return [
         Case("8192x1000", (8192, 1000), "classification", _D),
@@ -269,9 +314,24 @@ def specs() -> dict[str, Spec]:
         Spec("cross_entropy", _class_inputs, {"torch": ce_torch, "stable": ce_stable},
              _cls_cases(llm_default=True), naive_ref=None, check_ref="torch",
              describe={"torch": "F.cross_entropy"}),
+        Spec("cross_entropy_smoothing", _class_inputs,
+             {"torch": ce_smoothing_torch, "stable": ce_smoothing_stable}, _ce_variant_cases(),
+             naive_ref=None, check_ref="torch",
+             describe={"torch": f"F.cross_entropy(label_smoothing={SMOOTHING})",
+                       "stable": f"cross_entropy(label_smoothing={SMOOTHING})"}),
+        Spec("cross_entropy_weight", _weighted_class_inputs,
+             {"torch": ce_weight_torch, "stable": ce_weight_stable}, _ce_variant_cases(),
+             naive_ref=None, check_ref="torch",
+             describe={"torch": "F.cross_entropy(weight=w), a class weight in [0.5, 1.5)",
+                       "stable": "cross_entropy(weight=w)"}),
+        Spec("cross_entropy_probs", _prob_target_inputs,
+             {"torch": ce_probs_torch, "stable": ce_probs_stable}, _ce_variant_cases(),
+             naive_ref=None, check_ref="torch",
+             describe={"torch": "F.cross_entropy with probability targets",
+                       "stable": "cross_entropy with probability targets"}),
         Spec("focal_loss", _class_inputs,
              {"torch": ce_torch, "naive": focal_naive, "kornia": focal_kornia, "stable": focal_stable},
-             _cls_cases(), check_ref="naive",
+             _cls_cases(llm_default=True), check_ref="naive",
              describe={"torch": "F.cross_entropy (the speed reference)",
                        "naive": "naive.classic_focal: softmax -> log -> gather",
                        "kornia": "kornia.losses.focal_loss"}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -57,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the raw numbers to PATH")
     p.add_argument("--markdown", metavar="PATH", help="write the ratio table as Markdown to PATH")
     p.add_argument("--targets", action="store_true",
-                   help="also print the speed targets table (measured ratio, bytes ratio, met/missed)")
+                   help="also print the speed targets table: each target with its measured value, "
+                        "bytes-moved ratio, aten-op count and (with --compile) kernel count, met/missed")
     p.add_argument("--raw", action="store_true",
                    help="also print every median as torch.utils.benchmark.Compare does")
     p.add_argument("--only", type=_csv(list(specs()), "function"), metavar="FN[,FN...]",
@@ -119,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _reexec(argv)
     torch.set_num_threads(args.threads)
     result = run(_settings(args), progress=not args.no_progress)
+    result["command"] = shlex.join(["stablelosses", "bench", *argv])
     print(format_header(result))
     print(format_table(result))
     if args.raw:
