@@ -1,0 +1,80 @@
+"""Fused Triton kernels behind the public functions (``stablelosses.set_backend("triton")``).
+
+This package's ``__init__`` never imports triton: the dispatch below answers ``None`` ("take the
+torch path") unless ``stablelosses._backend.use_triton`` selects the kernels, and only then
+imports ``stablelosses._triton.ops`` (which imports triton).
+
+A dispatch function takes the public function's arguments and returns the result, or ``None``
+for every call outside what the kernels cover; the torch path then runs, validates and raises
+as usual. The selection looks at the backend, device, dtype, shapes and argument types only,
+never at tensor values.
+
+Kernels cover now: class-index ``cross_entropy`` and ``focal_loss`` on ``(N, C)`` logits
+(float32, float16, bfloat16) with ``weight`` (not requiring grad), ``ignore_index``, ``mask=``
+and every reduction, without label smoothing.
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+
+import torch
+from torch import Tensor
+
+from stablelosses._backend import use_triton
+from stablelosses._utils import REDUCTIONS, broadcasts_to, loss_out_dtype
+
+_INDEX_DTYPES = (torch.int64, torch.uint8)
+
+
+def _plain_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _plain_real(v: object) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool)
+
+
+def class_index_loss(
+    input: object, target: object, weight: object, ignore_index: object, reduction: object,
+    label_smoothing: object = 0.0, gamma: object = 0.0, mask: object = None,
+    legacy: bool = False,
+) -> Tensor | None:
+    """``cross_entropy`` (``gamma = 0``) or ``focal_loss`` through the kernels, or ``None``.
+
+    ``legacy``: ``size_average``/``reduce`` were given (the torch path maps them).
+    """
+    if legacy or not isinstance(input, Tensor) or not isinstance(target, Tensor):
+        return None
+    if not use_triton(input) or input.dim() != 2 or input.shape[1] == 0:
+        return None
+    if target.dtype not in _INDEX_DTYPES or target.shape != input.shape[:1]:
+        return None
+    if target.device != input.device or not _plain_int(ignore_index) or reduction not in REDUCTIONS:
+        return None
+    if not _plain_real(label_smoothing) or float(label_smoothing) != 0.0:  # type: ignore[arg-type]
+        return None
+    if not _plain_real(gamma) or not 0.0 <= float(gamma) < float("inf"):  # type: ignore[arg-type]
+        return None
+    w = None
+    if weight is not None:
+        if not isinstance(weight, Tensor) or not weight.is_floating_point() or weight.requires_grad:
+            return None  # weight's own gradient: the torch path
+        if weight.shape != input.shape[1:] or weight.device != input.device:
+            return None
+        w = weight.to(torch.float32).contiguous()
+    keep = None
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.device != input.device:
+            return None
+        if not broadcasts_to(mask.shape, input.shape[:1]):
+            return None
+        keep = mask.expand(input.shape[:1]).contiguous()
+    from stablelosses._triton import ops
+
+    x = input if input.stride(-1) == 1 else input.contiguous()
+    out = ops.index_loss(
+        x, target.long().contiguous(), w, keep, int(ignore_index), float(gamma),  # type: ignore[arg-type]
+        str(reduction),
+    )
+    return out.to(loss_out_dtype(input))

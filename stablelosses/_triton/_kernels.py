@@ -1,0 +1,163 @@
+"""Triton kernels: one program per row of a contiguous ``(N, V)`` matrix, fp32 arithmetic.
+
+This module imports triton and is only imported by ``stablelosses._triton.ops``, which the
+dispatch in ``stablelosses._triton`` imports on the first call that selects the kernels.
+
+Every kernel reads its row in blocks of ``BLOCK`` columns (any width: the last block is masked,
+and a masked column reads as ``-inf``, which adds nothing to a sum). The running maximum is
+kept online, as in the "online softmax" of Milakov and Gimelshein (2018): a new block rescales
+the running sum by ``exp(m_old − m_new)``. The hazard rules are those of the torch path
+(``stablelosses._autograd.softmax._bounded``):
+
+* entries are clamped to ``finfo(float32).max`` (``+inf → finfo.max``; the identity on every
+  row without ``+inf``), so a ``+inf`` row puts uniform mass on its ``+inf`` entries;
+* the shift is ``m_safe`` = 0 while the running max is ``-inf`` (``(−inf) − (−inf)`` never
+  forms), so a row whose entries are all ``-inf`` ends with the sum ``S = 0`` — that is how
+  fully masked rows are recognised (every other row has ``S ≥ 1``);
+* NaN propagates through the sum (clamping is a ``where`` on ``x > max``, false for NaN), so a
+  NaN row ends with ``S = NaN`` and NaN outputs.
+
+``log1p`` is spelled with the exact identity ``log1p(z) = log(u) · z / (u − 1)``, ``u = 1 + z``
+rounded (``z`` where ``u == 1``), since ``libdevice.log1p`` is not available in the interpreter.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FMAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+
+
+@triton.jit
+def _log1p(z):
+    """``log1p(z)`` to a few ulp (Goldberg's identity; ``z`` where ``1 + z`` rounds to 1)."""
+    u = 1.0 + z
+    d = u - 1.0
+    return tl.where(d == 0.0, z, tl.log(u) * (z / tl.where(d == 0.0, 1.0, d)))
+
+
+@triton.jit
+def _load_row_block(x_row, cols, n_cols, keep):
+    """One block of a row in fp32, clamped to ``finfo.max``; outside the row (or a row not
+    kept) ``-inf``."""
+    x = tl.load(x_row + cols, mask=(cols < n_cols) & keep, other=float("-inf")).to(tl.float32)
+    return tl.where(x > FMAX, FMAX, x)
+
+
+@triton.jit
+def _ce_forward_kernel(
+    X, stride_x, T, W, KEEP, LOSS, LT, M, S, REST, n_cols, ignore_index,
+    HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Class-index cross-entropy of one row: **one read of the row**, N-sized writes.
+
+    Online over the blocks: the clamped row max ``m`` and ``s = Σ_{j≠t} exp(x_j − m)``
+    (the target column left out), plus whether a ``+inf`` was seen. Then with
+    ``e_t = exp(x_t − m)`` (one more load of one element), ``S = s + e_t``, ``p_t = e_t / S``
+    and ``rest = s / S = Σ_{j≠t} p_j``:
+
+    * ``log p_t = (x_t − m) − log S`` (torch's log-softmax), or ``log p_t = log1p(−rest)`` where
+      ``rest < ½`` (the exact tail: it keeps full relative accuracy as ``p_t → 1``);
+    * ``+inf`` rows: ``log p_t = log(p_t)`` (the limit: ``−log k`` on the k ``+inf`` entries,
+      ``-inf`` elsewhere);
+    * fully masked rows (``S = 0``) and rows not kept: ``log p_t = −inf``, not valid, loss 0;
+    * NaN rows: NaN; a target out of ``[0, V)`` (not ``ignore_index``): NaN (no host sync to
+      raise torch's ``IndexError``).
+
+    Writes per row: ``LOSS = w_t · (−log p_t)`` on valid rows (0 where ``w_t = 0``), else 0;
+    ``LT = log p_t``; ``M = m`` (``-inf`` on fully masked rows); ``S``; ``REST`` (0 on fully
+    masked rows).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    t = tl.load(T + row)
+    is_target = t != ignore_index
+    idx = tl.where(is_target, t, 0)
+    in_range = (idx >= 0) & (idx < n_cols)
+    keep = t == t  # a scalar True (a tensor, as the kept-row flag below)
+    if HAS_KEEP:
+        keep = tl.load(KEEP + row) != 0
+    offs = tl.arange(0, BLOCK)
+    m = -float("inf")
+    s = 0.0
+    pinf = 0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        raw = tl.load(x_row + cols, mask=(cols < n_cols) & keep, other=float("-inf")).to(tl.float32)
+        pinf = tl.maximum(pinf, tl.max((raw == float("inf")).to(tl.int32), 0))
+        x = tl.where(raw > FMAX, FMAX, raw)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        e = tl.where(cols == idx, 0.0, tl.exp(x - m_safe))
+        s = s * tl.exp(m - m_safe) + tl.sum(e, 0)
+        m = m_new
+    x_t = tl.load(x_row + idx, mask=in_range & keep, other=float("-inf")).to(tl.float32)
+    x_t = tl.where(x_t > FMAX, FMAX, x_t)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    e_t = tl.exp(x_t - m_safe)
+    total = s + e_t
+    masked = total == 0.0
+    total_safe = tl.where(masked, 1.0, total)
+    rest = s / total_safe
+    lt = (x_t - m_safe) - tl.log(total_safe)
+    lt = tl.where(pinf > 0, tl.log(e_t / total_safe), lt)
+    near_one = (rest < 0.5) & (lt == lt)
+    lt = tl.where(near_one, _log1p(-tl.where(near_one, rest, 0.0)), lt)
+    lt = tl.where(masked, -float("inf"), lt)
+    lt = tl.where(in_range | ~is_target | ~keep, lt, float("nan"))
+    valid = is_target & ~masked
+    val = -lt
+    if HAS_W:
+        w_t = tl.load(W + idx, mask=in_range, other=0.0).to(tl.float32)
+        val = tl.where(w_t == 0.0, 0.0, w_t * val)  # 0 · inf = 0
+    tl.store(LOSS + row, tl.where(valid, val, 0.0))
+    tl.store(LT + row, lt)
+    tl.store(M + row, tl.where(masked, -float("inf"), m))
+    tl.store(S + row, total)
+    tl.store(REST + row, tl.where(masked, 0.0, rest))
+
+
+@triton.jit
+def _ce_backward_kernel(
+    X, stride_x, T, W, KEEP, G, stride_g, VALID, SCALE, LT, M, S, REST, DX, stride_dx, n_cols,
+    ignore_index, HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, FOCAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Gradient of the class-index loss for one row: **one read of the row, one write of its
+    gradient** (the logits are never overwritten).
+
+    The row scale ``a = w_t · g`` (focal: ``· SCALE``, the N-sized focal factor) on valid rows,
+    0 elsewhere, NaN on NaN rows; then ``dx_j = a · p_j`` with ``p_j = exp(x_j − m) / S`` and
+    ``dx_t = −a · rest`` (``a (p_t − 1)`` without cancellation as ``p_t → 1``). Fully masked
+    rows and rows not kept read nothing and get 0.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    dx_row = DX + row * stride_dx
+    t = tl.load(T + row)
+    idx = tl.where(t != ignore_index, t, 0)
+    keep = t == t
+    if HAS_KEEP:
+        keep = tl.load(KEEP + row) != 0
+    g = tl.load(G + row * stride_g).to(tl.float32)
+    valid = tl.load(VALID + row) != 0
+    a = tl.where(valid, g, 0.0)
+    if FOCAL:
+        a = tl.where(valid, a * tl.load(SCALE + row), 0.0)
+    if HAS_W:
+        a = a * tl.load(W + idx, mask=(idx >= 0) & (idx < n_cols), other=0.0).to(tl.float32)
+    lt = tl.load(LT + row)
+    a = tl.where(lt != lt, lt, a)  # NaN rows: NaN gradient
+    m = tl.load(M + row)
+    total = tl.load(S + row)
+    rest = tl.load(REST + row)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    total_safe = tl.where(total == 0.0, 1.0, total)
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        x = _load_row_block(x_row, cols, n_cols, keep)
+        d = a * (tl.exp(x - m_safe) / total_safe)
+        d = tl.where(cols == idx, -rest * a, d)
+        tl.store(dx_row + cols, d.to(DX.dtype.element_ty), mask=cols < n_cols)

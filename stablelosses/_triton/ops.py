@@ -1,0 +1,148 @@
+"""The kernel path's autograd Functions (imports triton through ``_kernels``).
+
+First order only: the backward is one kernel call, not differentiable again. A backward run
+with grad mode on (double backward, ``create_graph=True``) recomputes the first derivative
+with the torch path on the saved logits, so a second backward still works.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+from torch import Tensor
+
+from stablelosses._autograd.focal import focal_terms
+from stablelosses._triton import _kernels
+
+# The widest block one program reads at a time (a power of two). Rows wider than this take
+# several blocks; tests lower it to exercise multi-block rows at small widths.
+MAX_BLOCK = {"cuda": 8192, "cpu": 32768}
+
+
+def block_size(n_cols: int, device: torch.device) -> int:
+    """The block width for rows of ``n_cols`` entries: a launch parameter, not a branch."""
+    return max(16, min(triton.next_power_of_2(n_cols), MAX_BLOCK.get(device.type, 8192)))
+
+
+def _num_warps(block: int) -> int:
+    return 4 if block <= 2048 else 8 if block <= 8192 else 16
+
+
+class RowStats(NamedTuple):
+    """What the forward kernel leaves per row: the loss (fp32), ``log p_t``, the clamped row
+    max, the sum ``S`` of ``exp(x − max)`` and ``rest = Σ_{j≠t} p_j``."""
+
+    loss: Tensor
+    lt: Tensor
+    m: Tensor
+    s: Tensor
+    rest: Tensor
+
+
+def _forward_stats(
+    x: Tensor, target: Tensor, weight: Tensor | None, keep: Tensor | None, ignore_index: int
+) -> RowStats:
+    n, v = x.shape
+    stats = RowStats(*(torch.empty(n, device=x.device, dtype=torch.float32) for _ in range(5)))
+    block = block_size(v, x.device)
+    _kernels._ce_forward_kernel[(n,)](
+        x, x.stride(0), target, x if weight is None else weight, target if keep is None else keep,
+        *stats, v, ignore_index,
+        HAS_W=weight is not None, HAS_KEEP=keep is not None, BLOCK=block, num_warps=_num_warps(block),
+    )
+    return stats
+
+
+class _TritonIndexLoss(torch.autograd.Function):
+    """Class-index cross-entropy (``gamma == 0``) and focal loss on ``(N, V)`` logits, in two
+    kernels: the forward reads the logits once, the backward reads them once and writes the
+    gradient once. Same values as ``_ClassIndexCE`` (the torch path) to a few ulp.
+
+    Returns the per-row loss (fp32, 0 on invalid rows) and the valid mask (target not
+    ``ignore_index``, row kept and not fully masked); the rest is saved for the backward.
+    """
+
+    @staticmethod
+    def forward(x, target, weight, keep, ignore_index, gamma):
+        st = _forward_stats(x, target, weight, keep, ignore_index)
+        valid = (target != ignore_index) & (st.s != 0)
+        if keep is not None:
+            valid = valid & keep
+        loss, scale = st.loss, st.loss.new_empty(0)
+        if gamma != 0.0:
+            # the focal value and backward row scale, N-sized (the torch path's focal_terms)
+            val, scale = focal_terms(st.rest, st.lt, gamma)
+            if weight is not None:
+                w_t = weight[torch.where(target != ignore_index, target, 0).clamp(0, x.shape[1] - 1)]
+                val = torch.where(w_t == 0, 0.0, w_t * val)
+            loss = torch.where(valid, val, 0.0)
+        return loss, valid, st.lt, st.m, st.s, st.rest, scale
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, target, weight, keep, ignore_index, gamma = inputs
+        _, valid, lt, m, s, rest, scale = output
+        ctx.mark_non_differentiable(valid, lt, m, s, rest, scale)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, target, weight, keep, valid, lt, m, s, rest, scale)
+        ctx.ignore_index, ctx.gamma = ignore_index, gamma
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_unused):
+        x, target, weight, keep, valid, lt, m, s, rest, scale = ctx.saved_tensors
+        if grad_loss is None or not ctx.needs_input_grad[0]:
+            return None, None, None, None, None, None
+        if torch.is_grad_enabled():
+            return _differentiable_grad(ctx, x, target, weight, keep, grad_loss)
+        n, v = x.shape
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+        block = block_size(v, x.device)
+        focal = ctx.gamma != 0.0
+        _kernels._ce_backward_kernel[(n,)](
+            x, x.stride(0), target, x if weight is None else weight, target if keep is None else keep,
+            grad_loss, grad_loss.stride(0), valid, scale if focal else lt, lt, m, s, rest,
+            dx, dx.stride(0), v, ctx.ignore_index,
+            HAS_W=weight is not None, HAS_KEEP=keep is not None, FOCAL=focal, BLOCK=block,
+            num_warps=_num_warps(block),
+        )
+        return dx, None, None, None, None, None
+
+
+def _differentiable_grad(ctx, x, target, weight, keep, grad_loss):
+    """Double backward: the torch path's first derivative, as a graph, on the saved logits."""
+    from stablelosses import _backend
+    from stablelosses.functional import cross_entropy, focal_loss
+
+    xd = x.detach().requires_grad_()
+    with _backend.backend("torch"):
+        args = dict(weight=weight, ignore_index=ctx.ignore_index, reduction="none", mask=keep)
+        if ctx.gamma == 0.0:
+            loss = cross_entropy(xd.float(), target, **args)
+        else:
+            loss = focal_loss(xd.float(), target, ctx.gamma, **args)
+    (gx,) = torch.autograd.grad(loss, xd, grad_loss, create_graph=True)
+    return gx, None, None, None, None, None
+
+
+def index_loss(
+    x: Tensor, target: Tensor, weight: Tensor | None, keep: Tensor | None, ignore_index: int,
+    gamma: float, reduction: str,
+) -> Tensor:
+    """The reduced class-index loss (fp32) as the torch path reduces it: ``'mean'`` divides by
+    ``Σ_{valid} w_t`` (with ``keep`` given, an empty denominator gives 0)."""
+    loss, valid = _TritonIndexLoss.apply(x, target, weight, keep, ignore_index, gamma)[:2]
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if weight is None:
+        denom = valid.to(torch.float32)
+    else:
+        idx = torch.where(target != ignore_index, target, 0).clamp(0, x.shape[1] - 1)
+        denom = torch.where(valid, weight[idx], 0.0)
+    total = denom.sum()
+    if keep is not None:
+        total = torch.where(total == 0, 1.0, total)
+    return loss.sum() / total
