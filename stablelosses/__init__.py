@@ -14,8 +14,8 @@ from stablelosses import _torch_import  # noqa: F401 - first: torch without its 
 
 # isort: split
 from stablelosses import functional
-from stablelosses._backend import backend, get_backend, set_backend
 from stablelosses._autograd import cache_forward_signatures as _cache_forward_signatures
+from stablelosses._backend import backend, get_backend, set_backend
 from stablelosses.functional import (
     cosine_similarity,
     entropy,

@@ -27,12 +27,9 @@ from stablelosses._utils import REDUCTIONS, broadcasts_to, loss_out_dtype
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
 
-def _plain_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _plain_real(v: object) -> bool:
-    return isinstance(v, Real) and not isinstance(v, bool)
+def _real(v: object) -> float | None:
+    """``v`` as a float when it is a real number (not a bool), else ``None``."""
+    return None if isinstance(v, bool) or not isinstance(v, Real) else float(v)
 
 
 def class_index_loss(
@@ -50,11 +47,12 @@ def class_index_loss(
         return None
     if target.dtype not in _INDEX_DTYPES or target.shape != input.shape[:1]:
         return None
-    if target.device != input.device or not _plain_int(ignore_index) or reduction not in REDUCTIONS:
+    if target.device != input.device or not isinstance(reduction, str) or reduction not in REDUCTIONS:
         return None
-    if not _plain_real(label_smoothing) or float(label_smoothing) != 0.0:  # type: ignore[arg-type]
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         return None
-    if not _plain_real(gamma) or not 0.0 <= float(gamma) < float("inf"):  # type: ignore[arg-type]
+    g = _real(gamma)
+    if _real(label_smoothing) != 0.0 or g is None or not 0.0 <= g < float("inf"):
         return None
     w = None
     if weight is not None:
@@ -73,8 +71,5 @@ def class_index_loss(
     from stablelosses._triton import ops
 
     x = input if input.stride(-1) == 1 else input.contiguous()
-    out = ops.index_loss(
-        x, target.long().contiguous(), w, keep, int(ignore_index), float(gamma),  # type: ignore[arg-type]
-        str(reduction),
-    )
+    out = ops.index_loss(x, target.long().contiguous(), w, keep, ignore_index, g, reduction)
     return out.to(loss_out_dtype(input))

@@ -115,14 +115,14 @@ def _differentiable_grad(ctx, x, target, weight, keep, grad_loss):
     from stablelosses import _backend
     from stablelosses.functional import cross_entropy, focal_loss
 
-    xd = x.detach().requires_grad_()
     with _backend.backend("torch"):
         args = dict(weight=weight, ignore_index=ctx.ignore_index, reduction="none", mask=keep)
         if ctx.gamma == 0.0:
-            loss = cross_entropy(xd.float(), target, **args)
+            loss = cross_entropy(x.float(), target, **args)
         else:
-            loss = focal_loss(xd.float(), target, ctx.gamma, **args)
-    (gx,) = torch.autograd.grad(loss, xd, grad_loss, create_graph=True)
+            loss = focal_loss(x.float(), target, ctx.gamma, **args)
+    # the saved x is the graph's own input here: a second backward reaches it
+    (gx,) = torch.autograd.grad(loss, x, grad_loss, create_graph=True)
     return gx, None, None, None, None, None
 
 

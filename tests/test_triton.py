@@ -1,0 +1,211 @@
+"""The Triton kernels against the torch path, value and gradient: the hazard catalogue, random
+inputs in float32/float16/bfloat16, widths that are not a power of two and multi-block rows.
+
+Without CUDA they run under ``TRITON_INTERPRET=1`` (numpy, slow): shapes stay small. With CUDA
+the same tests run natively on the GPU (``device`` fixture, id ``cuda``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # before the kernels are defined: triton fixes the interpreter mode at decoration
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+pytest.importorskip("numpy")
+
+import stablelosses as sl  # noqa: E402
+import stablelosses.functional as SF  # noqa: E402
+from stablelosses._triton import ops  # noqa: E402
+from tests.conftest import DEVICES  # noqa: E402
+
+INF, NAN = float("inf"), float("nan")
+# numpy warns where the interpreter evaluates both branches of a where (log 0, 0/0)
+# and converts its 1-element arrays to Python ints (deprecated in numpy 1.25)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
+]
+# agreement with the torch path, in units of the dtype's eps: the kernel and torch's kernels
+# round exp/log/sum differently (a few ulp in fp32); half dtypes round the same fp32 gradient
+ULP = {torch.float32: 8, torch.float16: 1, torch.bfloat16: 1}
+
+
+@pytest.fixture(autouse=True)
+def _kernels_selected(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with sl.backend("triton"):
+        yield
+
+
+def _close(a, b, dtype=torch.float32, ulp=None):
+    eps = torch.finfo(dtype).eps * (ULP[dtype] if ulp is None else ulp)
+    torch.testing.assert_close(a, b, rtol=eps, atol=eps * 1e-3, equal_nan=True)
+
+
+def _both(fn, x, *args, **kw):
+    """``fn`` on the kernel path and on the torch path: (loss, grad) each, grad of Σ loss."""
+    out = []
+    for name in ("triton", "torch"):
+        xi = x.detach().clone().requires_grad_()
+        with sl.backend(name):
+            loss = fn(xi, *args, **kw)
+        (g,) = torch.autograd.grad(loss.sum(), xi)
+        out.append((loss.detach(), g))
+    return out
+
+
+def _hazard_rows(v: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row per hazard; the targets say which entry each row is about."""
+    fmin = torch.finfo(torch.float32).min
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, v, generator=g)
+    t = torch.randint(0, v, (12,), generator=g)
+    x[0] = -INF  # fully masked
+    x[1, : v // 2] = -INF  # a leading -inf block, then finite
+    x[2, 3], x[2, 30], t[2] = INF, INF, 3  # +inf row, target at +inf
+    x[3, 5], t[3] = INF, 6  # +inf row, target finite: p_t = 0, loss +inf
+    x[4, 7] = NAN  # NaN row
+    x[5] = fmin  # finfo.min: an ordinary row (log C)
+    x[6] = 0.1 * x[6]
+    x[6, 9], t[6] = 25.0, 9  # p_t -> 1: the exact tail (1 - p_t ~ 1e-10)
+    x[7, 11], t[7] = 60.0, 11  # p_t rounds to 1 in fp32: log p_t ~ -1e-25, still exact
+    x[8, 2], t[8] = -INF, 2  # target class masked: loss +inf, finite gradient
+    t[9] = -100  # ignored
+    x[10, 1], t[10] = NAN, -100  # ignored NaN row: NaN gradient, as the torch path
+    x[11, v - 1], t[11] = 1e30, v - 1  # a huge finite logit
+    return x, t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_hazard_catalogue(device, gamma, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, device, 16)  # 40 columns: three blocks, the last ragged
+    x, t = _hazard_rows()
+    x, t = x.to(device), t.to(device)
+    (lk, gk), (lt, gt) = _both(SF.focal_loss, x, t, gamma, reduction="none")
+    _close(lk, lt)
+    _close(gk, gt)
+    assert torch.equal(gk[0], torch.zeros_like(gk[0])) and lk[0] == 0  # fully masked: dropped
+    assert torch.isnan(lk[4]) and torch.isnan(gk[4]).all()  # NaN in, NaN out
+    assert lk[3] == INF and torch.isfinite(gk[3]).all()
+    if gamma == 0.0:  # the exact tail, where lse − x_t rounds to 0: against float64 log1p
+        for r in (6, 7):
+            x64 = x[r].double().cpu()
+            rest = torch.exp(x64 - x64[t[r]]).sum() - 1.0 if r == 6 else torch.exp(
+                torch.cat([x64[: t[r]], x64[t[r] + 1 :]]) - x64[t[r]]).sum()
+            _close(lk[r].cpu().double(), torch.log1p(rest), ulp=4)
+        assert 0 < lk[7] < 1e-20
+    assert torch.equal(gk[9], torch.zeros_like(gk[9]))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_weight_mask_ignore_index_reductions(reduction):
+    x, t = _hazard_rows()
+    x = torch.where(torch.isnan(x), 0.0, x)
+    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(1))
+    w[t[1]] = 0.0  # a zero class weight removes the term
+    mask = torch.ones(x.shape[0], dtype=torch.bool)
+    mask[[1, 6]] = False
+    t4 = torch.where(t == -100, 4, t)  # ignore_index=4: rows 9 and 10 stay ignored
+    for tt, kw in ((t, {"weight": w}), (t, {"mask": mask}), (t4, {"weight": w, "mask": mask, "ignore_index": 4})):
+        (lk, gk), (lt, gt) = _both(SF.cross_entropy, x, tt, reduction=reduction, **kw)
+        _close(lk, lt)
+        _close(gk, gt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_random_inputs_in_every_dtype(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = (3 * torch.randn(7, 37, generator=g)).to(dtype)  # 37: not a power of two
+    t = torch.randint(0, 37, (7,), generator=g)
+    for fn, args in ((SF.cross_entropy, ()), (SF.focal_loss, (2.0,))):
+        (lk, gk), (lt, gt) = _both(fn, x, t, *args, reduction="mean")
+        assert lk.dtype == lt.dtype == dtype and gk.dtype == dtype
+        _close(lk, lt, dtype)
+        _close(gk, gt, dtype)
+
+
+def test_multi_block_rows_vocab_70000():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 70_000, generator=g)
+    x[1, :40_000] = -INF  # the first blocks all -inf
+    t = torch.tensor([69_999, 50_000])
+    (lk, gk), (lt, gt) = _both(SF.cross_entropy, x, t, reduction="none")
+    _close(lk, lt)
+    _close(gk, gt)
+
+
+def test_kernel_path_is_taken_and_logits_are_kept():
+    x = torch.randn(3, 5, requires_grad=True)
+    x0 = x.detach().clone()
+    loss = SF.cross_entropy(x, torch.tensor([0, 1, 2]), reduction="none")
+    assert "Triton" in type(loss.grad_fn).__name__
+    loss.sum().backward(retain_graph=True)
+    g1 = x.grad.clone()
+    loss.sum().backward()  # retain_graph: the saved logits are intact
+    assert torch.equal(x.detach(), x0) and torch.equal(x.grad, 2 * g1)
+
+
+def test_double_backward_falls_back_to_the_torch_path():
+    x = torch.randn(3, 6, dtype=torch.float32, requires_grad=True)
+    t = torch.tensor([0, 5, 2])
+    v = torch.randn(3, 6)
+    hv = []
+    for name in ("triton", "torch"):
+        with sl.backend(name):
+            (g,) = torch.autograd.grad(SF.focal_loss(x, t, 2.0), x, create_graph=True)
+        (h,) = torch.autograd.grad((g * v).sum(), x)
+        hv.append(h)
+    _close(hv[0], hv[1])
+
+
+def test_out_of_range_target_is_nan():
+    loss = SF.cross_entropy(torch.randn(2, 4), torch.tensor([1, 7]), reduction="none")
+    assert torch.isnan(loss[1]) and torch.isfinite(loss[0])
+
+
+def test_uncovered_calls_take_the_torch_path():
+    x = torch.randn(3, 4, requires_grad=True)
+    t = torch.tensor([0, 1, 2])
+    for loss in (
+        SF.cross_entropy(x, t, label_smoothing=0.1),
+        SF.cross_entropy(x.double(), t),
+        SF.cross_entropy(x, t, weight=torch.ones(4, requires_grad=True)),
+        SF.cross_entropy(x.unsqueeze(-1), t.unsqueeze(-1)),
+    ):
+        assert "Triton" not in type(loss.grad_fn).__name__
+    with pytest.raises(ValueError, match="reduction must be"):
+        SF.cross_entropy(x, t, reduction="avg")  # the torch path validates
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_no_host_sync_and_graph_capture():
+    x = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 1000, (64,), device="cuda")
+    SF.cross_entropy(x, t).backward()  # compile the kernels first
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        SF.cross_entropy(x, t).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    xs = torch.randn(64, 1000, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        SF.cross_entropy(xs, t, reduction="sum")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = SF.cross_entropy(xs, t, reduction="sum")
+    xs.copy_(torch.randn_like(xs))
+    graph.replay()
+    with sl.backend("torch"):
+        ref = SF.cross_entropy(xs, t, reduction="sum")
+    _close(out, ref)
+
