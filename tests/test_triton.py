@@ -43,9 +43,16 @@ def _kernels_selected(monkeypatch):
         yield
 
 
-def _close(a, b, dtype=torch.float32, ulp=None):
+def _close(a, b, dtype=torch.float32, ulp=None, row_scale=False):
+    """Within ``ulp`` eps of the dtype, relative; ``row_scale``: also absolute, relative to the
+    largest finite reference entry (a backward ``y (g − Σ g y)`` cancels to ~0 where ``y → 1``:
+    there each side is right to one rounding of the row's scale)."""
     eps = torch.finfo(dtype).eps * (ULP[dtype] if ulp is None else ulp)
-    torch.testing.assert_close(a, b, rtol=eps, atol=eps * 1e-3, equal_nan=True)
+    atol = eps * 1e-3
+    if row_scale:
+        finite = b[torch.isfinite(b)].abs()
+        atol = eps * float(finite.max()) if finite.numel() else atol
+    torch.testing.assert_close(a, b, rtol=eps, atol=atol, equal_nan=True)
 
 
 def _both(fn, x, *args, **kw):
@@ -209,3 +216,103 @@ def test_cuda_no_host_sync_and_graph_capture():
         ref = SF.cross_entropy(xs, t, reduction="sum")
     _close(out, ref)
 
+
+
+# --- the softmax family --------------------------------------------------------------------
+
+SOFTMAX_FAMILY = [
+    (SF.softmax, {}),
+    (SF.log_softmax, {}),
+    (SF.logsumexp, {}),
+    (SF.logsumexp, {"keepdim": True}),
+]
+
+
+def _softmax_hazard_rows(v: int = 37) -> torch.Tensor:
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, v, generator=g)
+    x[0] = -INF  # all -inf
+    x[1, :20] = -INF  # leading -inf blocks
+    x[2, 3], x[2, 7] = INF, INF  # two +inf entries
+    x[3, 4] = NAN
+    x[4] = torch.finfo(torch.float32).min  # ordinary
+    x[5, 9] = 40.0  # the argmax's tail: δ ~ 1e-16
+    x[6] = 0.0
+    x[6, 5] = 20.0
+    x[7, 2], x[7, 3] = INF, NAN  # NaN wins over +inf
+    x[8, 0] = 1e30
+    return x
+
+
+def _both_any(fn, x, grad, **kw):
+    out = []
+    for name in ("triton", "torch"):
+        xi = x.detach().clone().requires_grad_()
+        with sl.backend(name):
+            y = fn(xi, -1, **kw)
+        (g,) = torch.autograd.grad(y, xi, grad.reshape(y.shape))
+        out.append((y.detach(), g))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fn,kw", SOFTMAX_FAMILY, ids=["softmax", "log_softmax", "logsumexp", "lse-keepdim"])
+def test_softmax_family_hazards(device, fn, kw, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, device, 16)
+    x = _softmax_hazard_rows().to(device)
+    grad = torch.randn(x.shape if fn is not SF.logsumexp else x.shape[:1], device=device)
+    (yk, gk), (yt, gt) = _both_any(fn, x, grad, **kw)
+    _close(yk, yt)
+    _close(gk, gt, row_scale=True)
+    assert torch.equal(gk[0], torch.zeros_like(gk[0]))  # all -inf: gradient exactly 0
+    assert torch.isnan(gk[3]).all() and torch.isnan(gk[7]).all()
+    if fn is SF.log_softmax:  # the argmax entry's exact tail, against float64 log1p
+        x64 = x[5].double().cpu()
+        delta = torch.exp(x64 - 40.0).sum() - 1.0
+        _close(yk[5, 9].cpu().double(), -torch.log1p(delta), ulp=4)
+        assert yk[5, 9] < 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_softmax_family_random_3d(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = (4 * torch.randn(2, 3, 37, generator=g)).to(dtype)
+    for fn, kw in SOFTMAX_FAMILY:
+        shape = x.shape if fn is not SF.logsumexp else x.shape[:-1]
+        grad = torch.randn(shape, generator=g).to(dtype)
+        (yk, gk), (yt, gt) = _both_any(fn, x, grad, **kw)
+        assert yk.dtype == yt.dtype == dtype and yk.shape == yt.shape
+        _close(yk, yt, dtype)
+        # half dtypes: the kernel's backward reads the rounded saved output (one more rounding)
+        _close(gk, gt, dtype, ulp=None if dtype == torch.float32 else 2, row_scale=True)
+
+
+def test_log_softmax_multi_block_70000():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 70_000, generator=g)
+    x[1, :40_000] = -INF
+    (yk, gk), (yt, gt) = _both_any(SF.log_softmax, x, torch.randn(2, 70_000, generator=g))
+    _close(yk, yt)
+    _close(gk, gt, row_scale=True)
+
+
+@pytest.mark.parametrize("fn", [SF.softmax, SF.log_softmax, SF.logsumexp])
+def test_softmax_family_double_backward(fn):
+    x = torch.randn(3, 7, requires_grad=True)
+    v = torch.randn(3, 7)
+    hv = []
+    for name in ("triton", "torch"):
+        with sl.backend(name):
+            y = fn(x, -1)
+            (g,) = torch.autograd.grad(y, x, torch.ones_like(y) if y.dim() == 1 else v, create_graph=True)
+        (h,) = torch.autograd.grad((g * v).sum(), x)
+        hv.append(h)
+    _close(hv[0], hv[1], ulp=16, row_scale=True)
+
+
+def test_softmax_family_uncovered_calls_take_the_torch_path():
+    x = torch.randn(3, 4, requires_grad=True)
+    assert "Triton" in type(SF.softmax(x, -1).grad_fn.next_functions[0][0]).__name__
+    for y in (SF.softmax(x, 0), SF.log_softmax(x, -1, mask=x > 0), SF.logsumexp(x, (0, 1)),
+              SF.softmax(x, -1, dtype=torch.float64)):
+        assert "Triton" not in type(y.grad_fn).__name__

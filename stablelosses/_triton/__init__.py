@@ -9,9 +9,12 @@ for every call outside what the kernels cover; the torch path then runs, validat
 as usual. The selection looks at the backend, device, dtype, shapes and argument types only,
 never at tensor values.
 
-Kernels cover now: class-index ``cross_entropy`` and ``focal_loss`` on ``(N, C)`` logits
-(float32, float16, bfloat16) with ``weight`` (not requiring grad), ``ignore_index``, ``mask=``
-and every reduction, without label smoothing.
+Kernels cover now (float32, float16, bfloat16):
+
+* class-index ``cross_entropy`` and ``focal_loss`` on ``(N, C)`` logits with ``weight`` (not
+  requiring grad), ``ignore_index``, ``mask=`` and every reduction, without label smoothing;
+* ``softmax``, ``log_softmax`` and ``logsumexp`` over the last dimension, without ``mask=`` or
+  ``dtype=``.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def class_index_loss(
     """
     if legacy or not isinstance(input, Tensor) or not isinstance(target, Tensor):
         return None
-    if not use_triton(input) or input.dim() != 2 or input.shape[1] == 0:
+    if not use_triton(input) or input.dim() != 2 or input.numel() == 0:
         return None
     if target.dtype not in _INDEX_DTYPES or target.shape != input.shape[:1]:
         return None
@@ -73,3 +76,32 @@ def class_index_loss(
     x = input if input.stride(-1) == 1 else input.contiguous()
     out = ops.index_loss(x, target.long().contiguous(), w, keep, ignore_index, g, reduction)
     return out.to(loss_out_dtype(input))
+
+
+def _last_dim(input: Tensor, dim: object) -> bool:
+    """``dim`` (an int, or for logsumexp a one-element sequence of ints) names the last dim."""
+    if isinstance(dim, (list, tuple)) and len(dim) == 1:
+        dim = dim[0]
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        return False
+    return dim in (-1, input.dim() - 1)
+
+
+def softmax_like(kind: str, input: object, dim: object, mask: object = None, dtype: object = None,
+                 keepdim: object = False) -> Tensor | None:
+    """``softmax``, ``log_softmax`` or ``logsumexp`` (``kind``) through the kernels, or ``None``."""
+    if mask is not None or dtype is not None or not isinstance(input, Tensor) or input.dim() == 0:
+        return None
+    if not use_triton(input) or input.numel() == 0 or not _last_dim(input, dim):
+        return None
+    if not isinstance(keepdim, bool) or (input.device.type == "cuda" and torch.is_autocast_enabled("cuda")):
+        return None  # CUDA autocast returns float32 softmax: the torch path
+    from stablelosses._triton import ops
+
+    x = input.reshape(-1, input.shape[-1])
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if kind == "logsumexp":
+        shape = input.shape[:-1] + ((1,) if keepdim else ())
+        return ops.softmax_family(x, ops.LOGSUMEXP).reshape(shape)
+    mode = ops.SOFTMAX if kind == "softmax" else ops.LOG_SOFTMAX
+    return ops.softmax_family(x, mode).reshape(input.shape)

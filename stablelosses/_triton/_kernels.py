@@ -161,3 +161,142 @@ def _ce_backward_kernel(
         d = a * (tl.exp(x - m_safe) / total_safe)
         d = tl.where(cols == idx, -rest * a, d)
         tl.store(dx_row + cols, d.to(DX.dtype.element_ty), mask=cols < n_cols)
+
+
+# --- the softmax family over the last dimension -------------------------------------------
+
+
+@triton.jit
+def _row_stats(x_row, n_cols, BLOCK: tl.constexpr):
+    """One pass over a row: the clamped max ``m``, ``δ = Σ exp(x − m)`` without one argmax
+    term (that term is exactly 1, so ``S = 1 + δ`` and ``log S = log1p(δ)`` keeps the small
+    part), and the count of ``+inf`` entries. ``m = -inf`` and ``δ = 0`` on all-``-inf`` rows;
+    ``δ`` is NaN on NaN rows."""
+    offs = tl.arange(0, BLOCK)
+    m = -float("inf")
+    d = 0.0
+    kinf = 0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        raw = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        kinf += tl.sum((raw == float("inf")).to(tl.int32), 0)
+        x = tl.where(raw > FMAX, FMAX, raw)
+        bm = tl.max(x, 0)
+        new = bm > m  # this block holds the new max: its first instance leaves the sum
+        m_new = tl.maximum(m, bm)
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        first = tl.min(tl.where(x == bm, cols, n_cols), 0)
+        e = tl.exp(x - m_safe)
+        e = tl.where(cols == first, tl.where(new, 0.0, e), e)
+        alpha = tl.exp(m - m_safe)
+        old_max_term = tl.where(new, tl.where(m != -float("inf"), alpha, 0.0), 0.0)
+        d = d * alpha + old_max_term + tl.sum(e, 0)
+        m = m_new
+    return m, d, kinf
+
+
+@triton.jit
+def _softmax_forward_kernel(
+    X, stride_x, Y, stride_y, M, D, K, n_cols, MODE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """``softmax`` (MODE 0), ``log_softmax`` (MODE 1) or ``logsumexp`` (MODE 2) of one row.
+
+    Passes: **one read** for the row statistics (`_row_stats`); softmax and log_softmax then
+    **read the row again and write the output** (logsumexp writes one value). Values:
+
+    * softmax: ``exp(x − m) / (1 + δ)``; 0 on all-``-inf`` rows; uniform over the ``+inf``
+      entries (an entry at ``finfo.max`` counts with them, as the torch path's bounded x);
+    * log_softmax: ``(x − m) − log1p(δ)`` (the argmax entry keeps its exact tail ``−log1p(δ)``);
+      ``-inf`` on all-``-inf`` rows; on ``+inf`` rows ``−log k`` at the k ``+inf`` entries and
+      ``-inf`` elsewhere;
+    * logsumexp: ``m + log1p(δ)``; ``±inf`` on ``±inf`` rows.
+
+    NaN rows give NaN. ``M``, ``D``, ``K`` keep the statistics for the backward.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    m, d, kinf = _row_stats(x_row, n_cols, BLOCK)
+    tl.store(M + row, m)
+    tl.store(D + row, d)
+    tl.store(K + row, kinf)
+    pinf = kinf > 0
+    dead = m == -float("inf")
+    m_safe = tl.where(dead, 0.0, m)
+    if MODE == 2:
+        lse = tl.where(pinf, float("inf"), tl.where(dead, m, m + _log1p(d)))
+        lse = tl.where(d != d, d, lse)
+        tl.store(Y + row * stride_y, lse.to(Y.dtype.element_ty))
+    else:
+        log_s = _log1p(d)
+        total = 1.0 + d
+        log_k = tl.log(tl.maximum(kinf, 1).to(tl.float32))
+        offs = tl.arange(0, BLOCK)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + offs
+            raw = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            x = tl.where(raw > FMAX, FMAX, raw)
+            if MODE == 0:
+                y = tl.where(dead, 0.0, tl.exp(x - m_safe) / total)
+                y = tl.where(d != d, d, y)
+            else:
+                y = (x - m_safe) - log_s
+                y = tl.where(pinf, tl.where(raw == float("inf"), -log_k, -float("inf")), y)
+                y = tl.where(dead, -float("inf"), y)
+                y = tl.where(raw != raw, float("nan"), tl.where(d != d, float("nan"), y))
+            tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def _softmax_backward_kernel(
+    Y, stride_y, G, stride_g, DX, stride_dx, n_cols, LOG: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The backward of softmax (``y (g − Σ g y)``) or log_softmax (``g' − exp(y) Σ g'`` with
+    ``g' = 0`` where ``y = −inf``) from the saved output: **two reads of y and g, one write of
+    the gradient**. Masked entries and all-masked rows get 0."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    acc = 0.0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        ok = cols < n_cols
+        y = tl.load(Y + row * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+        g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+        if LOG:
+            acc += tl.sum(tl.where(y == -float("inf"), 0.0, g), 0)
+        else:
+            acc += tl.sum(g * y, 0)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        ok = cols < n_cols
+        y = tl.load(Y + row * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+        g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+        if LOG:
+            dx = tl.where(y == -float("inf"), 0.0, g) - tl.exp(y) * acc
+        else:
+            dx = y * (g - acc)
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _logsumexp_backward_kernel(
+    X, stride_x, G, M, D, K, DX, stride_dx, n_cols, BLOCK: tl.constexpr,
+):
+    """``g · softmax(x)`` from the saved statistics: **one read of the row, one write of the
+    gradient**. ``+inf`` rows: uniform over the ``+inf`` entries; all-``-inf`` rows: 0."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.load(G + row).to(tl.float32)
+    m = tl.load(M + row)
+    d = tl.load(D + row)
+    kinf = tl.load(K + row)
+    pinf = kinf > 0
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    g_s = g / (1.0 + d)
+    inv_k = 1.0 / tl.maximum(kinf, 1).to(tl.float32)
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        raw = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        x = tl.where(raw > FMAX, FMAX, raw)
+        dx = tl.where(pinf, g * tl.where(raw == float("inf"), inv_k, 0.0), tl.exp(x - m_safe) * g_s)
+        dx = tl.where(d != d, float("nan"), dx)  # NaN rows (δ is NaN there)
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cols < n_cols)

@@ -146,3 +146,91 @@ def index_loss(
     if keep is not None:
         total = torch.where(total == 0, 1.0, total)
     return loss.sum() / total
+
+
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+
+
+class _TritonSoftmaxFamily(torch.autograd.Function):
+    """softmax / log_softmax / logsumexp over the last dimension of a ``(R, C)`` matrix.
+
+    Forward: the row statistics (one read) and, for softmax and log_softmax, a second read and
+    one write of the output. Backward: softmax and log_softmax from the saved output (two reads
+    of the output and the incoming gradient, one write); logsumexp from the saved statistics
+    (one read of the input, one write). With grad mode on in the backward (double backward) the
+    gradient is written with torch ops on the saved tensors, so it is differentiable again.
+    """
+
+    @staticmethod
+    def forward(x, mode):
+        r, c = x.shape
+        m = torch.empty(r, device=x.device, dtype=torch.float32)
+        d = torch.empty_like(m)
+        k = torch.empty(r, device=x.device, dtype=torch.int32)
+        y = torch.empty(r if mode == LOGSUMEXP else (r, c), device=x.device, dtype=x.dtype)
+        block = block_size(c, x.device)
+        _kernels._softmax_forward_kernel[(r,)](
+            x, x.stride(0), y, y.stride(0) if mode != LOGSUMEXP else 1, m, d, k, c,
+            MODE=mode, BLOCK=block, num_warps=_num_warps(block),
+        )
+        return y, m, d, k
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, mode = inputs
+        y, m, d, k = output
+        ctx.mark_non_differentiable(m, d, k)
+        ctx.set_materialize_grads(False)
+        ctx.mode = mode
+        ctx.save_for_backward(x if mode == LOGSUMEXP else None, y, m, d, k)
+
+    @staticmethod
+    def backward(ctx, grad, *_unused):
+        x, y, m, d, k = ctx.saved_tensors
+        if grad is None:
+            return None, None
+        mode = ctx.mode
+        if torch.is_grad_enabled():
+            return _softmax_family_graph(mode, x, y, grad), None
+        if mode == LOGSUMEXP:
+            r, c = x.shape
+            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+            block = block_size(c, x.device)
+            _kernels._logsumexp_backward_kernel[(r,)](
+                x, x.stride(0), grad.contiguous(), m, d, k, dx, dx.stride(0), c,
+                BLOCK=block, num_warps=_num_warps(block),
+            )
+            return dx, None
+        r, c = y.shape
+        g = grad if grad.stride(-1) == 1 else grad.contiguous()
+        dx = torch.empty_like(y, memory_format=torch.contiguous_format)
+        block = block_size(c, y.device)
+        _kernels._softmax_backward_kernel[(r,)](
+            y, y.stride(0), g, g.stride(0), dx, dx.stride(0), c,
+            LOG=mode == LOG_SOFTMAX, BLOCK=block, num_warps=_num_warps(block),
+        )
+        return dx, None
+
+
+def _softmax_family_graph(mode: int, x: Tensor | None, y: Tensor, grad: Tensor) -> Tensor:
+    """The first derivative as differentiable torch ops (double backward)."""
+    if mode == SOFTMAX:
+        yf, g = y.float(), grad.float()
+        return (yf * (g - (g * yf).sum(-1, keepdim=True))).to(y.dtype)
+    if mode == LOG_SOFTMAX:
+        yf = y.float()
+        g = grad.float().masked_fill(yf == -float("inf"), 0.0)
+        return (g - torch.exp(yf) * g.sum(-1, keepdim=True)).to(y.dtype)
+    from stablelosses import _backend
+    from stablelosses.functional import softmax
+
+    assert x is not None
+    with _backend.backend("torch"):
+        p = softmax(x.float(), -1)
+    return (p * grad.float().unsqueeze(-1)).to(x.dtype)
+
+
+def softmax_family(x: Tensor, mode: int) -> Tensor:
+    """``softmax`` / ``log_softmax`` of a ``(R, C)`` matrix (``(R, C)`` out) or its
+    ``logsumexp`` (``(R,)`` out), in ``x``'s dtype."""
+    return _TritonSoftmaxFamily.apply(x, mode)[0]
