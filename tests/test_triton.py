@@ -111,6 +111,24 @@ def test_hazard_catalogue(device, gamma, monkeypatch):
     assert torch.equal(gk[9], torch.zeros_like(gk[9]))
 
 
+@pytest.mark.parametrize("eps", [0.1, 1.0])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_label_smoothing_hazards(eps, weighted, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, "cpu", 16)
+    x, t = _hazard_rows()
+    x[9, :10] = -INF  # masked classes: no smoothing mass (ε/K over the K unmasked ones)
+    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(7)) if weighted else None
+    if weighted:
+        w[3] = 0.0  # a zero weight on a +inf row's finite class: NaN, as the torch path
+    (lk, gk), (lt, gt) = _both(SF.cross_entropy, x, t, weight=w, label_smoothing=eps, reduction="none")
+    _close(lk, lt)
+    _close(gk, gt, row_scale=True)  # p − q cancels where the target distribution matches p
+    assert lk[0] == 0 and torch.equal(gk[0], torch.zeros_like(gk[0]))
+    assert torch.isfinite(lk[9 if eps == 1.0 else 5]) and torch.isfinite(gk[1]).all()
+    (mk, _), (mt, _) = _both(SF.cross_entropy, x[5:8], t[5:8], weight=w, label_smoothing=eps)
+    _close(mk, mt)
+
+
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_weight_mask_ignore_index_reductions(reduction):
     x, t = _hazard_rows()
@@ -181,7 +199,6 @@ def test_uncovered_calls_take_the_torch_path():
     x = torch.randn(3, 4, requires_grad=True)
     t = torch.tensor([0, 1, 2])
     for loss in (
-        SF.cross_entropy(x, t, label_smoothing=0.1),
         SF.cross_entropy(x.double(), t),
         SF.cross_entropy(x, t, weight=torch.ones(4, requires_grad=True)),
         SF.cross_entropy(x.unsqueeze(-1), t.unsqueeze(-1)),

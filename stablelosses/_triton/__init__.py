@@ -12,7 +12,7 @@ never at tensor values.
 Kernels cover now (float32, float16, bfloat16):
 
 * class-index ``cross_entropy`` and ``focal_loss`` on ``(N, C)`` logits with ``weight`` (not
-  requiring grad), ``ignore_index``, ``mask=`` and every reduction, without label smoothing;
+  requiring grad), ``ignore_index``, ``label_smoothing``, ``mask=`` and every reduction;
 * ``softmax``, ``log_softmax`` and ``logsumexp`` over the last dimension, without ``mask=`` or
   ``dtype=``.
 """
@@ -54,8 +54,8 @@ def class_index_loss(
         return None
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         return None
-    g = _real(gamma)
-    if _real(label_smoothing) != 0.0 or g is None or not 0.0 <= g < float("inf"):
+    g, eps = _real(gamma), _real(label_smoothing)
+    if g is None or not 0.0 <= g < float("inf") or eps is None or not 0.0 <= eps <= 1.0:
         return None
     w = None
     if weight is not None:
@@ -74,7 +74,7 @@ def class_index_loss(
     from stablelosses._triton import ops
 
     x = input if input.stride(-1) == 1 else input.contiguous()
-    out = ops.index_loss(x, target.long().contiguous(), w, keep, ignore_index, g, reduction)
+    out = ops.index_loss(x, target.long().contiguous(), w, keep, ignore_index, g, eps, reduction)
     return out.to(loss_out_dtype(input))
 
 

@@ -47,13 +47,13 @@ def _load_row_block(x_row, cols, n_cols, keep):
 
 @triton.jit
 def _ce_forward_kernel(
-    X, stride_x, T, W, KEEP, LOSS, LT, M, S, REST, n_cols, ignore_index,
-    HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr,
+    X, stride_x, T, W, KEEP, LOSS, LT, M, S, REST, KINF, CNT, WSUM, n_cols, ignore_index, eps, sm_scale,
+    HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Class-index cross-entropy of one row: **one read of the row**, N-sized writes.
 
     Online over the blocks: the clamped row max ``m`` and ``s = Σ_{j≠t} exp(x_j − m)``
-    (the target column left out), plus whether a ``+inf`` was seen. Then with
+    (the target column left out), and the count of ``+inf`` entries. Then with
     ``e_t = exp(x_t − m)`` (one more load of one element), ``S = s + e_t``, ``p_t = e_t / S``
     and ``rest = s / S = Σ_{j≠t} p_j``:
 
@@ -65,9 +65,16 @@ def _ce_forward_kernel(
     * NaN rows: NaN; a target out of ``[0, V)`` (not ``ignore_index``): NaN (no host sync to
       raise torch's ``IndexError``).
 
-    Writes per row: ``LOSS = w_t · (−log p_t)`` on valid rows (0 where ``w_t = 0``), else 0;
-    ``LT = log p_t``; ``M = m`` (``-inf`` on fully masked rows); ``S``; ``REST`` (0 on fully
-    masked rows).
+    ``SMOOTH`` (label smoothing ε) also sums, over the K unmasked classes (logit ≠ ``-inf``),
+    ``A = (ε/V) Σ_c w_c (m − x_c)`` (every term ≥ 0; rescaled by ``(m_new − m) Σ w`` when the max
+    moves) and ``Σ_c w_c``, so that the smoothing term
+    ``ε/K Σ_c w_c (−log p_c) = (V/K) (A + (ε/V) log S Σ_c w_c)`` costs no second pass. On ``+inf``
+    rows each finite unmasked class has ``−log p_c = +inf`` (the torch path's exact shift).
+
+    Writes per row: ``LOSS`` (valid rows; 0 elsewhere; ``0 · inf = 0`` for a zero class
+    weight); ``LT = log p_t``; ``M = m`` (``-inf`` on fully masked rows); ``S``; ``REST`` (0 on
+    fully masked rows); ``KINF`` (the ``+inf`` count); ``CNT`` (K); ``WSUM`` (``Σ_c w_c`` over
+    the unmasked classes).
     """
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
@@ -81,16 +88,38 @@ def _ce_forward_kernel(
     offs = tl.arange(0, BLOCK)
     m = -float("inf")
     s = 0.0
-    pinf = 0
+    kinf = 0
+    acc = 0.0  # SMOOTH: (ε/V) Σ w_c (m − x_c) over the unmasked classes
+    wsum = 0.0
+    cnt = 0
+    fin_w = 0  # SMOOTH: finite classes with w_c ≠ 0, and with w_c = 0 (for +inf rows)
+    fin_w0 = 0
+    winf = 0.0  # SMOOTH: Σ w_c over the +inf entries
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
-        raw = tl.load(x_row + cols, mask=(cols < n_cols) & keep, other=float("-inf")).to(tl.float32)
-        pinf = tl.maximum(pinf, tl.max((raw == float("inf")).to(tl.int32), 0))
+        inb = cols < n_cols
+        raw = tl.load(x_row + cols, mask=inb & keep, other=float("-inf")).to(tl.float32)
+        is_inf = raw == float("inf")
+        kinf += tl.sum(is_inf.to(tl.int32), 0)
         x = tl.where(raw > FMAX, FMAX, raw)
         m_new = tl.maximum(m, tl.max(x, 0))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
         e = tl.where(cols == idx, 0.0, tl.exp(x - m_safe))
         s = s * tl.exp(m - m_safe) + tl.sum(e, 0)
+        if SMOOTH:
+            um = raw != -float("inf")
+            wc = tl.full((BLOCK,), 1.0, tl.float32)
+            if HAS_W:
+                wc = tl.load(W + cols, mask=inb, other=0.0).to(tl.float32)
+            wv = tl.where(um, wc, 0.0)
+            shift = tl.where(wsum == 0.0, 0.0, (m_safe - m) * wsum)
+            acc = acc + sm_scale * (shift + tl.sum(tl.where(um, wv * (m_safe - x), 0.0), 0))
+            wsum += tl.sum(wv, 0)
+            cnt += tl.sum(um.to(tl.int32), 0)
+            fin = um & ~is_inf
+            fin_w += tl.sum((fin & (wc != 0.0)).to(tl.int32), 0)
+            fin_w0 += tl.sum((fin & (wc == 0.0)).to(tl.int32), 0)
+            winf += tl.sum(tl.where(is_inf, wc, 0.0), 0)
         m = m_new
     x_t = tl.load(x_row + idx, mask=in_range & keep, other=float("-inf")).to(tl.float32)
     x_t = tl.where(x_t > FMAX, FMAX, x_t)
@@ -100,8 +129,9 @@ def _ce_forward_kernel(
     masked = total == 0.0
     total_safe = tl.where(masked, 1.0, total)
     rest = s / total_safe
+    pinf = kinf > 0
     lt = (x_t - m_safe) - tl.log(total_safe)
-    lt = tl.where(pinf > 0, tl.log(e_t / total_safe), lt)
+    lt = tl.where(pinf, tl.log(e_t / total_safe), lt)
     near_one = (rest < 0.5) & (lt == lt)
     lt = tl.where(near_one, _log1p(-tl.where(near_one, rest, 0.0)), lt)
     lt = tl.where(masked, -float("inf"), lt)
@@ -111,18 +141,31 @@ def _ce_forward_kernel(
     if HAS_W:
         w_t = tl.load(W + idx, mask=in_range, other=0.0).to(tl.float32)
         val = tl.where(w_t == 0.0, 0.0, w_t * val)  # 0 · inf = 0
+    if SMOOTH:
+        k = tl.maximum(cnt, 1).to(tl.float32)
+        smooth = (acc + sm_scale * tl.log(total_safe) * wsum) * (n_cols / k)
+        # +inf rows: −log p_c = +inf on finite classes (NaN times a zero weight), log k on +inf ones
+        log_k = tl.log(tl.maximum(kinf, 1).to(tl.float32))
+        on_inf = tl.where(fin_w > 0, float("inf"), (eps / k) * winf * log_k)
+        if HAS_W:
+            on_inf = tl.where(fin_w0 > 0, float("nan"), on_inf)
+        smooth = tl.where(pinf, on_inf, smooth)
+        val = tl.where(eps < 1.0, (1.0 - eps) * val, 0.0) + smooth
+        tl.store(CNT + row, k)
+        tl.store(WSUM + row, wsum)
     tl.store(LOSS + row, tl.where(valid, val, 0.0))
     tl.store(LT + row, lt)
     tl.store(M + row, tl.where(masked, -float("inf"), m))
     tl.store(S + row, total)
     tl.store(REST + row, tl.where(masked, 0.0, rest))
+    tl.store(KINF + row, kinf)
 
 
 @triton.jit
 def _ce_backward_kernel(
-    X, stride_x, T, W, KEEP, G, stride_g, VALID, SCALE, LT, M, S, REST, DX, stride_dx, n_cols,
-    ignore_index, HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, FOCAL: tl.constexpr,
-    BLOCK: tl.constexpr,
+    X, stride_x, T, W, KEEP, G, stride_g, VALID, SCALE, LT, M, S, REST, KINF, CNT, WSUM, DX, stride_dx,
+    n_cols, ignore_index, eps, HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, FOCAL: tl.constexpr,
+    SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Gradient of the class-index loss for one row: **one read of the row, one write of its
     gradient** (the logits are never overwritten).
@@ -131,6 +174,10 @@ def _ce_backward_kernel(
     0 elsewhere, NaN on NaN rows; then ``dx_j = a · p_j`` with ``p_j = exp(x_j − m) / S`` and
     ``dx_t = −a · rest`` (``a (p_t − 1)`` without cancellation as ``p_t → 1``). Fully masked
     rows and rows not kept read nothing and get 0.
+
+    ``SMOOTH``: ``dx_c = p_c · row − dense_c − [c = t] (1 − ε) a`` with
+    ``dense_c = g ε/K w_c`` on the unmasked classes and ``row = (1 − ε) a + Σ_c dense_c`` (the
+    torch path's ``p · Σq − q``); on ``+inf`` rows ``p`` is uniform over the ``+inf`` entries.
     """
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
@@ -142,7 +189,8 @@ def _ce_backward_kernel(
         keep = tl.load(KEEP + row) != 0
     g = tl.load(G + row * stride_g).to(tl.float32)
     valid = tl.load(VALID + row) != 0
-    a = tl.where(valid, g, 0.0)
+    sv = tl.where(valid, g, 0.0)
+    a = sv
     if FOCAL:
         a = tl.where(valid, a * tl.load(SCALE + row), 0.0)
     if HAS_W:
@@ -152,15 +200,33 @@ def _ce_backward_kernel(
     m = tl.load(M + row)
     total = tl.load(S + row)
     rest = tl.load(REST + row)
+    kinf = tl.load(KINF + row)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
     total_safe = tl.where(total == 0.0, 1.0, total)
     offs = tl.arange(0, BLOCK)
+    if SMOOTH:
+        a = (1.0 - eps) * a
+        per = sv * (eps / tl.load(CNT + row))  # dense_c = per · w_c on unmasked classes
+        rsum = a + per * tl.load(WSUM + row)
+        inv_k = 1.0 / tl.maximum(kinf, 1).to(tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
-        x = _load_row_block(x_row, cols, n_cols, keep)
-        d = a * (tl.exp(x - m_safe) / total_safe)
-        d = tl.where(cols == idx, -rest * a, d)
-        tl.store(dx_row + cols, d.to(DX.dtype.element_ty), mask=cols < n_cols)
+        inb = cols < n_cols
+        raw = tl.load(x_row + cols, mask=inb & keep, other=float("-inf")).to(tl.float32)
+        x = tl.where(raw > FMAX, FMAX, raw)
+        p = tl.exp(x - m_safe) / total_safe
+        if SMOOTH:
+            p = tl.where(kinf > 0, tl.where(raw == float("inf"), inv_k, 0.0), p)
+            wc = tl.full((BLOCK,), 1.0, tl.float32)
+            if HAS_W:
+                wc = tl.load(W + cols, mask=inb, other=0.0).to(tl.float32)
+            dense = tl.where(raw == -float("inf"), 0.0, per * wc)
+            d = p * rsum - dense
+            d = tl.where(cols == idx, d - a, d)
+        else:
+            d = a * p
+            d = tl.where(cols == idx, -rest * a, d)
+        tl.store(dx_row + cols, d.to(DX.dtype.element_ty), mask=inb)
 
 
 # --- the softmax family over the last dimension -------------------------------------------

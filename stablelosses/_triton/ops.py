@@ -32,25 +32,33 @@ def _num_warps(block: int) -> int:
 
 class RowStats(NamedTuple):
     """What the forward kernel leaves per row: the loss (fp32), ``log p_t``, the clamped row
-    max, the sum ``S`` of ``exp(x − max)`` and ``rest = Σ_{j≠t} p_j``."""
+    max, the sum ``S`` of ``exp(x − max)``, ``rest = Σ_{j≠t} p_j``, the ``+inf`` count, and with
+    label smoothing the unmasked class count K and their weight sum."""
 
     loss: Tensor
     lt: Tensor
     m: Tensor
     s: Tensor
     rest: Tensor
+    kinf: Tensor
+    cnt: Tensor
+    wsum: Tensor
 
 
 def _forward_stats(
-    x: Tensor, target: Tensor, weight: Tensor | None, keep: Tensor | None, ignore_index: int
+    x: Tensor, target: Tensor, weight: Tensor | None, keep: Tensor | None, ignore_index: int, eps: float
 ) -> RowStats:
     n, v = x.shape
-    stats = RowStats(*(torch.empty(n, device=x.device, dtype=torch.float32) for _ in range(5)))
+    f32 = [torch.empty(n, device=x.device, dtype=torch.float32) for _ in range(5)]
+    kinf = torch.empty(n, device=x.device, dtype=torch.int32)
+    smooth = [torch.empty(n if eps > 0.0 else 0, device=x.device, dtype=torch.float32) for _ in range(2)]
+    stats = RowStats(*f32, kinf, *smooth)
     block = block_size(v, x.device)
     _kernels._ce_forward_kernel[(n,)](
         x, x.stride(0), target, x if weight is None else weight, target if keep is None else keep,
-        *stats, v, ignore_index,
-        HAS_W=weight is not None, HAS_KEEP=keep is not None, BLOCK=block, num_warps=_num_warps(block),
+        *stats, v, ignore_index, eps, eps / v,
+        HAS_W=weight is not None, HAS_KEEP=keep is not None, SMOOTH=eps > 0.0, BLOCK=block,
+        num_warps=_num_warps(block),
     )
     return stats
 
@@ -65,8 +73,8 @@ class _TritonIndexLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(x, target, weight, keep, ignore_index, gamma):
-        st = _forward_stats(x, target, weight, keep, ignore_index)
+    def forward(x, target, weight, keep, ignore_index, gamma, eps):
+        st = _forward_stats(x, target, weight, keep, ignore_index, eps)
         valid = (target != ignore_index) & (st.s != 0)
         if keep is not None:
             valid = valid & keep
@@ -78,22 +86,22 @@ class _TritonIndexLoss(torch.autograd.Function):
                 w_t = weight[torch.where(target != ignore_index, target, 0).clamp(0, x.shape[1] - 1)]
                 val = torch.where(w_t == 0, 0.0, w_t * val)
             loss = torch.where(valid, val, 0.0)
-        return loss, valid, st.lt, st.m, st.s, st.rest, scale
+        return loss, valid, scale, *st[1:]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, weight, keep, ignore_index, gamma = inputs
-        _, valid, lt, m, s, rest, scale = output
-        ctx.mark_non_differentiable(valid, lt, m, s, rest, scale)
+        x, target, weight, keep, ignore_index, gamma, eps = inputs
+        _, valid, scale, *stats = output
+        ctx.mark_non_differentiable(valid, scale, *stats)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, target, weight, keep, valid, lt, m, s, rest, scale)
-        ctx.ignore_index, ctx.gamma = ignore_index, gamma
+        ctx.save_for_backward(x, target, weight, keep, valid, scale, *stats)
+        ctx.ignore_index, ctx.gamma, ctx.eps = ignore_index, gamma, eps
 
     @staticmethod
     def backward(ctx, grad_loss, *_unused):
-        x, target, weight, keep, valid, lt, m, s, rest, scale = ctx.saved_tensors
+        x, target, weight, keep, valid, scale, lt, m, s, rest, kinf, cnt, wsum = ctx.saved_tensors
         if grad_loss is None or not ctx.needs_input_grad[0]:
-            return None, None, None, None, None, None
+            return (None,) * 7
         if torch.is_grad_enabled():
             return _differentiable_grad(ctx, x, target, weight, keep, grad_loss)
         n, v = x.shape
@@ -102,12 +110,12 @@ class _TritonIndexLoss(torch.autograd.Function):
         focal = ctx.gamma != 0.0
         _kernels._ce_backward_kernel[(n,)](
             x, x.stride(0), target, x if weight is None else weight, target if keep is None else keep,
-            grad_loss, grad_loss.stride(0), valid, scale if focal else lt, lt, m, s, rest,
-            dx, dx.stride(0), v, ctx.ignore_index,
-            HAS_W=weight is not None, HAS_KEEP=keep is not None, FOCAL=focal, BLOCK=block,
-            num_warps=_num_warps(block),
+            grad_loss, grad_loss.stride(0), valid, scale if focal else lt, lt, m, s, rest, kinf, cnt, wsum,
+            dx, dx.stride(0), v, ctx.ignore_index, ctx.eps,
+            HAS_W=weight is not None, HAS_KEEP=keep is not None, FOCAL=focal, SMOOTH=ctx.eps > 0.0,
+            BLOCK=block, num_warps=_num_warps(block),
         )
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None, None, None
 
 
 def _differentiable_grad(ctx, x, target, weight, keep, grad_loss):
@@ -118,21 +126,22 @@ def _differentiable_grad(ctx, x, target, weight, keep, grad_loss):
     with _backend.backend("torch"):
         args = dict(weight=weight, ignore_index=ctx.ignore_index, reduction="none", mask=keep)
         if ctx.gamma == 0.0:
-            loss = cross_entropy(x.float(), target, **args)
+            loss = cross_entropy(x.float(), target, label_smoothing=ctx.eps, **args)
         else:
             loss = focal_loss(x.float(), target, ctx.gamma, **args)
     # the saved x is the graph's own input here: a second backward reaches it
     (gx,) = torch.autograd.grad(loss, x, grad_loss, create_graph=True)
-    return gx, None, None, None, None, None
+    return gx, None, None, None, None, None, None
 
 
 def index_loss(
     x: Tensor, target: Tensor, weight: Tensor | None, keep: Tensor | None, ignore_index: int,
-    gamma: float, reduction: str,
+    gamma: float, eps: float, reduction: str,
 ) -> Tensor:
     """The reduced class-index loss (fp32) as the torch path reduces it: ``'mean'`` divides by
-    ``Σ_{valid} w_t`` (with ``keep`` given, an empty denominator gives 0)."""
-    loss, valid = _TritonIndexLoss.apply(x, target, weight, keep, ignore_index, gamma)[:2]
+    ``Σ_{valid} w_t`` (with ``keep`` given, an empty denominator gives 0; with smoothing, where
+    ``Σ ℓ`` overflows but the mean does not, ``Σ (ℓ / denominator)``)."""
+    loss, valid = _TritonIndexLoss.apply(x, target, weight, keep, ignore_index, gamma, eps)[:2]
     if reduction == "none":
         return loss
     if reduction == "sum":
@@ -145,7 +154,11 @@ def index_loss(
     total = denom.sum()
     if keep is not None:
         total = torch.where(total == 0, 1.0, total)
-    return loss.sum() / total
+    out = loss.sum() / total
+    if eps == 0.0:
+        return out
+    scaled = (loss / torch.where(total == 0, 1.0, total)).sum()
+    return torch.where(torch.isinf(out) & (total != 0), scaled, out)
 
 
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
