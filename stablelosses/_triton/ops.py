@@ -49,10 +49,12 @@ def _forward_stats(
     x: Tensor, target: Tensor, weight: Tensor | None, keep: Tensor | None, ignore_index: int, eps: float
 ) -> RowStats:
     n, v = x.shape
-    f32 = [torch.empty(n, device=x.device, dtype=torch.float32) for _ in range(5)]
+    def f32(size: int = n) -> Tensor:
+        return torch.empty(size, device=x.device, dtype=torch.float32)
+
+    ns = n if eps > 0.0 else 0  # the smoothing sums: only with smoothing
     kinf = torch.empty(n, device=x.device, dtype=torch.int32)
-    smooth = [torch.empty(n if eps > 0.0 else 0, device=x.device, dtype=torch.float32) for _ in range(2)]
-    stats = RowStats(*f32, kinf, *smooth)
+    stats = RowStats(f32(), f32(), f32(), f32(), f32(), kinf, f32(ns), f32(ns))
     block = block_size(v, x.device)
     _kernels._ce_forward_kernel[(n,)](
         x, x.stride(0), target, x if weight is None else weight, target if keep is None else keep,
