@@ -333,3 +333,52 @@ def test_softmax_family_uncovered_calls_take_the_torch_path():
     for y in (SF.softmax(x, 0), SF.log_softmax(x, -1, mask=x > 0), SF.logsumexp(x, (0, 1)),
               SF.softmax(x, -1, dtype=torch.float64)):
         assert "Triton" not in type(y.grad_fn).__name__
+
+
+# --- sigmoid focal loss ----------------------------------------------------------------------
+
+
+def _sigmoid_inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(8)
+    sat = torch.tensor([0.0, 20.0, -20.0, 60.0, -60.0, 100.0, -100.0, NAN, INF, -INF, 1e30])
+    x = torch.cat([3 * torch.randn(29, generator=g), sat]).reshape(5, 8)
+    t = torch.cat([torch.rand(29, generator=g), torch.tensor([1.0, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1])])
+    return x.to(dtype), t.reshape(5, 8).to(dtype)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("alpha", [0.25, -1.0])
+def test_sigmoid_focal_hazards(gamma, alpha):
+    x, t = _sigmoid_inputs()
+    for reduction in ("none", "mean", "sum"):
+        (lk, gk), (lt, gt) = _both(SF.sigmoid_focal_loss, x, t, alpha, gamma, reduction)
+        _close(lk, lt)
+        # σ(x) − t and the γ term cancel for soft targets: each side ~10 ulp of the row scale
+        _close(gk, gt, row_scale=True)
+    assert torch.isnan(gk.flatten()[36]) and torch.isfinite(gk.flatten()[30:36]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sigmoid_focal_half(dtype):
+    x, t = _sigmoid_inputs(dtype)
+    (lk, gk), (lt, gt) = _both(SF.sigmoid_focal_loss, x, t, 0.25, 2.0, "mean")
+    assert lk.dtype == lt.dtype == dtype
+    _close(lk, lt, dtype)
+    _close(gk, gt, dtype, row_scale=True)
+
+
+def test_sigmoid_focal_double_backward_and_target_grad():
+    x, t = _sigmoid_inputs()
+    x, t = x[:3], t[:3]
+    xk = x.clone().requires_grad_()
+    assert "Triton" in type(SF.sigmoid_focal_loss(xk, t, 0.25, 2.0, "none").grad_fn).__name__
+    loss = SF.sigmoid_focal_loss(xk, t, 0.25, 2.0, "sum")
+    (g,) = torch.autograd.grad(loss, xk, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), xk)
+    with sl.backend("torch"):
+        xt = x.clone().requires_grad_()
+        (g2,) = torch.autograd.grad(SF.sigmoid_focal_loss(xt, t, 0.25, 2.0, "sum"), xt, create_graph=True)
+        (h2,) = torch.autograd.grad(g2.sum(), xt)
+    _close(h, h2, ulp=16, row_scale=True)
+    tg = t.clone().requires_grad_()
+    assert "Triton" not in type(SF.sigmoid_focal_loss(x, tg).grad_fn).__name__  # target grad: torch

@@ -14,7 +14,9 @@ Kernels cover now (float32, float16, bfloat16):
 * class-index ``cross_entropy`` and ``focal_loss`` on ``(N, C)`` logits with ``weight`` (not
   requiring grad), ``ignore_index``, ``label_smoothing``, ``mask=`` and every reduction;
 * ``softmax``, ``log_softmax`` and ``logsumexp`` over the last dimension, without ``mask=`` or
-  ``dtype=``.
+  ``dtype=``;
+* ``sigmoid_focal_loss`` with input and target of one shape and dtype (the target not
+  requiring grad), every reduction, without ``mask=``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._backend import use_triton
-from stablelosses._utils import REDUCTIONS, broadcasts_to, loss_out_dtype
+from stablelosses._utils import REDUCTIONS, broadcasts_to, loss_out_dtype, operand_dtypes
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
@@ -105,3 +107,23 @@ def softmax_like(kind: str, input: object, dim: object, mask: object = None, dty
         return ops.softmax_family(x, ops.LOGSUMEXP).reshape(shape)
     mode = ops.SOFTMAX if kind == "softmax" else ops.LOG_SOFTMAX
     return ops.softmax_family(x, mode).reshape(input.shape)
+
+
+def sigmoid_focal_loss(input: object, target: object, alpha: object, gamma: object, reduction: object,
+                       mask: object = None) -> Tensor | None:
+    """``sigmoid_focal_loss`` through the kernels, or ``None``."""
+    if mask is not None or not isinstance(input, Tensor) or not isinstance(target, Tensor):
+        return None
+    if not use_triton(input) or target.dtype != input.dtype or target.shape != input.shape:
+        return None
+    if target.requires_grad or target.device != input.device or input.numel() == 0:
+        return None
+    a, g = _real(alpha), _real(gamma)
+    if a is None or not (0.0 <= a <= 1.0 or a == -1.0) or g is None or not 0.0 <= g < float("inf"):
+        return None
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        return None
+    from stablelosses._triton import ops
+
+    out = ops.sigmoid_focal(input.contiguous(), target.contiguous(), a, g, reduction)
+    return out.to(operand_dtypes(input, target)[1])

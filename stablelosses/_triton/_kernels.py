@@ -366,3 +366,77 @@ def _logsumexp_backward_kernel(
         dx = tl.where(pinf, g * tl.where(raw == float("inf"), inv_k, 0.0), tl.exp(x - m_safe) * g_s)
         dx = tl.where(d != d, float("nan"), dx)  # NaN rows (δ is NaN there)
         tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cols < n_cols)
+
+
+# --- sigmoid focal loss (elementwise) ------------------------------------------------------
+
+
+@triton.jit
+def _sigmoid_parts(x, t):
+    """``σ(x)``, ``σ(−x)``, ``q = 1 − p_t`` (a lerp exact at both ends, from the nearer one)
+    and ``BCE = (relu(x) − t·x) + log1p(exp(−|x|))`` (two non-negative parts)."""
+    e = tl.exp(-tl.abs(x))
+    big = 1.0 / (1.0 + e)
+    small = e * big
+    pos = x >= 0.0
+    sp = tl.where(pos, big, small)
+    sn = tl.where(pos, small, big)
+    q = tl.where(t < 0.5, sp + t * (sn - sp), sn - (1.0 - t) * (sn - sp))
+    ce = (tl.maximum(x, 0.0) - t * x) + _log1p(e)
+    return sp, sn, q, ce
+
+
+@triton.jit
+def _pow01(q, gamma):
+    """``q ** γ`` for ``q`` in ``[0, 1]``, ``γ > 0``: ``exp(γ log q)`` in float64, then rounded
+    (float32 ``exp(γ log q)`` would lose ``γ |log q|`` ulp for tiny ``q``)."""
+    q64 = q.to(tl.float64)
+    return tl.where(q64 == 0.0, 0.0, tl.exp(gamma * tl.log(tl.where(q64 == 0.0, 1.0, q64)))).to(tl.float32)
+
+
+@triton.jit
+def _sigmoid_focal_forward_kernel(X, T, LOSS, n, alpha, gamma, HAS_ALPHA: tl.constexpr,
+                                  FOCAL: tl.constexpr, BLOCK: tl.constexpr):
+    """``α_t · BCE(x, t) · (1 − p_t)^γ`` elementwise: **one read of x and t, one write of the
+    fp32 loss**. ``γ = 0`` spells BCE as torch's ``binary_cross_entropy_with_logits`` does,
+    ``(1 − t) x − log σ(x)``."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
+    t = tl.load(T + offs, mask=ok, other=0.0).to(tl.float32)
+    if FOCAL:
+        _sp, _sn, q, ce = _sigmoid_parts(x, t)
+        loss = ce * _pow01(q, gamma)
+        a_t = t * (2.0 * alpha - 1.0) + (1.0 - alpha)
+    else:
+        log_sigmoid = tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))
+        loss = (1.0 - t) * x - log_sigmoid
+        a_t = alpha * t + (1.0 - alpha) * (1.0 - t)
+    if HAS_ALPHA:
+        loss = a_t * loss
+    tl.store(LOSS + offs, loss, mask=ok)
+
+
+@triton.jit
+def _sigmoid_focal_backward_kernel(X, T, G, stride_g, DX, n, scale, alpha, gamma,
+                                   HAS_ALPHA: tl.constexpr, FOCAL: tl.constexpr,
+                                   BLOCK: tl.constexpr):
+    """``d loss / d x`` elementwise: **one read of x, t and the incoming gradient, one write**.
+
+    ``α_t [(σ(x) − t) + γ (ce / q) (1 − 2t) σ(x) σ(−x)] q^γ``, with ``σ(x) − t`` a lerp (no
+    cancellation) and ``q`` clamped to the smallest normal number in the ratio (both ~0 there).
+    ``stride_g = 0``: a reduced loss's scalar gradient, times ``scale`` (``1/n`` for the mean).
+    """
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
+    t = tl.load(T + offs, mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(G + offs * stride_g, mask=ok, other=0.0).to(tl.float32) * scale
+    sp, sn, q, ce = _sigmoid_parts(x, t)
+    d = tl.where(t < 0.5, sp + t * (-sn - sp), -sn - (1.0 - t) * (-sn - sp))
+    if FOCAL:
+        ratio = ce / tl.maximum(q, 1.1754943508222875e-38)
+        d = (d + gamma * ratio * (sp * sn * (1.0 - 2.0 * t))) * _pow01(q, gamma)
+    if HAS_ALPHA:
+        d = d * (t * (2.0 * alpha - 1.0) + (1.0 - alpha))
+    tl.store(DX + offs, (d * g).to(DX.dtype.element_ty), mask=ok)

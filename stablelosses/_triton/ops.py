@@ -249,3 +249,55 @@ def softmax_family(x: Tensor, mode: int) -> Tensor:
     """``softmax`` / ``log_softmax`` of a ``(R, C)`` matrix (``(R, C)`` out) or its
     ``logsumexp`` (``(R,)`` out), in ``x``'s dtype."""
     return _TritonSoftmaxFamily.apply(x, mode)[0]
+
+
+_ELEMENTWISE_BLOCK = 1024
+
+
+class _TritonSigmoidFocal(torch.autograd.Function):
+    """Elementwise sigmoid focal loss (fp32 out): one kernel forward, one kernel backward
+    (``target`` gets no gradient: a target that requires grad takes the torch path)."""
+
+    @staticmethod
+    def forward(x, t, alpha, gamma):
+        loss = torch.empty(x.shape, device=x.device, dtype=torch.float32)
+        n = x.numel()
+        _kernels._sigmoid_focal_forward_kernel[(triton.cdiv(n, _ELEMENTWISE_BLOCK),)](
+            x, t, loss, n, alpha, gamma, HAS_ALPHA=alpha >= 0, FOCAL=gamma != 0.0,
+            BLOCK=_ELEMENTWISE_BLOCK,
+        )
+        return loss
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, t, alpha, gamma = inputs
+        ctx.save_for_backward(x, t)
+        ctx.alpha, ctx.gamma = alpha, gamma
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, t = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: the torch path's differentiable form
+            from stablelosses import _backend
+            from stablelosses.functional import sigmoid_focal_loss
+
+            with _backend.backend("torch"):
+                loss = sigmoid_focal_loss(x.float(), t.float(), ctx.alpha, ctx.gamma, "none")
+            (gx,) = torch.autograd.grad(loss, x, grad, create_graph=True)
+            return gx, None, None, None
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+        n = x.numel()
+        g = grad.contiguous()
+        _kernels._sigmoid_focal_backward_kernel[(triton.cdiv(n, _ELEMENTWISE_BLOCK),)](
+            x, t, g, 1, dx, n, 1.0, ctx.alpha, ctx.gamma, HAS_ALPHA=ctx.alpha >= 0,
+            FOCAL=ctx.gamma != 0.0, BLOCK=_ELEMENTWISE_BLOCK,
+        )
+        return dx, None, None, None
+
+
+def sigmoid_focal(x: Tensor, t: Tensor, alpha: float, gamma: float, reduction: str) -> Tensor:
+    """The reduced sigmoid focal loss (fp32) of contiguous ``x`` and ``t`` of one shape."""
+    loss = _TritonSigmoidFocal.apply(x, t, alpha, gamma)
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.mean()
