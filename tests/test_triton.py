@@ -382,3 +382,27 @@ def test_sigmoid_focal_double_backward_and_target_grad():
     _close(h, h2, ulp=16, row_scale=True)
     tg = t.clone().requires_grad_()
     assert "Triton" not in type(SF.sigmoid_focal_loss(x, tg).grad_fn).__name__  # target grad: torch
+
+
+# --- the linear losses' chunk step ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma,eps", [(0.0, 0.0), (2.0, 0.0), (0.0, 0.1)])
+def test_linear_chunk_step_in_place(gamma, eps):
+    x, t = _hazard_rows()
+    x = torch.where(torch.isnan(x), 0.0, x)
+    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(9))
+    buf = x.clone()  # the library's own chunk buffer
+    step = ops.linear_chunk_step(buf, t, w, -100, gamma, eps)
+    xt = x.clone().requires_grad_()
+    with sl.backend("torch"):
+        if gamma == 0.0:
+            ref = SF.cross_entropy(xt, t, w, label_smoothing=eps, reduction="none")
+        else:
+            ref = SF.focal_loss(xt, t, gamma, w, reduction="none")
+    (g,) = torch.autograd.grad(ref.sum(), xt)
+    _close(step.loss, ref.detach())
+    _close(buf, g, row_scale=eps > 0.0)  # the gradient, in place of the logits
+    finite = torch.isfinite(x).all(1)
+    _close(step.lse[finite], torch.logsumexp(x[finite], 1))
+    assert step.lse[0] == -INF and step.lse[2] == INF

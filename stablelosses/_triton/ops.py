@@ -301,3 +301,51 @@ def sigmoid_focal(x: Tensor, t: Tensor, alpha: float, gamma: float, reduction: s
     if reduction == "none":
         return loss
     return loss.sum() if reduction == "sum" else loss.mean()
+
+
+class ChunkStep(NamedTuple):
+    """What `linear_chunk_step` returns per row: the loss (fp32, 0 on invalid rows), the
+    log-sum-exp of the (clamped) logits, and the valid mask."""
+
+    loss: Tensor
+    lse: Tensor
+    valid: Tensor
+
+
+def linear_chunk_step(
+    logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, gamma: float = 0.0,
+    eps: float = 0.0, keep: Tensor | None = None,
+) -> ChunkStep:
+    """The per-chunk step of the linear losses: a chunk of logits → per-row loss and lse, and
+    ``d Σ_i loss_i / d logits`` **written in place into** ``logits``.
+
+    ``logits`` must be a buffer the library owns (the chunk's matmul output), never a user's
+    tensor: its values are gone afterwards. Passes: one read (the forward kernel), then one read
+    and one write of the same buffer (the backward kernel with a unit incoming gradient; each
+    program reads a block of its row before it writes it). No autograd: the caller scales the
+    gradient by the loss's incoming gradient when it forms the input and weight gradients.
+    """
+    st = _forward_stats(logits, target, weight, keep, ignore_index, eps)
+    valid = (target != ignore_index) & (st.s != 0)
+    if keep is not None:
+        valid = valid & keep
+    loss, scale = st.loss, st.loss.new_empty(0)
+    if gamma != 0.0:
+        val, scale = focal_terms(st.rest, st.lt, gamma)
+        if weight is not None:
+            w_t = weight[torch.where(target != ignore_index, target, 0).clamp(0, logits.shape[1] - 1)]
+            val = torch.where(w_t == 0, 0.0, w_t * val)
+        loss = torch.where(valid, val, 0.0)
+    n, v = logits.shape
+    ones = torch.ones(1, device=logits.device, dtype=torch.float32)
+    block = block_size(v, logits.device)
+    _kernels._ce_backward_kernel[(n,)](
+        logits, logits.stride(0), target, logits if weight is None else weight,
+        target if keep is None else keep, ones, 0, valid, scale if gamma != 0.0 else st.lt, st.lt, st.m,
+        st.s, st.rest, st.kinf, st.cnt, st.wsum, logits, logits.stride(0), v, ignore_index, eps,
+        HAS_W=weight is not None, HAS_KEEP=keep is not None, FOCAL=gamma != 0.0, SMOOTH=eps > 0.0,
+        BLOCK=block, num_warps=_num_warps(block),
+    )
+    pinf = st.kinf > 0
+    lse = torch.where(pinf, float("inf"), torch.where(st.m == -float("inf"), st.m, st.m + torch.log(st.s)))
+    return ChunkStep(loss, lse, valid)
