@@ -119,6 +119,8 @@ def use_triton(x: torch.Tensor) -> bool:
     Inductor generates its own kernels, so while compiling the torch spelling is traced; the
     kernels are first order, so ``torch.func`` transforms and forward-mode AD take the torch path.
     """
+    if torch.compiler.is_compiling():  # first: Dynamo cannot trace a ContextVar lookup
+        return False
     name = get_backend()
     if name == "auto":
         name = "triton" if _AUTO_PICKS_TRITON else "torch"
@@ -129,6 +131,6 @@ def use_triton(x: torch.Tensor) -> bool:
             return False
     elif x.device.type != "cuda":
         return False
-    if torch.compiler.is_compiling() or functorch_transforms_active() or forward_ad_active():
+    if functorch_transforms_active() or forward_ad_active():
         return False
     return triton_installed()

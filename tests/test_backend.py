@@ -113,3 +113,19 @@ def test_torch_backend_unchanged_results():
 def test_import_does_not_import_triton():
     code = "import sys, stablelosses; assert 'triton' not in sys.modules, 'triton imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.slow
+def test_compiled_call_traces_the_torch_path(monkeypatch):
+    """Under torch.compile the selection is never traced (no ContextVar or environment lookup
+    in the graph): fullgraph compiles with the triton backend selected, and equals eager."""
+    monkeypatch.setattr(_backend, "triton_installed", lambda: True)
+    x = torch.randn(4, 5)
+    t = torch.tensor([0, 1, 2, 3])
+
+    def f(x):
+        return sl.functional.cross_entropy(x, t) + sl.functional.logsumexp(x, -1).sum()
+
+    with sl.backend("triton"):
+        out = torch.compile(f, fullgraph=True)(x)
+    torch.testing.assert_close(out, f(x))
