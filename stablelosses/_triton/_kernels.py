@@ -47,8 +47,9 @@ def _load_row_block(x_row, cols, n_cols, keep):
 
 @triton.jit
 def _ce_forward_kernel(
-    X, stride_x, T, W, KEEP, LOSS, LT, M, S, REST, KINF, CNT, WSUM, n_cols, ignore_index, eps, sm_scale,
-    HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
+    X, stride_x, T, W, KEEP, LOSS, LT, M, S, REST, KINF, CNT, WSUM, VALID, DEN, n_cols, ignore_index,
+    eps, sm_scale, HAS_W: tl.constexpr, HAS_KEEP: tl.constexpr, SMOOTH: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Class-index cross-entropy of one row: **one read of the row**, N-sized writes.
 
@@ -74,7 +75,8 @@ def _ce_forward_kernel(
     Writes per row: ``LOSS`` (valid rows; 0 elsewhere; ``0 · inf = 0`` for a zero class
     weight); ``LT = log p_t``; ``M = m`` (``-inf`` on fully masked rows); ``S``; ``REST`` (0 on
     fully masked rows); ``KINF`` (the ``+inf`` count); ``CNT`` (K); ``WSUM`` (``Σ_c w_c`` over
-    the unmasked classes).
+    the unmasked classes); ``VALID`` (target not ``ignore_index``, row kept, not fully masked);
+    ``DEN`` (the mean's denominator term: ``w_t``, or 1, on valid rows, else 0).
     """
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
@@ -138,6 +140,7 @@ def _ce_forward_kernel(
     lt = tl.where(in_range | ~is_target | ~keep, lt, float("nan"))
     valid = is_target & ~masked
     val = -lt
+    w_t = 1.0
     if HAS_W:
         w_t = tl.load(W + idx, mask=in_range, other=0.0).to(tl.float32)
         val = tl.where(w_t == 0.0, 0.0, w_t * val)  # 0 · inf = 0
@@ -159,6 +162,8 @@ def _ce_forward_kernel(
     tl.store(S + row, total)
     tl.store(REST + row, tl.where(masked, 0.0, rest))
     tl.store(KINF + row, kinf)
+    tl.store(VALID + row, valid)
+    tl.store(DEN + row, tl.where(valid, w_t, 0.0))
 
 
 @triton.jit

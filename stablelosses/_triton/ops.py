@@ -33,7 +33,8 @@ def _num_warps(block: int) -> int:
 class RowStats(NamedTuple):
     """What the forward kernel leaves per row: the loss (fp32), ``log p_t``, the clamped row
     max, the sum ``S`` of ``exp(x − max)``, ``rest = Σ_{j≠t} p_j``, the ``+inf`` count, and with
-    label smoothing the unmasked class count K and their weight sum."""
+    label smoothing the unmasked class count K and their weight sum; the valid mask and the
+    mean's denominator term (``w_t`` or 1 on valid rows)."""
 
     loss: Tensor
     lt: Tensor
@@ -43,6 +44,8 @@ class RowStats(NamedTuple):
     kinf: Tensor
     cnt: Tensor
     wsum: Tensor
+    valid: Tensor
+    den: Tensor
 
 
 def _forward_stats(
@@ -54,7 +57,8 @@ def _forward_stats(
 
     ns = n if eps > 0.0 else 0  # the smoothing sums: only with smoothing
     kinf = torch.empty(n, device=x.device, dtype=torch.int32)
-    stats = RowStats(f32(), f32(), f32(), f32(), f32(), kinf, f32(ns), f32(ns))
+    valid = torch.empty(n, device=x.device, dtype=torch.bool)
+    stats = RowStats(f32(), f32(), f32(), f32(), f32(), kinf, f32(ns), f32(ns), valid, f32())
     block = block_size(v, x.device)
     _kernels._ce_forward_kernel[(n,)](
         x, x.stride(0), target, x if weight is None else weight, target if keep is None else keep,
@@ -77,9 +81,7 @@ class _TritonIndexLoss(torch.autograd.Function):
     @staticmethod
     def forward(x, target, weight, keep, ignore_index, gamma, eps):
         st = _forward_stats(x, target, weight, keep, ignore_index, eps)
-        valid = (target != ignore_index) & (st.s != 0)
-        if keep is not None:
-            valid = valid & keep
+        valid = st.valid
         loss, scale = st.loss, st.loss.new_empty(0)
         if gamma != 0.0:
             # the focal value and backward row scale, N-sized (the torch path's focal_terms)
@@ -88,13 +90,13 @@ class _TritonIndexLoss(torch.autograd.Function):
                 w_t = weight[torch.where(target != ignore_index, target, 0).clamp(0, x.shape[1] - 1)]
                 val = torch.where(w_t == 0, 0.0, w_t * val)
             loss = torch.where(valid, val, 0.0)
-        return loss, valid, scale, *st[1:]
+        return loss, valid, st.den, scale, *st[1:8]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, target, weight, keep, ignore_index, gamma, eps = inputs
-        _, valid, scale, *stats = output
-        ctx.mark_non_differentiable(valid, scale, *stats)
+        _, valid, den, scale, *stats = output
+        ctx.mark_non_differentiable(valid, den, scale, *stats)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, target, weight, keep, valid, scale, *stats)
         ctx.ignore_index, ctx.gamma, ctx.eps = ignore_index, gamma, eps
@@ -143,17 +145,12 @@ def index_loss(
     """The reduced class-index loss (fp32) as the torch path reduces it: ``'mean'`` divides by
     ``Σ_{valid} w_t`` (with ``keep`` given, an empty denominator gives 0; with smoothing, where
     ``Σ ℓ`` overflows but the mean does not, ``Σ (ℓ / denominator)``)."""
-    loss, valid = _TritonIndexLoss.apply(x, target, weight, keep, ignore_index, gamma, eps)[:2]
+    loss, _valid, den = _TritonIndexLoss.apply(x, target, weight, keep, ignore_index, gamma, eps)[:3]
     if reduction == "none":
         return loss
     if reduction == "sum":
         return loss.sum()
-    if weight is None:
-        denom = valid.to(torch.float32)
-    else:
-        idx = torch.where(target != ignore_index, target, 0).clamp(0, x.shape[1] - 1)
-        denom = torch.where(valid, weight[idx], 0.0)
-    total = denom.sum()
+    total = den.sum()
     if keep is not None:
         total = torch.where(total == 0, 1.0, total)
     out = loss.sum() / total
@@ -326,9 +323,7 @@ def linear_chunk_step(
     gradient by the loss's incoming gradient when it forms the input and weight gradients.
     """
     st = _forward_stats(logits, target, weight, keep, ignore_index, eps)
-    valid = (target != ignore_index) & (st.s != 0)
-    if keep is not None:
-        valid = valid & keep
+    valid = st.valid
     loss, scale = st.loss, st.loss.new_empty(0)
     if gamma != 0.0:
         val, scale = focal_terms(st.rest, st.lt, gamma)
