@@ -2,7 +2,7 @@
 inputs in float32/float16/bfloat16, widths that are not a power of two and multi-block rows.
 
 Without CUDA they run under ``TRITON_INTERPRET=1`` (numpy, slow): shapes stay small. With CUDA
-the same tests run natively on the GPU (``device`` fixture, id ``cuda``).
+the same tests run natively on the GPU (``DEV``), plus a graph-capture and a sync-debug check.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ if not torch.cuda.is_available() and _version(np.__version__) >= (2, 4) and _ver
 import stablelosses as sl  # noqa: E402
 import stablelosses.functional as SF  # noqa: E402
 from stablelosses._triton import ops  # noqa: E402
-from tests.conftest import DEVICES  # noqa: E402
 
 INF, NAN = float("inf"), float("nan")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
 # numpy warns where the interpreter evaluates both branches of a where (log 0, 0/0)
 # and converts its 1-element arrays to Python ints (deprecated in numpy 1.25)
 pytestmark = [
@@ -64,8 +64,14 @@ def _close(a, b, dtype=torch.float32, ulp=None, row_scale=False):
     torch.testing.assert_close(a, b, rtol=eps, atol=atol, equal_nan=True)
 
 
+def _on_dev(v):
+    return v.to(DEV) if isinstance(v, torch.Tensor) else v
+
+
 def _both(fn, x, *args, **kw):
-    """``fn`` on the kernel path and on the torch path: (loss, grad) each, grad of Σ loss."""
+    """``fn`` on the kernel path and on the torch path (on ``DEV``): (loss, grad) each, grad of
+    Σ loss."""
+    x, args, kw = _on_dev(x), [_on_dev(a) for a in args], {k: _on_dev(v) for k, v in kw.items()}
     out = []
     for name in ("triton", "torch"):
         xi = x.detach().clone().requires_grad_()
@@ -98,12 +104,10 @@ def _hazard_rows(v: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
     return x, t
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
-def test_hazard_catalogue(device, gamma, monkeypatch):
-    monkeypatch.setitem(ops.MAX_BLOCK, device, 16)  # 40 columns: three blocks, the last ragged
+def test_hazard_catalogue(gamma, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, DEV, 16)  # 40 columns: three blocks, the last ragged
     x, t = _hazard_rows()
-    x, t = x.to(device), t.to(device)
     (lk, gk), (lt, gt) = _both(SF.focal_loss, x, t, gamma, reduction="none")
     _close(lk, lt)
     _close(gk, gt)
@@ -123,7 +127,7 @@ def test_hazard_catalogue(device, gamma, monkeypatch):
 @pytest.mark.parametrize("eps", [0.1, 1.0])
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_label_smoothing_hazards(eps, weighted, monkeypatch):
-    monkeypatch.setitem(ops.MAX_BLOCK, "cpu", 16)
+    monkeypatch.setitem(ops.MAX_BLOCK, DEV, 16)
     x, t = _hazard_rows()
     x[9, :10] = -INF  # masked classes: no smoothing mass (ε/K over the K unmasked ones)
     w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(7)) if weighted else None
@@ -176,9 +180,9 @@ def test_multi_block_rows_vocab_70000():
 
 
 def test_kernel_path_is_taken_and_logits_are_kept():
-    x = torch.randn(3, 5, requires_grad=True)
+    x = torch.randn(3, 5, device=DEV, requires_grad=True)
     x0 = x.detach().clone()
-    loss = SF.cross_entropy(x, torch.tensor([0, 1, 2]), reduction="none")
+    loss = SF.cross_entropy(x, torch.tensor([0, 1, 2], device=DEV), reduction="none")
     assert "Triton" in type(loss.grad_fn).__name__
     loss.sum().backward(retain_graph=True)
     g1 = x.grad.clone()
@@ -187,9 +191,9 @@ def test_kernel_path_is_taken_and_logits_are_kept():
 
 
 def test_double_backward_falls_back_to_the_torch_path():
-    x = torch.randn(3, 6, dtype=torch.float32, requires_grad=True)
-    t = torch.tensor([0, 5, 2])
-    v = torch.randn(3, 6)
+    x = torch.randn(3, 6, device=DEV, requires_grad=True)
+    t = torch.tensor([0, 5, 2], device=DEV)
+    v = torch.randn(3, 6, device=DEV)
     hv = []
     for name in ("triton", "torch"):
         with sl.backend(name):
@@ -200,16 +204,16 @@ def test_double_backward_falls_back_to_the_torch_path():
 
 
 def test_out_of_range_target_is_nan():
-    loss = SF.cross_entropy(torch.randn(2, 4), torch.tensor([1, 7]), reduction="none")
+    loss = SF.cross_entropy(torch.randn(2, 4, device=DEV), torch.tensor([1, 7], device=DEV), reduction="none")
     assert torch.isnan(loss[1]) and torch.isfinite(loss[0])
 
 
 def test_uncovered_calls_take_the_torch_path():
-    x = torch.randn(3, 4, requires_grad=True)
-    t = torch.tensor([0, 1, 2])
+    x = torch.randn(3, 4, device=DEV, requires_grad=True)
+    t = torch.tensor([0, 1, 2], device=DEV)
     for loss in (
         SF.cross_entropy(x.double(), t),
-        SF.cross_entropy(x, t, weight=torch.ones(4, requires_grad=True)),
+        SF.cross_entropy(x, t, weight=torch.ones(4, device=DEV, requires_grad=True)),
         SF.cross_entropy(x.unsqueeze(-1), t.unsqueeze(-1)),
     ):
         assert "Triton" not in type(loss.grad_fn).__name__
@@ -271,6 +275,7 @@ def _softmax_hazard_rows(v: int = 37) -> torch.Tensor:
 
 
 def _both_any(fn, x, grad, **kw):
+    x, grad = x.to(DEV), grad.to(DEV)
     out = []
     for name in ("triton", "torch"):
         xi = x.detach().clone().requires_grad_()
@@ -281,12 +286,11 @@ def _both_any(fn, x, grad, **kw):
     return out
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fn,kw", SOFTMAX_FAMILY, ids=["softmax", "log_softmax", "logsumexp", "lse-keepdim"])
-def test_softmax_family_hazards(device, fn, kw, monkeypatch):
-    monkeypatch.setitem(ops.MAX_BLOCK, device, 16)
-    x = _softmax_hazard_rows().to(device)
-    grad = torch.randn(x.shape if fn is not SF.logsumexp else x.shape[:1], device=device)
+def test_softmax_family_hazards(fn, kw, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, DEV, 16)
+    x = _softmax_hazard_rows()
+    grad = torch.randn(x.shape if fn is not SF.logsumexp else x.shape[:1])
     (yk, gk), (yt, gt) = _both_any(fn, x, grad, **kw)
     _close(yk, yt)
     _close(gk, gt, row_scale=True)
@@ -324,8 +328,8 @@ def test_log_softmax_multi_block_70000():
 
 @pytest.mark.parametrize("fn", [SF.softmax, SF.log_softmax, SF.logsumexp])
 def test_softmax_family_double_backward(fn):
-    x = torch.randn(3, 7, requires_grad=True)
-    v = torch.randn(3, 7)
+    x = torch.randn(3, 7, device=DEV, requires_grad=True)
+    v = torch.randn(3, 7, device=DEV)
     hv = []
     for name in ("triton", "torch"):
         with sl.backend(name):
@@ -337,7 +341,7 @@ def test_softmax_family_double_backward(fn):
 
 
 def test_softmax_family_uncovered_calls_take_the_torch_path():
-    x = torch.randn(3, 4, requires_grad=True)
+    x = torch.randn(3, 4, device=DEV, requires_grad=True)
     assert "Triton" in type(SF.softmax(x, -1).grad_fn.next_functions[0][0]).__name__
     for y in (SF.softmax(x, 0), SF.log_softmax(x, -1, mask=x > 0), SF.logsumexp(x, (0, 1)),
               SF.softmax(x, -1, dtype=torch.float64)):
@@ -378,7 +382,7 @@ def test_sigmoid_focal_half(dtype):
 
 def test_sigmoid_focal_double_backward_and_target_grad():
     x, t = _sigmoid_inputs()
-    x, t = x[:3], t[:3]
+    x, t = x[:3].to(DEV), t[:3].to(DEV)
     xk = x.clone().requires_grad_()
     assert "Triton" in type(SF.sigmoid_focal_loss(xk, t, 0.25, 2.0, "none").grad_fn).__name__
     loss = SF.sigmoid_focal_loss(xk, t, 0.25, 2.0, "sum")
@@ -398,9 +402,9 @@ def test_sigmoid_focal_double_backward_and_target_grad():
 
 @pytest.mark.parametrize("gamma,eps", [(0.0, 0.0), (2.0, 0.0), (0.0, 0.1)])
 def test_linear_chunk_step_in_place(gamma, eps):
-    x, t = _hazard_rows()
+    x, t = (v.to(DEV) for v in _hazard_rows())
     x = torch.where(torch.isnan(x), 0.0, x)
-    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(9))
+    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(9)).to(DEV)
     buf = x.clone()  # the library's own chunk buffer
     step = ops.linear_chunk_step(buf, t, w, -100, gamma, eps)
     xt = x.clone().requires_grad_()
