@@ -29,6 +29,29 @@ import triton.language as tl
 FMAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 
+# Reductions as tl.reduce with the standard library's own combine functions (private names, the
+# same in triton 3.2 to 3.9). tl.sum/tl.max/tl.min are jit functions made when triton is
+# imported: they do not run in the interpreter when triton was imported before
+# TRITON_INTERPRET=1 was set (a test session imports triton early through torch's own test
+# utilities), while tl.reduce is a builtin, and the interpreter runs these combine functions
+# through numpy. Compiled, the code is exactly tl.sum's.
+
+
+@triton.jit
+def _sum(x):
+    return tl.reduce(x, 0, tl.standard._sum_combine)
+
+
+@triton.jit
+def _max(x):
+    return tl.reduce(x, 0, tl.standard._elementwise_max)
+
+
+@triton.jit
+def _min(x):
+    return tl.reduce(x, 0, tl.standard._elementwise_min)
+
+
 @triton.jit
 def _log1p(z):
     """``log1p(z)`` to a few ulp (Goldberg's identity; ``z`` where ``1 + z`` rounds to 1)."""
@@ -102,12 +125,12 @@ def _ce_forward_kernel(
         inb = cols < n_cols
         raw = tl.load(x_row + cols, mask=inb & keep, other=float("-inf")).to(tl.float32)
         is_inf = raw == float("inf")
-        kinf += tl.sum(is_inf.to(tl.int32), 0)
+        kinf += _sum(is_inf.to(tl.int32))
         x = tl.where(raw > FMAX, FMAX, raw)
-        m_new = tl.maximum(m, tl.max(x, 0))
+        m_new = tl.maximum(m, _max(x))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
         e = tl.where(cols == idx, 0.0, tl.exp(x - m_safe))
-        s = s * tl.exp(m - m_safe) + tl.sum(e, 0)
+        s = s * tl.exp(m - m_safe) + _sum(e)
         if SMOOTH:
             um = raw != -float("inf")
             wc = tl.full((BLOCK,), 1.0, tl.float32)
@@ -115,13 +138,13 @@ def _ce_forward_kernel(
                 wc = tl.load(W + cols, mask=inb, other=0.0).to(tl.float32)
             wv = tl.where(um, wc, 0.0)
             shift = tl.where(wsum == 0.0, 0.0, (m_safe - m) * wsum)
-            acc = acc + sm_scale * (shift + tl.sum(tl.where(um, wv * (m_safe - x), 0.0), 0))
-            wsum += tl.sum(wv, 0)
-            cnt += tl.sum(um.to(tl.int32), 0)
+            acc = acc + sm_scale * (shift + _sum(tl.where(um, wv * (m_safe - x), 0.0)))
+            wsum += _sum(wv)
+            cnt += _sum(um.to(tl.int32))
             fin = um & ~is_inf
-            fin_w += tl.sum((fin & (wc != 0.0)).to(tl.int32), 0)
-            fin_w0 += tl.sum((fin & (wc == 0.0)).to(tl.int32), 0)
-            winf += tl.sum(tl.where(is_inf, wc, 0.0), 0)
+            fin_w += _sum((fin & (wc != 0.0)).to(tl.int32))
+            fin_w0 += _sum((fin & (wc == 0.0)).to(tl.int32))
+            winf += _sum(tl.where(is_inf, wc, 0.0))
         m = m_new
     x_t = tl.load(x_row + idx, mask=in_range & keep, other=float("-inf")).to(tl.float32)
     x_t = tl.where(x_t > FMAX, FMAX, x_t)
@@ -250,18 +273,18 @@ def _row_stats(x_row, n_cols, BLOCK: tl.constexpr):
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         raw = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-        kinf += tl.sum((raw == float("inf")).to(tl.int32), 0)
+        kinf += _sum((raw == float("inf")).to(tl.int32))
         x = tl.where(raw > FMAX, FMAX, raw)
-        bm = tl.max(x, 0)
+        bm = _max(x)
         new = bm > m  # this block holds the new max: its first instance leaves the sum
         m_new = tl.maximum(m, bm)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        first = tl.min(tl.where(x == bm, cols, n_cols), 0)
+        first = _min(tl.where(x == bm, cols, n_cols))
         e = tl.exp(x - m_safe)
         e = tl.where(cols == first, tl.where(new, 0.0, e), e)
         alpha = tl.exp(m - m_safe)
         old_max_term = tl.where(new, tl.where(m != -float("inf"), alpha, 0.0), 0.0)
-        d = d * alpha + old_max_term + tl.sum(e, 0)
+        d = d * alpha + old_max_term + _sum(e)
         m = m_new
     return m, d, kinf
 
@@ -333,9 +356,9 @@ def _softmax_backward_kernel(
         y = tl.load(Y + row * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
         g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
         if LOG:
-            acc += tl.sum(tl.where(y == -float("inf"), 0.0, g), 0)
+            acc += _sum(tl.where(y == -float("inf"), 0.0, g))
         else:
-            acc += tl.sum(g * y, 0)
+            acc += _sum(g * y)
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         ok = cols < n_cols
