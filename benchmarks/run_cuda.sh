@@ -4,9 +4,14 @@
 #   2. no host sync inside any loss (torch.cuda.set_sync_debug_mode('error')),
 #   3. `stablelosses bench --device cuda --compile` (compiled variants for forward+backward),
 #   4. the pytest-benchmark suite on CUDA (eager variants, forward+backward),
-#   5. benchmarks/check_targets.py on the bench JSON.
+#   5. benchmarks/check_targets.py on the bench JSON,
+#   6. the Triton kernels: their tests natively on CUDA (tests/test_triton.py, graph capture and
+#      sync-debug included) and benchmarks/bench_triton.py (torch eager, torch.compile, our torch
+#      path, our kernels, Liger-Kernel's cross-entropy when its wheel is carried: put
+#      liger_kernel-*.whl in bench-wheels/, the device machine reaches no registry).
 # Writes logs and JSON into $OUT (default ./bench-results-cuda). Exit status: 1 if a step failed.
-# Usage: benchmarks/run_cuda.sh        (PYTHON=... to pick the interpreter)
+# Usage: benchmarks/run_cuda.sh        (PYTHON=... to pick the interpreter;
+#        ONLY=triton for step 6 alone, under 4 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench-results-cuda}"
@@ -33,6 +38,8 @@ if torch.cuda.is_available():
     print(torch.cuda.get_device_name())
 PYEOF
 
+ONLY="${ONLY:-all}"
+if [ "$ONLY" != triton ]; then
 step cuda_tests 140 "$PY" -m pytest -q tests -k cuda
 step cuda_sync 45 "$PY" -m pytest -q benchmarks/test_cuda_sync.py
 # SIGINT at the limit: the bench stops after the current case and still writes its JSON.
@@ -41,6 +48,15 @@ step bench_cuda 280 "$PY" -m stablelosses.bench --device cuda --compile --compil
 STABLELOSSES_BENCH_COMPILE=0 STABLELOSSES_BENCH_ROUNDS=5 \
     step pytest_bench_cuda 60 "$PY" -m pytest -q benchmarks/test_bench_losses.py --benchmark-only \
     -k "cuda and fwdbwd" --benchmark-json "$OUT/pytest_bench_cuda.json"
+fi
+# The Triton kernels (issue 22): a CUDA tests step of their own, then the kernel bench.
+if ls bench-wheels/liger_kernel-*.whl > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-deps --no-index bench-wheels/liger_kernel-*.whl > "$OUT/liger_install.log" 2>&1 \
+        || echo "== liger-kernel wheel did not install (see $OUT/liger_install.log)"
+fi
+step triton_cuda_tests 90 "$PY" -m pytest -q tests/test_triton.py -p no:randomly
+step triton_bench 150 "$PY" benchmarks/bench_triton.py --json "$OUT/triton_bench.json" \
+    --markdown "$OUT/triton_bench.md"
 if [ -f "$OUT/bench_cuda.json" ]; then
     "$PY" benchmarks/check_targets.py "$OUT/bench_cuda.json" --markdown "$OUT/targets_cuda.md" \
         > "$OUT/targets_cuda.txt" 2>&1

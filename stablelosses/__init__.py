@@ -15,6 +15,7 @@ from stablelosses import _torch_import  # noqa: F401 - first: torch without its 
 # isort: split
 from stablelosses import functional
 from stablelosses._autograd import cache_forward_signatures as _cache_forward_signatures
+from stablelosses._backend import backend, get_backend, set_backend
 from stablelosses.functional import (
     cosine_similarity,
     entropy,
@@ -70,5 +71,8 @@ __all__ = [
     "safe_sqrt",
     "softmax",
     "xlogy",
+    "backend",
+    "get_backend",
+    "set_backend",
     "__version__",
 ]

@@ -7,6 +7,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
+from stablelosses import _triton
 from stablelosses._autograd.cross_entropy import (
     IndexResult,
     ProbResult,
@@ -299,6 +300,11 @@ def cross_entropy(
     Replaces `torch.nn.functional.cross_entropy` / `torch.nn.CrossEntropyLoss`.
     """
     fn = "cross_entropy"
+    out = _triton.class_index_loss(  # the kernels when selected (stablelosses.set_backend), else None
+        input, target, weight, ignore_index, reduction, label_smoothing, 0.0, mask,
+        size_average is not None or reduce is not None)
+    if out is not None:
+        return out
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce, reduction)
     check_reduction(fn, reduction)
@@ -432,6 +438,9 @@ def focal_loss(
     Replaces the hand-written softmax → log `FocalLoss` snippet and `kornia.losses.focal_loss`.
     """
     fn = "focal_loss"
+    out = _triton.class_index_loss(input, target, weight, ignore_index, reduction, 0.0, gamma, mask)
+    if out is not None:  # the kernels when selected (stablelosses.set_backend)
+        return out
     check_reduction(fn, reduction)
     gamma = check_gamma(fn, gamma)
     ignore_index = _check_ignore_index(fn, ignore_index)

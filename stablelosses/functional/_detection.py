@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from stablelosses import _triton
 from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
 from stablelosses._utils import (
     NONE,
@@ -132,6 +133,9 @@ def sigmoid_focal_loss(
     Replaces ``torchvision.ops.sigmoid_focal_loss``.
     """
     fn = "sigmoid_focal_loss"
+    out = _triton.sigmoid_focal_loss(input, target, alpha, gamma, reduction, mask)
+    if out is not None:  # the kernels when selected (stablelosses.set_backend)
+        return out
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
     alpha_f, gamma_f = check_focal_args(fn, alpha, gamma, reduction)

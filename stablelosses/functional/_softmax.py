@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from stablelosses import _triton
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._utils import (
     broadcasts_to,
@@ -119,6 +120,9 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
 
     Replaces ``torch.logsumexp``.
     """
+    out = _triton.softmax_like("logsumexp", input, dim, keepdim=keepdim)  # the kernels, when selected
+    if out is not None:
+        return out
     x = _float_result(check_tensor("logsumexp", "input", input))
     dims = wrap_dims("logsumexp", dim, x.ndim, allow_empty=False)
     if not isinstance(keepdim, bool):
@@ -173,6 +177,9 @@ def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
 
     Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
     """
+    out = _triton.softmax_like("softmax", input, dim, mask, dtype)  # the kernels, when selected
+    if out is not None:
+        return out
     return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
 
 
@@ -220,4 +227,7 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
 
     Replaces ``torch.log_softmax`` / ``F.log_softmax``.
     """
+    out = _triton.softmax_like("log_softmax", input, dim, mask, dtype)  # the kernels, when selected
+    if out is not None:
+        return out
     return _softmax_like(_log_softmax, "log_softmax", input, dim, mask, dtype)

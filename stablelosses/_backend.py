@@ -1,0 +1,136 @@
+"""Which implementation the public functions run: the pure-PyTorch path or the Triton kernels.
+
+The choice is made per call from things the graph cannot see differently — the selected
+backend, the tensor's device and dtype, whether triton is installed, whether ``torch.compile``,
+a ``torch.func`` transform or forward-mode AD is active — never from tensor values or sizes.
+
+* ``"torch"``: the pure-PyTorch path everywhere.
+* ``"triton"``: the kernels in ``stablelosses._triton`` for CUDA tensors, and for CPU tensors
+  while ``TRITON_INTERPRET=1`` (how the tests run them without a GPU); other CPU tensors, other
+  devices and float64 take the torch path.
+* ``"auto"`` (the default): ``"torch"`` until a device run has shown the kernels faster than the
+  torch path at every benchmark shape (``docs/gpu-kernels.md`` keeps that record).
+
+Selection, by precedence: the innermost :func:`backend` context, then :func:`set_backend`,
+then the environment variable ``STABLELOSSES_BACKEND`` (read at each call while neither is
+set), then ``"auto"``. This module never imports triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import torch
+
+from stablelosses._compat import forward_ad_active, functorch_transforms_active
+
+BACKENDS = ("auto", "torch", "triton")
+ENV_VAR = "STABLELOSSES_BACKEND"
+
+# True once a device run has shown the kernels faster at every benchmark shape; until then
+# "auto" means "torch" (issue 22).
+_AUTO_PICKS_TRITON = False
+
+_global: list[str | None] = [None]
+_scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("stablelosses_backend", default=None)
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_installed() -> bool:
+    """True when the ``triton`` package can be imported (looked up, not imported)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def _check_name(fn: str, name: object) -> str:
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"{fn}: backend must be 'auto', 'torch' or 'triton', got {name!r}")
+    if name == "triton" and not triton_installed():
+        raise RuntimeError(f"{fn}: backend 'triton' needs the triton package (pip install triton)")
+    return name
+
+
+def set_backend(name: str) -> None:
+    r"""Select the implementation of the softmax-family functions and the classification losses.
+
+    Args:
+        name: ``'auto'`` (the default: the torch path until a device run has shown the kernels
+            faster), ``'torch'`` (the pure-PyTorch path everywhere) or ``'triton'`` (the fused
+            Triton kernels for CUDA tensors, and for CPU tensors under ``TRITON_INTERPRET=1``).
+
+    Raises:
+        ValueError: ``name`` is not one of the three.
+        RuntimeError: ``'triton'`` while the triton package is not installed.
+
+    Example:
+        >>> import stablelosses as sl
+        >>> sl.set_backend("torch")
+        >>> sl.get_backend()
+        'torch'
+        >>> sl.set_backend("auto")
+    """
+    _global[0] = _check_name("set_backend", name)
+
+
+def get_backend() -> str:
+    """The backend in force here: the innermost :func:`backend` context, else
+    :func:`set_backend`'s, else ``STABLELOSSES_BACKEND``, else ``'auto'``.
+
+    Raises:
+        ValueError: ``STABLELOSSES_BACKEND`` names no backend.
+    """
+    name = _scoped.get()
+    if name is None:
+        name = _global[0]
+    if name is None:
+        env = os.environ.get(ENV_VAR, "").strip().lower()
+        name = _check_name(ENV_VAR, env) if env else "auto"
+    return name
+
+
+@contextlib.contextmanager
+def backend(name: str) -> Iterator[None]:
+    """Run the block with backend ``name`` (``'auto'``, ``'torch'`` or ``'triton'``), then restore
+    the previous choice. Context-local: each thread and asyncio task has its own.
+
+    Raises:
+        ValueError: ``name`` is not one of the three.
+        RuntimeError: ``'triton'`` while the triton package is not installed.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> with sl.backend("torch"):
+        ...     sl.get_backend()
+        'torch'
+    """
+    token = _scoped.set(_check_name("backend", name))
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """True when a call on ``x`` should run the Triton kernels (see the module docstring).
+
+    Inductor generates its own kernels, so while compiling the torch spelling is traced; the
+    kernels are first order, so ``torch.func`` transforms and forward-mode AD take the torch path.
+    """
+    if torch.compiler.is_compiling():  # first: Dynamo cannot trace a ContextVar lookup
+        return False
+    name = get_backend()
+    if name == "auto":
+        name = "triton" if _AUTO_PICKS_TRITON else "torch"
+    if name != "triton" or x.dtype not in _KERNEL_DTYPES:
+        return False
+    if x.device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True"):
+            return False
+    elif x.device.type != "cuda":
+        return False
+    if functorch_transforms_active() or forward_ad_active():
+        return False
+    return triton_installed()

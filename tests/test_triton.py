@@ -1,0 +1,421 @@
+"""The Triton kernels against the torch path, value and gradient: the hazard catalogue, random
+inputs in float32/float16/bfloat16, widths that are not a power of two and multi-block rows.
+
+Without CUDA they run under ``TRITON_INTERPRET=1`` (numpy, slow): shapes stay small. With CUDA
+the same tests run natively on the GPU (``DEV``), plus a graph-capture and a sync-debug check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split("+")[0].split(".")[:2])
+
+
+if not torch.cuda.is_available():
+    # before triton is imported: it fixes the interpreter mode then and at decoration
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton", minversion="3.6")  # torch 2.6's own triton 3.2: skipped
+np = pytest.importorskip("numpy")
+if not torch.cuda.is_available() and _version(np.__version__) >= (2, 4) and _version(triton.__version__) < (3, 9):
+    # triton's interpreter (before 3.9) turns its 1-element int arrays into Python ints, which
+    # numpy 2.4 refuses: CI installs numpy < 2.4 with triton
+    pytest.skip("triton's interpreter before 3.9 needs numpy < 2.4", allow_module_level=True)
+
+import stablelosses as sl  # noqa: E402
+import stablelosses.functional as SF  # noqa: E402
+from stablelosses._triton import ops  # noqa: E402
+
+INF, NAN = float("inf"), float("nan")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
+# numpy warns where the interpreter evaluates both branches of a where (log 0, 0/0)
+# and converts its 1-element arrays to Python ints (deprecated in numpy 1.25)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
+]
+# agreement with the torch path, in units of the dtype's eps: the kernel and torch's kernels
+# round exp/log/sum differently (a few ulp in fp32); half dtypes round the same fp32 gradient
+ULP = {torch.float32: 8, torch.float16: 1, torch.bfloat16: 1}
+
+
+@pytest.fixture(autouse=True)
+def _kernels_selected(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with sl.backend("triton"):
+        yield
+
+
+def _close(a, b, dtype=torch.float32, ulp=None, row_scale=False):
+    """Within ``ulp`` eps of the dtype, relative; ``row_scale``: also absolute, relative to the
+    largest finite reference entry (a backward ``y (g − Σ g y)`` cancels to ~0 where ``y → 1``:
+    there each side is right to one rounding of the row's scale)."""
+    eps = torch.finfo(dtype).eps * (ULP[dtype] if ulp is None else ulp)
+    atol = eps * 1e-3
+    if row_scale:
+        finite = b[torch.isfinite(b)].abs()
+        atol = eps * float(finite.max()) if finite.numel() else atol
+    torch.testing.assert_close(a, b, rtol=eps, atol=atol, equal_nan=True)
+
+
+def _on_dev(v):
+    return v.to(DEV) if isinstance(v, torch.Tensor) else v
+
+
+def _both(fn, x, *args, **kw):
+    """``fn`` on the kernel path and on the torch path (on ``DEV``): (loss, grad) each, grad of
+    Σ loss."""
+    x, args, kw = _on_dev(x), [_on_dev(a) for a in args], {k: _on_dev(v) for k, v in kw.items()}
+    out = []
+    for name in ("triton", "torch"):
+        xi = x.detach().clone().requires_grad_()
+        with sl.backend(name):
+            loss = fn(xi, *args, **kw)
+        (g,) = torch.autograd.grad(loss.sum(), xi)
+        out.append((loss.detach(), g))
+    return out
+
+
+def _hazard_rows(v: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row per hazard; the targets say which entry each row is about."""
+    fmin = torch.finfo(torch.float32).min
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, v, generator=g)
+    t = torch.randint(0, v, (12,), generator=g)
+    x[0] = -INF  # fully masked
+    x[1, : v // 2] = -INF  # a leading -inf block, then finite
+    x[2, 3], x[2, 30], t[2] = INF, INF, 3  # +inf row, target at +inf
+    x[3, 5], t[3] = INF, 6  # +inf row, target finite: p_t = 0, loss +inf
+    x[4, 7] = NAN  # NaN row
+    x[5] = fmin  # finfo.min: an ordinary row (log C)
+    x[6] = 0.1 * x[6]
+    x[6, 9], t[6] = 25.0, 9  # p_t -> 1: the exact tail (1 - p_t ~ 1e-10)
+    x[7, 11], t[7] = 60.0, 11  # p_t rounds to 1 in fp32: log p_t ~ -1e-25, still exact
+    x[8, 2], t[8] = -INF, 2  # target class masked: loss +inf, finite gradient
+    t[9] = -100  # ignored
+    x[10, 1], t[10] = NAN, -100  # ignored NaN row: NaN gradient, as the torch path
+    x[11, v - 1], t[11] = 1e30, v - 1  # a huge finite logit
+    return x, t
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_hazard_catalogue(gamma, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, DEV, 16)  # 40 columns: three blocks, the last ragged
+    x, t = _hazard_rows()
+    (lk, gk), (lt, gt) = _both(SF.focal_loss, x, t, gamma, reduction="none")
+    _close(lk, lt)
+    _close(gk, gt)
+    assert torch.equal(gk[0], torch.zeros_like(gk[0])) and lk[0] == 0  # fully masked: dropped
+    assert torch.isnan(lk[4]) and torch.isnan(gk[4]).all()  # NaN in, NaN out
+    assert lk[3] == INF and torch.isfinite(gk[3]).all()
+    if gamma == 0.0:  # the exact tail, where lse − x_t rounds to 0: against float64 log1p
+        for r in (6, 7):
+            x64 = x[r].double().cpu()
+            rest = torch.exp(x64 - x64[t[r]]).sum() - 1.0 if r == 6 else torch.exp(
+                torch.cat([x64[: t[r]], x64[t[r] + 1 :]]) - x64[t[r]]).sum()
+            _close(lk[r].cpu().double(), torch.log1p(rest), ulp=4)
+        assert 0 < lk[7] < 1e-20
+    assert torch.equal(gk[9], torch.zeros_like(gk[9]))
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_label_smoothing_hazards(eps, weighted, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, DEV, 16)
+    x, t = _hazard_rows()
+    x[9, :10] = -INF  # masked classes: no smoothing mass (ε/K over the K unmasked ones)
+    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(7)) if weighted else None
+    if weighted:
+        w[3] = 0.0  # a zero weight on a +inf row's finite class: NaN, as the torch path
+    (lk, gk), (lt, gt) = _both(SF.cross_entropy, x, t, weight=w, label_smoothing=eps, reduction="none")
+    _close(lk, lt)
+    _close(gk, gt, row_scale=True)  # p − q cancels where the target distribution matches p
+    assert lk[0] == 0 and torch.equal(gk[0], torch.zeros_like(gk[0]))
+    assert torch.isfinite(lk[9 if eps == 1.0 else 5]) and torch.isfinite(gk[1]).all()
+    (mk, _), (mt, _) = _both(SF.cross_entropy, x[5:8], t[5:8], weight=w, label_smoothing=eps)
+    _close(mk, mt)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_weight_mask_ignore_index_reductions(reduction):
+    x, t = _hazard_rows()
+    x = torch.where(torch.isnan(x), 0.0, x)
+    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(1))
+    w[t[1]] = 0.0  # a zero class weight removes the term
+    mask = torch.ones(x.shape[0], dtype=torch.bool)
+    mask[[1, 6]] = False
+    t4 = torch.where(t == -100, 4, t)  # ignore_index=4: rows 9 and 10 stay ignored
+    for tt, kw in ((t, {"weight": w}), (t, {"mask": mask}), (t4, {"weight": w, "mask": mask, "ignore_index": 4})):
+        (lk, gk), (lt, gt) = _both(SF.cross_entropy, x, tt, reduction=reduction, **kw)
+        _close(lk, lt)
+        _close(gk, gt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_random_inputs_in_every_dtype(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = (3 * torch.randn(7, 37, generator=g)).to(dtype)  # 37: not a power of two
+    t = torch.randint(0, 37, (7,), generator=g)
+    for fn, args in ((SF.cross_entropy, ()), (SF.focal_loss, (2.0,))):
+        (lk, gk), (lt, gt) = _both(fn, x, t, *args, reduction="mean")
+        assert lk.dtype == lt.dtype == dtype and gk.dtype == dtype
+        _close(lk, lt, dtype)
+        _close(gk, gt, dtype)
+
+
+def test_multi_block_rows_vocab_70000():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 70_000, generator=g)
+    x[1, :40_000] = -INF  # the first blocks all -inf
+    t = torch.tensor([69_999, 50_000])
+    (lk, gk), (lt, gt) = _both(SF.cross_entropy, x, t, reduction="none")
+    _close(lk, lt)
+    _close(gk, gt)
+
+
+def test_kernel_path_is_taken_and_logits_are_kept():
+    x = torch.randn(3, 5, device=DEV, requires_grad=True)
+    x0 = x.detach().clone()
+    loss = SF.cross_entropy(x, torch.tensor([0, 1, 2], device=DEV), reduction="none")
+    assert "Triton" in type(loss.grad_fn).__name__
+    loss.sum().backward(retain_graph=True)
+    g1 = x.grad.clone()
+    loss.sum().backward()  # retain_graph: the saved logits are intact
+    assert torch.equal(x.detach(), x0) and torch.equal(x.grad, 2 * g1)
+
+
+def test_double_backward_falls_back_to_the_torch_path():
+    x = torch.randn(3, 6, device=DEV, requires_grad=True)
+    t = torch.tensor([0, 5, 2], device=DEV)
+    v = torch.randn(3, 6, device=DEV)
+    hv = []
+    for name in ("triton", "torch"):
+        with sl.backend(name):
+            (g,) = torch.autograd.grad(SF.focal_loss(x, t, 2.0), x, create_graph=True)
+        (h,) = torch.autograd.grad((g * v).sum(), x)
+        hv.append(h)
+    _close(hv[0], hv[1])
+
+
+def test_out_of_range_target_is_nan():
+    loss = SF.cross_entropy(torch.randn(2, 4, device=DEV), torch.tensor([1, 7], device=DEV), reduction="none")
+    assert torch.isnan(loss[1]) and torch.isfinite(loss[0])
+
+
+def test_uncovered_calls_take_the_torch_path():
+    x = torch.randn(3, 4, device=DEV, requires_grad=True)
+    t = torch.tensor([0, 1, 2], device=DEV)
+    for loss in (
+        SF.cross_entropy(x.double(), t),
+        SF.cross_entropy(x, t, weight=torch.ones(4, device=DEV, requires_grad=True)),
+        SF.cross_entropy(x.unsqueeze(-1), t.unsqueeze(-1)),
+    ):
+        assert "Triton" not in type(loss.grad_fn).__name__
+    with pytest.raises(ValueError, match="reduction must be"):
+        SF.cross_entropy(x, t, reduction="avg")  # the torch path validates
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_no_host_sync_and_graph_capture():
+    x = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 1000, (64,), device="cuda")
+    SF.cross_entropy(x, t).backward()  # compile the kernels first
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        SF.cross_entropy(x, t).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    xs = torch.randn(64, 1000, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        SF.cross_entropy(xs, t, reduction="sum")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = SF.cross_entropy(xs, t, reduction="sum")
+    xs.copy_(torch.randn_like(xs))
+    graph.replay()
+    with sl.backend("torch"):
+        ref = SF.cross_entropy(xs, t, reduction="sum")
+    _close(out, ref)
+
+
+
+# --- the softmax family --------------------------------------------------------------------
+
+SOFTMAX_FAMILY = [
+    (SF.softmax, {}),
+    (SF.log_softmax, {}),
+    (SF.logsumexp, {}),
+    (SF.logsumexp, {"keepdim": True}),
+]
+
+
+def _softmax_hazard_rows(v: int = 37) -> torch.Tensor:
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, v, generator=g)
+    x[0] = -INF  # all -inf
+    x[1, :20] = -INF  # leading -inf blocks
+    x[2, 3], x[2, 7] = INF, INF  # two +inf entries
+    x[3, 4] = NAN
+    x[4] = torch.finfo(torch.float32).min  # ordinary
+    x[5, 9] = 40.0  # the argmax's tail: δ ~ 1e-16
+    x[6] = 0.0
+    x[6, 5] = 20.0
+    x[7, 2], x[7, 3] = INF, NAN  # NaN wins over +inf
+    x[8, 0] = 1e30
+    return x
+
+
+def _both_any(fn, x, grad, **kw):
+    x, grad = x.to(DEV), grad.to(DEV)
+    out = []
+    for name in ("triton", "torch"):
+        xi = x.detach().clone().requires_grad_()
+        with sl.backend(name):
+            y = fn(xi, -1, **kw)
+        (g,) = torch.autograd.grad(y, xi, grad.reshape(y.shape))
+        out.append((y.detach(), g))
+    return out
+
+
+@pytest.mark.parametrize("fn,kw", SOFTMAX_FAMILY, ids=["softmax", "log_softmax", "logsumexp", "lse-keepdim"])
+def test_softmax_family_hazards(fn, kw, monkeypatch):
+    monkeypatch.setitem(ops.MAX_BLOCK, DEV, 16)
+    x = _softmax_hazard_rows()
+    grad = torch.randn(x.shape if fn is not SF.logsumexp else x.shape[:1])
+    (yk, gk), (yt, gt) = _both_any(fn, x, grad, **kw)
+    _close(yk, yt)
+    _close(gk, gt, row_scale=True)
+    assert torch.equal(gk[0], torch.zeros_like(gk[0]))  # all -inf: gradient exactly 0
+    assert torch.isnan(gk[3]).all() and torch.isnan(gk[7]).all()
+    if fn is SF.log_softmax:  # the argmax entry's exact tail, against float64 log1p
+        x64 = x[5].double().cpu()
+        delta = torch.exp(x64 - 40.0).sum() - 1.0
+        _close(yk[5, 9].cpu().double(), -torch.log1p(delta), ulp=4)
+        assert yk[5, 9] < 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_softmax_family_random_3d(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = (4 * torch.randn(2, 3, 37, generator=g)).to(dtype)
+    for fn, kw in SOFTMAX_FAMILY:
+        shape = x.shape if fn is not SF.logsumexp else x.shape[:-1]
+        grad = torch.randn(shape, generator=g).to(dtype)
+        (yk, gk), (yt, gt) = _both_any(fn, x, grad, **kw)
+        assert yk.dtype == yt.dtype == dtype and yk.shape == yt.shape
+        _close(yk, yt, dtype)
+        # half dtypes: the kernel's backward reads the rounded saved output (one more rounding)
+        _close(gk, gt, dtype, ulp=None if dtype == torch.float32 else 2, row_scale=True)
+
+
+def test_log_softmax_multi_block_70000():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 70_000, generator=g)
+    x[1, :40_000] = -INF
+    (yk, gk), (yt, gt) = _both_any(SF.log_softmax, x, torch.randn(2, 70_000, generator=g))
+    _close(yk, yt)
+    _close(gk, gt, row_scale=True)
+
+
+@pytest.mark.parametrize("fn", [SF.softmax, SF.log_softmax, SF.logsumexp])
+def test_softmax_family_double_backward(fn):
+    x = torch.randn(3, 7, device=DEV, requires_grad=True)
+    v = torch.randn(3, 7, device=DEV)
+    hv = []
+    for name in ("triton", "torch"):
+        with sl.backend(name):
+            y = fn(x, -1)
+            (g,) = torch.autograd.grad(y, x, torch.ones_like(y) if y.dim() == 1 else v, create_graph=True)
+        (h,) = torch.autograd.grad((g * v).sum(), x)
+        hv.append(h)
+    _close(hv[0], hv[1], ulp=16, row_scale=True)
+
+
+def test_softmax_family_uncovered_calls_take_the_torch_path():
+    x = torch.randn(3, 4, device=DEV, requires_grad=True)
+    assert "Triton" in type(SF.softmax(x, -1).grad_fn.next_functions[0][0]).__name__
+    for y in (SF.softmax(x, 0), SF.log_softmax(x, -1, mask=x > 0), SF.logsumexp(x, (0, 1)),
+              SF.softmax(x, -1, dtype=torch.float64)):
+        assert "Triton" not in type(y.grad_fn).__name__
+
+
+# --- sigmoid focal loss ----------------------------------------------------------------------
+
+
+def _sigmoid_inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(8)
+    sat = torch.tensor([0.0, 20.0, -20.0, 60.0, -60.0, 100.0, -100.0, NAN, INF, -INF, 1e30])
+    x = torch.cat([3 * torch.randn(29, generator=g), sat]).reshape(5, 8)
+    t = torch.cat([torch.rand(29, generator=g), torch.tensor([1.0, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1])])
+    return x.to(dtype), t.reshape(5, 8).to(dtype)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("alpha", [0.25, -1.0])
+def test_sigmoid_focal_hazards(gamma, alpha):
+    x, t = _sigmoid_inputs()
+    for reduction in ("none", "mean", "sum"):
+        (lk, gk), (lt, gt) = _both(SF.sigmoid_focal_loss, x, t, alpha, gamma, reduction)
+        _close(lk, lt)
+        # σ(x) − t and the γ term cancel for soft targets: each side ~10 ulp of the row scale
+        _close(gk, gt, row_scale=True)
+    assert torch.isnan(gk.flatten()[36]) and torch.isfinite(gk.flatten()[30:36]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sigmoid_focal_half(dtype):
+    x, t = _sigmoid_inputs(dtype)
+    (lk, gk), (lt, gt) = _both(SF.sigmoid_focal_loss, x, t, 0.25, 2.0, "mean")
+    assert lk.dtype == lt.dtype == dtype
+    _close(lk, lt, dtype)
+    _close(gk, gt, dtype, row_scale=True)
+
+
+def test_sigmoid_focal_double_backward_and_target_grad():
+    x, t = _sigmoid_inputs()
+    x, t = x[:3].to(DEV), t[:3].to(DEV)
+    xk = x.clone().requires_grad_()
+    assert "Triton" in type(SF.sigmoid_focal_loss(xk, t, 0.25, 2.0, "none").grad_fn).__name__
+    loss = SF.sigmoid_focal_loss(xk, t, 0.25, 2.0, "sum")
+    (g,) = torch.autograd.grad(loss, xk, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), xk)
+    with sl.backend("torch"):
+        xt = x.clone().requires_grad_()
+        (g2,) = torch.autograd.grad(SF.sigmoid_focal_loss(xt, t, 0.25, 2.0, "sum"), xt, create_graph=True)
+        (h2,) = torch.autograd.grad(g2.sum(), xt)
+    _close(h, h2, ulp=16, row_scale=True)
+    tg = t.clone().requires_grad_()
+    assert "Triton" not in type(SF.sigmoid_focal_loss(x, tg).grad_fn).__name__  # target grad: torch
+
+
+# --- the linear losses' chunk step ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma,eps", [(0.0, 0.0), (2.0, 0.0), (0.0, 0.1)])
+def test_linear_chunk_step_in_place(gamma, eps):
+    x, t = (v.to(DEV) for v in _hazard_rows())
+    x = torch.where(torch.isnan(x), 0.0, x)
+    w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(9)).to(DEV)
+    buf = x.clone()  # the library's own chunk buffer
+    step = ops.linear_chunk_step(buf, t, w, -100, gamma, eps)
+    xt = x.clone().requires_grad_()
+    with sl.backend("torch"):
+        if gamma == 0.0:
+            ref = SF.cross_entropy(xt, t, w, label_smoothing=eps, reduction="none")
+        else:
+            ref = SF.focal_loss(xt, t, gamma, w, reduction="none")
+    (g,) = torch.autograd.grad(ref.sum(), xt)
+    _close(step.loss, ref.detach())
+    _close(buf, g, row_scale=eps > 0.0)  # the gradient, in place of the logits
+    finite = torch.isfinite(x).all(1)
+    _close(step.lse[finite], torch.logsumexp(x[finite], 1))
+    assert step.lse[0] == -INF and step.lse[2] == INF
