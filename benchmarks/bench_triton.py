@@ -1,4 +1,4 @@
-"""CUDA benchmark of the Triton kernels (issue 22): cross-entropy and the softmax family,
+"""CUDA benchmark of the Triton kernels: cross-entropy and the softmax family,
 forward+backward, one table.
 
 Rows per shape: torch eager (``F.cross_entropy``), torch.compile of it, our torch path, our

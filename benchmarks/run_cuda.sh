@@ -49,7 +49,7 @@ STABLELOSSES_BENCH_COMPILE=0 STABLELOSSES_BENCH_ROUNDS=5 \
     step pytest_bench_cuda 60 "$PY" -m pytest -q benchmarks/test_bench_losses.py --benchmark-only \
     -k "cuda and fwdbwd" --benchmark-json "$OUT/pytest_bench_cuda.json"
 fi
-# The Triton kernels (issue 22): a CUDA tests step of their own, then the kernel bench.
+# The Triton kernels: a CUDA tests step of their own, then the kernel bench.
 if ls bench-wheels/liger_kernel-*.whl > /dev/null 2>&1; then
     "$PY" -m pip install -q --no-deps --no-index bench-wheels/liger_kernel-*.whl > "$OUT/liger_install.log" 2>&1 \
         || echo "== liger-kernel wheel did not install (see $OUT/liger_install.log)"

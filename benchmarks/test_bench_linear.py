@@ -148,7 +148,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--only", default="", help="run the cases whose label contains one of these (comma-separated)")
+    parser.add_argument("--only", default="",
+                        help="run the cases whose label contains one of these (comma-separated)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

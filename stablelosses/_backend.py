@@ -32,7 +32,7 @@ BACKENDS = ("auto", "torch", "triton")
 ENV_VAR = "STABLELOSSES_BACKEND"
 
 # True once a device run has shown the kernels faster at every benchmark shape; until then
-# "auto" means "torch" (issue 22).
+# "auto" means "torch" until a device run shows the kernels faster (docs/gpu-kernels.md).
 _AUTO_PICKS_TRITON = False
 
 _global: list[str | None] = [None]

@@ -293,7 +293,7 @@ def _seed_run_warnings(seed: int, loss_floor: float = 1.0, lr: float = 0.1, step
 
 @pytest.mark.parametrize("seed", [119, 167])
 def test_seed_runs_whose_tiny_loss_jumps_and_recovers_do_not_fire(seed):
-    # issue 19 item 18: of 200 seed runs (lr 0.1, 30 steps) these two never diverge, but their
+    # of 200 seed runs (lr 0.1, 30 steps) these two never diverge, but their
     # loss rises from ~1e-4 to ~6 and falls back; judged against the window's minimum alone
     # (loss_floor ~ 0, the 0.2 behaviour) they fired
     losses, fired = _seed_run_warnings(seed)

@@ -18,12 +18,7 @@ OUTSIDE = re.compile(r"(?i:\bissues?[- ]?#?\d+)|\bDESIGN\b|(?i:\bprinciple \d+)"
 
 # Files another change is rewriting at the time of writing, with the number of such references
 # they still hold. Remove an entry when its file is fixed (the test fails while it is stale).
-PENDING = {
-    "stablelosses/_autograd/softmax.py": 2,  # "DESIGN principle 8"
-    "stablelosses/_autograd/cross_entropy.py": 2,  # "DESIGN principle 8"
-    "stablelosses/bench/__init__.py": 1,
-    "stablelosses/bench/targets.py": 1,
-}
+PENDING: dict[str, int] = {}
 
 
 def _files():

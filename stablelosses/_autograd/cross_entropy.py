@@ -157,7 +157,7 @@ class _IndexLoss(torch.autograd.Function):
         extra = lsm
         if gamma == 0.0:
             if eps == 0.0:
-                # Exact tail (DESIGN principle 8): as p_t → 1, log p_t = log1p(−Σ_{j≠t} p_j)
+                # Exact tail (design: exact tails): as p_t → 1, log p_t = log1p(−Σ_{j≠t} p_j)
                 # keeps full relative accuracy where lse − x_t rounds to 0. It costs one exp
                 # and one sum over the row; no formulation in the passes above gives it.
                 other = other_mass(probs_from(lsm, True), idx, cdim, inplace=True)

@@ -143,7 +143,7 @@ class _LogSoftmax(torch.autograd.Function):
         z, m, am = _shift_by_max(x, dim)
         fix = torch.where(m == -_INF, m, 0.0)  # -inf on all-(-inf) slices (NaN ones stay NaN)
         fix = torch.where(torch.isnan(m), m, fix)
-        # Exact tail (DESIGN principle 8): log Σ e^z = log1p(δ), δ = Σ e^z without one argmax
+        # Exact tail (design: exact tails): log Σ e^z = log1p(δ), δ = Σ e^z without one argmax
         # term (exactly 1), so the argmax entry is −log1p(δ) ≈ −δ where log(1 + δ) rounds to 0.
         # z = 0 at every maximum (also on +inf and all-(-inf) slices), so δ counts ties; am is
         # one of them (on a NaN slice the NaN's index: the result is NaN from fix anyway).
