@@ -194,9 +194,11 @@ def test_every_public_function_is_checked():
     from stablelosses.debug._boundary import public_functions
 
     covered = {name.rsplit(".", 1)[-1] for name, _ in public_functions()}
+    # the backend switches configure, they compute nothing the detector could check
+    config = {"set_backend", "get_backend", "backend"}
     for mod in (sl, SF):
         for name in mod.__all__:
             obj = getattr(mod, name)
-            if callable(obj) and not inspect.isclass(obj):
+            if callable(obj) and not inspect.isclass(obj) and name not in config:
                 assert name in covered, name
     assert {"safe_sqrt", "cross_entropy", "rmse_loss", "log_softmax"} <= covered
