@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
+from stablelosses._compat import functorch_transforms_active
 from stablelosses._compat import log_softmax_backward as _log_softmax_kernel_bwd
 from stablelosses._compat import softmax_backward as _softmax_kernel_bwd
 from stablelosses._utils import inplace_ok
@@ -55,6 +56,13 @@ def _bounded(x: Tensor, m: Tensor) -> Tensor:
     (torch's CPU clamp with two per-slice bounds does not vectorize its two broadcast
     operands: about 2x slower than this ``minimum`` at 8192x1000.)
     """
+    if functorch_transforms_active():
+        # torch < 2.7 has no vmap rule for a dtype view: the same values as a clamp with
+        # per-slice bounds (its slower CPU kernel matters less than working at all there)
+        hi = m.clamp(-torch.finfo(x.dtype).max, torch.finfo(x.dtype).max)
+        hi = torch.where(m == -_INF, hi, hi.clamp_min(0.0) + torch.where(m == _INF, 0.0, _INF))
+        lo = torch.where(m == -_INF, hi, -_INF)
+        return x.clamp(lo, hi)
     bits, neg_inf = _BITS[x.dtype]
     # m + 0 turns a -0.0 max into +0.0, whose bits are above a +0.0 entry's (-0.0's are not)
     c = torch.add((m + 0.0).view(bits).clamp_min(neg_inf), torch.isinf(m), alpha=-1)
