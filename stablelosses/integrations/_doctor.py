@@ -41,6 +41,24 @@ def _steps(optimizer: Any) -> torch.optim.Optimizer:
     return cast(torch.optim.Optimizer, _FrameworkSteps(optimizer))
 
 
+class DoctorAttributes:
+    """The callbacks' read-only view of their `NaNDoctor` (``self.doctor``)."""
+
+    doctor: NaNDoctor
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.doctor.skipped_steps
+
+    @property
+    def report(self) -> str | None:
+        return self.doctor.report
+
+    @property
+    def error(self) -> Any:
+        return self.doctor.error
+
+
 class NaNDoctor:
     """Skip-and-count on non-finite gradients, early stop on divergence, for any loop that calls
     `record_loss` after each backward and `before_step` before each optimizer step.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stablelosses.integrations._doctor import NaNDoctor
+from stablelosses.integrations._doctor import DoctorAttributes, NaNDoctor
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -29,7 +29,7 @@ except ImportError:  # the older package name
 __all__ = ["NaNDoctorCallback"]
 
 
-class NaNDoctorCallback(Callback if Callback is not None else object):  # type: ignore[misc]
+class NaNDoctorCallback(DoctorAttributes, Callback if Callback is not None else object):  # type: ignore[misc]
     """FiniteGuard's skip-and-count and DivergenceMonitor's early stop, as a Lightning callback.
 
     Before each optimizer step (after the backward, gradient clipping and AMP unscaling): a step
@@ -60,18 +60,6 @@ class NaNDoctorCallback(Callback if Callback is not None else object):  # type: 
         super().__init__()
         self.doctor = NaNDoctor(max_consecutive=max_consecutive, divergence=divergence, window=window,
                                 growth=growth, loss_floor=loss_floor)
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.doctor.skipped_steps
-
-    @property
-    def report(self) -> str | None:
-        return self.doctor.report
-
-    @property
-    def error(self) -> Any:
-        return self.doctor.error
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         opts = trainer.optimizers

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from stablelosses.integrations._doctor import NaNDoctor
+from stablelosses.integrations._doctor import DoctorAttributes, NaNDoctor
 
 try:
     from transformers import TrainerCallback
@@ -37,7 +37,7 @@ def _loss_of(output: Any) -> Any:
     return getattr(output, "loss", None)
 
 
-class NaNDoctorCallback(TrainerCallback if TrainerCallback is not None else object):  # type: ignore[misc]
+class NaNDoctorCallback(DoctorAttributes, TrainerCallback if TrainerCallback is not None else object):  # type: ignore[misc]
     """FiniteGuard's skip-and-count and DivergenceMonitor's early stop, as a ``TrainerCallback``.
 
     In ``on_pre_optimizer_step`` (after the backward and gradient clipping): a step whose
@@ -71,18 +71,6 @@ class NaNDoctorCallback(TrainerCallback if TrainerCallback is not None else obje
         self.doctor = NaNDoctor(max_consecutive=max_consecutive, divergence=divergence, window=window,
                                 growth=growth, loss_floor=loss_floor)
         self._hook: Any = None
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.doctor.skipped_steps
-
-    @property
-    def report(self) -> str | None:
-        return self.doctor.report
-
-    @property
-    def error(self) -> Any:
-        return self.doctor.error
 
     def _forward_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if module.training and torch.is_grad_enabled():
