@@ -49,6 +49,20 @@ def functorch_transforms_active() -> bool:
     return bool(_transforms_active())
 
 
+def nested_forward_transforms() -> bool:
+    """True while two or more ``torch.func`` forward-mode transforms are stacked
+    (``jacfwd(jacfwd(f))``, ``jvp`` of ``jvp``).
+
+    Fallback: False (no interpreter stack to read: the guard that uses it stays off).
+    """
+    stack_of = getattr(_functorch, "get_interpreter_stack", None)
+    jvp = getattr(getattr(_functorch, "TransformType", None), "Jvp", None)
+    if stack_of is None or jvp is None:
+        return False
+    stack = stack_of() or ()
+    return sum(1 for level in stack if level.key() == jvp) >= 2
+
+
 def is_transform_wrapped(t: Tensor) -> bool:
     """True when ``t`` is a functorch wrapper (a batched or a grad-tracking tensor).
 

@@ -20,7 +20,12 @@ from typing import Any
 
 import torch
 
-from stablelosses._compat import direct_apply, forward_ad_active, functorch_transforms_active
+from stablelosses._compat import (
+    direct_apply,
+    forward_ad_active,
+    functorch_transforms_active,
+    nested_forward_transforms,
+)
 
 _grad_enabled = torch.is_grad_enabled
 
@@ -47,6 +52,17 @@ def applier(cls: Any) -> Callable[..., Any]:
     return fast_apply(cls, compiled=twin)
 
 
+def _nested_forward_error() -> RuntimeError:
+    # torch's own bug, silent: the second and higher derivatives come out 0 through any
+    # custom autograd.Function under nested forward mode (pytorch/pytorch#197867).
+    return RuntimeError(
+        "stablelosses: nested forward-mode transforms (jacfwd(jacfwd(f)), jvp of jvp) give "
+        "zero second derivatives through custom autograd Functions in this torch "
+        "(pytorch/pytorch#197867); use torch.func.hessian (jacfwd over jacrev) or "
+        "jacrev(jacrev(f)), which are exact"
+    )
+
+
 def fast_apply(cls: Any, compiled: Any = None) -> Callable[..., Any]:
     """``cls.apply`` with two per-call shortcuts (every argument given positionally).
 
@@ -65,6 +81,8 @@ def fast_apply(cls: Any, compiled: Any = None) -> Callable[..., Any]:
         if torch.compiler.is_compiling():
             return traced.apply(*args)
         if functorch_transforms_active():
+            if nested_forward_transforms():
+                raise _nested_forward_error()
             return cls.apply(*args)
         if not forward_ad_active() and not (_grad_enabled() and _any_requires_grad(args)):
             return forward(*args)

@@ -30,6 +30,7 @@ from stablelosses._autograd._base import applier
 from stablelosses._autograd.focal import accurate_log_pt, focal_rows, focal_terms, other_mass
 from stablelosses._autograd.softmax import (
     _bounded,
+    _log_softmax,
     exact_log_softmax,
     extra_log_softmax_grad,
     extra_softmax_grad,
@@ -192,7 +193,8 @@ class _IndexLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(valid, scale, rest)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale, rest)
-        ctx.save_for_forward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale)
+        # the same tensors as for backward (one list of batch dims under torch.func's vmap rule)
+        ctx.save_for_forward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale, rest)
         ctx.gamma, ctx.eps, ctx.cdim = gamma, eps, cdim
 
     @staticmethod
@@ -243,7 +245,7 @@ class _IndexLoss(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _gamma, _eps, _cdim):
-        x, idx, weight, extra, lt, valid, scale = ctx.saved_tensors
+        x, idx, weight, extra, lt, valid, scale, _rest = ctx.saved_tensors
         cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
         idx = idx.unsqueeze(cdim)
         p = probs_from(extra, False) if gamma == 0.0 else extra
@@ -410,9 +412,10 @@ class _ClassIndexCE(torch.autograd.Function):
 
     The softmax with ``p_t`` zeroed and ``−rest`` are saved; the first-order backward is
     that softmax scaled per row, with the target entry ``−rest·a`` (``p_t − 1`` without
-    cancellation): one read and one write. The focal row scale (`focal_terms`, N-sized) is an
-    extra output of the forward. Double backward differentiates `_IndexLoss` (same values)
-    from the saved input.
+    cancellation): one read and one write. The focal row scale (`focal_rows`, N-sized) is an
+    extra output of the forward. Double backward and the jvp recompute the row from the saved
+    input in differentiable ops (`_plain_rows`, same values), so that second derivatives and
+    ``torch.func`` nestings reach ``x``.
     """
 
     generate_vmap_rule = True
@@ -455,6 +458,8 @@ class _ClassIndexCE(torch.autograd.Function):
         ctx.mark_non_differentiable(invalid, p, p_t, nrest, nll_t, scale)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale)
+        # the same tensors as for backward: torch.func's generated vmap rule keeps one list of
+        # their batch dims, and a shorter list breaks jacrev(jacfwd(f))
         ctx.save_for_forward(x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale)
         ctx.ignore_index, ctx.gamma, ctx.cdim = ignore_index, gamma, cdim
 
@@ -465,7 +470,7 @@ class _ClassIndexCE(torch.autograd.Function):
         if grad_loss is None:
             return None, None, None, None, None, None, None, None
         if torch.is_grad_enabled():
-            return _double_backward(ctx, x, target, idx, weight, grad_loss)
+            return _double_backward(ctx, x, idx, weight, invalid, grad_loss)
         s = grad_loss.masked_fill(invalid, 0.0)
         # the focal row scale (0 on invalid rows even where it is not finite)
         a = s if gamma == 0.0 else (s * scale).masked_fill(invalid, 0.0)
@@ -488,32 +493,73 @@ class _ClassIndexCE(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_t, _target_t, _idx_t, _ignored_t, w_t, _ii, _gamma, _cdim):
-        x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale = ctx.saved_tensors
+        x, _target, idx, weight, invalid = ctx.saved_tensors[:5]
         cdim, gamma = ctx.cdim, ctx.gamma
+        # recomputed in plain ops (not the saved softmax): reverse mode over this rule
+        # (jacrev of jacfwd) then differentiates it
+        rows = _plain_rows(x, idx, gamma, cdim)
         idx_u = idx.unsqueeze(cdim)
-        pf = p.scatter(cdim, idx_u, p_t.unsqueeze(cdim))
         # zero-probability entries carry no tangent (double where: 0·inf never forms)
-        x_t = torch.zeros_like(pf) if x_t is None else torch.where(pf == 0, 0.0, x_t)
-        lt_t = x_t.gather(cdim, idx_u).squeeze(cdim) - (pf * x_t).sum(cdim)
-        val_t = -lt_t if gamma == 0.0 else -scale * lt_t
+        x_t = torch.zeros_like(rows.p) if x_t is None else torch.where(rows.p == 0, 0.0, x_t)
+        lt_t = x_t.gather(cdim, idx_u).squeeze(cdim) - (rows.p * x_t).sum(cdim)
+        val_t = -lt_t if rows.scale is None else -rows.scale * lt_t
         if weight is not None:
             val_t = weight[idx] * val_t
             if w_t is not None:
                 wt = w_t[idx]
-                val = nll_t if gamma == 0.0 else focal_rows(nrest.neg(), p_t, nll_t, gamma)[0]
-                val_t = val_t + torch.where(wt == 0, 0.0, wt * val)
+                val_t = val_t + torch.where(wt == 0, 0.0, wt * rows.val)
         return val_t.masked_fill(invalid, 0.0), None, None, None, None, None, None
 
 
-def _double_backward(ctx, x, target, idx, weight, grad_loss):
-    """First derivatives as a differentiable graph: `_IndexLoss`'s (same values) on the saved
-    ``x`` and ``weight``, so that a second backward reaches them."""
-    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[4]
-    res = IndexResult(*_index_loss(x, target, idx, weight, ctx.ignore_index, ctx.gamma, 0.0, ctx.cdim))
-    wrt = [t for t, need in ((x, need_x), (weight, need_w)) if need]
-    grads = iter(torch.autograd.grad(res.loss, wrt, grad_loss, create_graph=True, allow_unused=True))
-    gx = next(grads) if need_x else None
-    gw = next(grads) if need_w else None
+class _PlainRows(NamedTuple):
+    """A class-index row in plain differentiable ops (see `_plain_rows`)."""
+
+    p: Tensor
+    rest: Tensor
+    val: Tensor
+    scale: Tensor | None
+
+
+def _plain_rows(x: Tensor, idx: Tensor, gamma: float, cdim: int) -> _PlainRows:
+    """``softmax``, ``rest = Σ_{j≠t} p_j``, the unweighted value and the focal row scale
+    (``None`` for cross-entropy) as a graph of ``x`` in plain torch ops, for the derivatives
+    that differentiate `_ClassIndexCE`'s first-order rules: double backward and the jvp.
+
+    Ops and the library's own log-softmax Function, never ``autograd.grad`` of a re-run
+    forward: under a ``torch.func`` transform the saved ``x`` need not require grad at the
+    level that runs a backward, so ``torch.func`` nests over these (``hessian``,
+    ``jacrev(jacrev(f))``, ``jacrev(jacfwd(f))``) where ``autograd.grad`` is refused. The
+    log-softmax's derivatives are the limits on ``+inf`` and fully masked rows (from its
+    output); NaN rows stay NaN. Same values as the first-order path.
+    """
+    idx_u = idx.unsqueeze(cdim)
+    lsm = _log_softmax(x, cdim)
+    p = torch.exp(lsm)
+    rest = p.scatter(cdim, idx_u, 0.0).sum(cdim)
+    lt = accurate_log_pt(rest, lsm.gather(cdim, idx_u).squeeze(cdim))
+    if gamma == 0.0:
+        return _PlainRows(p, rest, -lt, None)
+    val, scale = focal_terms(rest, lt, gamma)
+    return _PlainRows(p, rest, val, scale)
+
+
+def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
+    """First derivatives as a differentiable graph of the saved ``x`` and ``weight``
+    (`_plain_rows`): ``a·(softmax − onehot)`` with the target entry ``−rest·a``."""
+    rows = _plain_rows(x, idx, ctx.gamma, ctx.cdim)
+    cdim = ctx.cdim
+    s = grad_loss.masked_fill(invalid, 0.0)
+    a = s if rows.scale is None else (s * rows.scale).masked_fill(invalid, 0.0)
+    if weight is not None:
+        a = a * weight[idx]
+    gx = gw = None
+    if ctx.needs_input_grad[0]:
+        a_u = a.unsqueeze(cdim)
+        idx_u = idx.unsqueeze(cdim)
+        gx = (rows.p * a_u).scatter(cdim, idx_u, -rows.rest.unsqueeze(cdim) * a_u)
+    if ctx.needs_input_grad[4]:
+        contrib = (s * rows.val).masked_fill(invalid, 0.0)
+        gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     return gx, None, None, None, gw, None, None, None
 
 

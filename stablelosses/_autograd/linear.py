@@ -337,7 +337,11 @@ class _ScaledGrad(torch.autograd.Function):
 
     ``anchors`` are the loss's inputs: the result depends on them (through ``grad``, which
     autograd cannot see), so differentiating it with respect to them must reach this backward.
+    A vmap rule, because ``torch.func.jacrev`` runs the loss's backward under ``vmap`` with
+    grad mode on.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(grad: Tensor, scale: Tensor, fn: str, *anchors: Tensor | None) -> Tensor:
