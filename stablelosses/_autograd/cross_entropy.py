@@ -111,13 +111,33 @@ def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
 
 
 def _smoothing_sum(
-    terms: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int, weight: Tensor | None = None
+    lsm: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int, weight: Tensor | None,
+    pinf_row: Tensor,
 ) -> Tensor:
-    """``ε/K Σ_{c unmasked} w_c terms_c``, each term scaled by ``ε/K`` before the class weight
-    and the sum: no overflow when the weighted mean over the classes is finite (terms near
-    ``±1e38``)."""
-    t = torch.where(masked, 0.0, terms)
-    t = t.mul_(eps / k) if inplace_ok(t, k) else t * (eps / k)
+    """``ε/K Σ_{c unmasked} w_c lsm_c`` from torch's log-softmax of the bounded logits.
+
+    Unweighted float32 and narrower: the row sum accumulates in float64 and is scaled once (no
+    overflow at terms near ``-1e38``, one pass fewer than scaling each term). Weighted or
+    float64: each term is scaled by ``ε/K`` before the class weight and the sum (no overflow
+    where the weighted mean over the classes is finite).
+
+    ``+inf`` rows (``pinf_row``): the bounded log-softmax is ``-log k`` at the ``+inf``
+    entries and at most ``-ulp(finfo.max)/2`` at every finite one (whose probability is 0), so
+    a row sum below ``-finfo.max·eps/4`` means an unmasked class of probability 0 takes
+    smoothing mass: the term is ``-inf`` there, its limit.
+    """
+    t = torch.where(masked, 0.0, lsm)
+    thr = -torch.finfo(t.dtype).max * torch.finfo(t.dtype).eps / 4
+    scale = eps / k
+    if weight is None and t.dtype != torch.float64:
+        plain = t.sum(cdim, dtype=torch.float64)
+        out = (plain * scale.squeeze(cdim)).to(t.dtype)
+        return torch.where(pinf_row & (plain < thr), -_INF, out)
+    # weighted (w·log p may overflow where the weighted mean does not) or float64: the
+    # zero-probability classes of +inf rows as -inf entries (a zero weight there gives NaN,
+    # 0·inf), each term scaled before the class weight and the sum
+    t = torch.where(pinf_row.unsqueeze(cdim) & (t < thr), -_INF, t)
+    t = t.mul_(scale) if inplace_ok(t, scale) else t * scale
     if weight is not None:
         t = t * weight.view(class_shape(t.dim(), cdim))
     return t.sum(cdim)
@@ -140,21 +160,21 @@ class _IndexLoss(torch.autograd.Function):
     @staticmethod
     def forward(x, target, idx, weight, ignore_index, gamma, eps, cdim):
         # idx: the target with ignore_index replaced by 0 (the wrapper needs it too)
-        lsm, m = (exact_log_softmax if eps > 0.0 else fast_log_softmax)(x, cdim)
+        lsm, m = fast_log_softmax(x, cdim)
         # nll_loss is the gather: 0 on ignored targets and torch's own IndexError
         # ("Target 3 is out of bounds.") for the others out of range.
         lt = F.nll_loss(lsm, target, ignore_index=ignore_index, reduction="none").neg()
         idx = idx.unsqueeze(cdim)
         m_row = m.squeeze(cdim)
         masked_row = m_row == -_INF
-        if eps == 0.0:
-            # On +inf rows only the +inf entries have probability > 0: their log p_t is
-            # -log k (k ≤ C), while a finite target sits at least ulp(finfo.max) below the
-            # bounded +inf entries, so its log p_t is below -ulp/2 (read off lt, not off a
-            # gather of x). Fully masked rows get log p_t = -inf too: loss and gradient dropped.
-            fi = torch.finfo(x.dtype)
-            far = (m_row == _INF) & (lt < -fi.max * fi.eps / 4)
-            lt = torch.where(masked_row | far, -_INF, lt)
+        # On +inf rows only the +inf entries have probability > 0: their log p_t is -log k
+        # (k ≤ C), while a finite target sits at least ulp(finfo.max) below the bounded +inf
+        # entries, so its log p_t is below -ulp/2 (read off lt, not off a gather of x). Fully
+        # masked rows get log p_t = -inf too: loss and gradient dropped.
+        fi = torch.finfo(x.dtype)
+        pinf_row = m_row == _INF
+        far = pinf_row & (lt < -fi.max * fi.eps / 4)
+        lt = torch.where(masked_row | far, -_INF, lt)
         extra = lsm
         if gamma == 0.0:
             if eps == 0.0:
@@ -181,7 +201,7 @@ class _IndexLoss(torch.autograd.Function):
             masked, k = _smoothing(x, cdim)
             # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
             val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
-            val = val - _smoothing_sum(lsm, masked, k, eps, cdim, weight)
+            val = val - _smoothing_sum(lsm, masked, k, eps, cdim, weight, pinf_row)
         valid = (target != ignore_index) & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
         return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale, rest))
