@@ -19,12 +19,12 @@ from torch.nn.modules.loss import _WeightedLoss as _TorchWeightedLoss
 
 from stablelosses import functional as SF
 from stablelosses._utils import REDUCTIONS, check_gamma, check_nonnegative, check_reduction, legacy_reduction
-from stablelosses.functional._classification import _check_label_smoothing
-from stablelosses.functional._contrastive import check_symmetric, check_temperature
-from stablelosses.functional._detection import check_focal_args
-from stablelosses.functional._divergence import check_log_target
+from stablelosses.functional._cross_entropy import _check_label_smoothing
+from stablelosses.functional._dice import check_smooth
+from stablelosses.functional._info_nce import check_symmetric, check_temperature
+from stablelosses.functional._kl_div import check_log_target
 from stablelosses.functional._linear import check_linear_options
-from stablelosses.functional._segmentation import check_smooth
+from stablelosses.functional._sigmoid_focal import check_focal_args
 
 
 class _Loss(_TorchLoss):

@@ -68,3 +68,36 @@ def dtype(request) -> torch.dtype:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def grad_of(fn, *inputs, weight=None):
+    """Gradient of ``sum(weight * fn(*inputs))`` w.r.t. every input (weights fixed, random)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = fn(*leaves)
+    w = torch.ones_like(out) if weight is None else weight
+    grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
+    return out.detach(), [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
+
+
+def value_and_grad(fn, x, *, seed_shape_like=None):
+    """``fn(x)`` and the gradient of ``Σ w · fn(x)`` in ``x``, ``w`` a fixed ramp from -1 to 1."""
+    x = x.detach().clone().requires_grad_(True)
+    out = fn(x)
+    w = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
+    (g,) = torch.autograd.grad((out * w).sum(), x)
+    return out.detach(), g
+
+
+def ref_index_loss(x, t, w, gamma, eps, ignore_index, reduction):
+    """float64 reference written with torch ops: mean = Σ w_t ℓ / Σ w_t."""
+    lsm = torch.log_softmax(x, 1)
+    keep = t != ignore_index
+    ts = torch.where(keep, t, 0)
+    lt = lsm.gather(1, ts[:, None])[:, 0]
+    wt = w[ts] * keep
+    rest = torch.softmax(x, 1).scatter(1, ts[:, None], 0.0).sum(1)  # 1 - p_t from the other classes
+    val = rest**gamma * -lt
+    loss = (1 - eps) * wt * val - keep * (eps / x.shape[1]) * (lsm * w).sum(1)
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / wt.sum()

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given
 from hypothesis import strategies as st
+from mask_helpers import NAN, D, _ce_inputs, _gen, _grad, _masked_ref, _torch_focal_none
 from strategies import logits_with_masks
 
 import stablelosses as sl
@@ -392,3 +393,88 @@ def test_weighted_label_smoothing_near_float_max_does_not_overflow(row):
     ref = F.cross_entropy(x.double(), t, weight=w.double(), label_smoothing=0.1, reduction="none")
     assert torch.isfinite(ref).all()
     torch.testing.assert_close(ours.double(), ref, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy_index_mask_with_ignore_and_weight(reduction, weighted, smoothing):
+    x, t, m, w = _ce_inputs()
+    w = w if weighted else None
+    got = SF.cross_entropy(x, t, w, reduction=reduction, label_smoothing=smoothing, mask=m)
+    if reduction == "none":
+        full = F.cross_entropy(x, t, w, reduction="none", label_smoothing=smoothing)
+        want = torch.where(m, full, 0.0)
+    else:  # torch on the kept rows: the weighted mean over kept, weighted, non-ignored rows
+        want = F.cross_entropy(x[m], t[m], w, reduction=reduction, label_smoothing=smoothing)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_cross_entropy_weight_gradient_with_mask():
+    x, t, m, w = _ce_inputs(2)
+    w = w.requires_grad_()
+    got = SF.cross_entropy(x, t, w, mask=m)
+    terms, wt = _torch_focal_none(x, t, 0.0, w)  # torch refuses weight.requires_grad: by hand
+    want = _masked_ref(terms, m, "mean", wt)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, w)[0], _grad(want, w)[0])
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cross_entropy_probability_targets_mask(smoothing, reduction):
+    g = _gen(5)
+    x = torch.randn(6, 4, 3, generator=g, dtype=D, requires_grad=True)
+    p = torch.rand(6, 4, 3, generator=g, dtype=D).softmax(1)
+    w = torch.rand(4, generator=g, dtype=D)
+    m = torch.rand(6, 3, generator=g) < 0.6
+    got = SF.cross_entropy(x, p, w, reduction=reduction, label_smoothing=smoothing, mask=m)
+    full = F.cross_entropy(x, p, w, reduction="none", label_smoothing=smoothing)
+    want = _masked_ref(full, m, reduction)  # probabilities: the mean is over kept rows
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_cross_entropy_nan_rows_and_garbage_targets_do_not_leak():
+    x, t, m, w = _ce_inputs(3)
+    xn = x.detach().clone()
+    xn[1] = NAN
+    xn[4, 0] = math.inf
+    xn.requires_grad_()
+    tn = t.clone()
+    tn[1] = 999  # out of range, but masked out
+    for fn in (
+        lambda a, red: SF.cross_entropy(a, tn, w, reduction=red, label_smoothing=0.1, mask=m),
+        lambda a, red: SF.focal_loss(a, tn, 2.0, w, reduction=red, mask=m),
+    ):
+        for red in ("none", "mean", "sum"):
+            got = fn(xn, red)
+            (gx,) = _grad(got, xn)
+            assert torch.isfinite(got).all() and torch.isfinite(gx).all()
+            assert torch.equal(gx[~m], torch.zeros_like(gx[~m]))
+            torch.testing.assert_close(got, fn(x, red))
+    p = torch.rand(7, 5, generator=_gen(6), dtype=D).softmax(1)
+    p[1] = NAN
+    got = SF.cross_entropy(xn, p, mask=m)
+    assert torch.isfinite(got) and torch.isfinite(_grad(got, xn)[0]).all()
+
+
+def test_cross_entropy_mask_broadcasts_over_spatial_dims():
+    g = _gen(7)
+    x = torch.randn(3, 4, 2, 5, generator=g, dtype=D, requires_grad=True)
+    t = torch.randint(0, 4, (3, 2, 5), generator=g)
+    m = torch.tensor([True, False, True, True, False])  # broadcasts to (3, 2, 5)
+    got = SF.cross_entropy(x, t, mask=m)
+    full = F.cross_entropy(x, t, reduction="none")
+    want = full[m.expand(3, 2, 5)].mean()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_cross_entropy_unbatched_mask():
+    x = torch.randn(4, dtype=D, requires_grad=True)
+    t = torch.tensor(2)
+    got = SF.cross_entropy(x, t, mask=torch.tensor(True))
+    torch.testing.assert_close(got, F.cross_entropy(x, t))
+    assert SF.cross_entropy(x, t, mask=torch.tensor(False)).item() == 0.0

@@ -8,6 +8,7 @@ import torch
 from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mask_helpers import D, _gen, _grad, _masked_ref
 from strategies import value_and_grads
 from torch.autograd import gradcheck, gradgradcheck
 
@@ -223,3 +224,33 @@ def test_docstring_does_not_claim_smp_smoothing():
     doc = SF.dice_loss.__doc__
     assert "formula of segmentation_models_pytorch" not in doc
     assert "smooth=2s" in doc and "each class over the whole batch" in doc
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_dice_mask_selects_samples(reduction):
+    g = _gen(8)
+    p = torch.rand(4, 2, 3, generator=g, dtype=D, requires_grad=True)
+    tgt = (torch.rand(4, 2, 3, generator=g) < 0.5).to(D)
+    m = torch.tensor([True, False, True, True])
+    pn = p.detach().clone()
+    pn[1] = NAN
+    pn.requires_grad_()
+    got = SF.dice_loss(pn, tgt, reduction=reduction, mask=m)
+    inter = (p * tgt).sum((1, 2))
+    ref = 1 - 2 * inter / (p.sum((1, 2)) + tgt.sum((1, 2)))  # the textbook formula, float64
+    want = _masked_ref(ref, m, reduction)
+    torch.testing.assert_close(got, want)
+    (gp,) = _grad(got, pn)
+    assert torch.isfinite(gp).all() and torch.equal(gp[1], torch.zeros(2, 3, dtype=D))
+    torch.testing.assert_close(gp, _grad(want, p)[0])
+
+
+def test_dice_mask_with_dims_and_all_false():
+    p = torch.rand(2, 3, 4, dtype=D, requires_grad=True)
+    tgt = torch.rand(2, 3, 4, dtype=D)
+    m = torch.tensor([[True, False, True]])  # per (N, C) loss with dims=2
+    got = SF.dice_loss(p, tgt, dims=2, reduction="none", mask=m)
+    want = torch.where(m, SF.dice_loss(p, tgt, dims=2, reduction="none"), 0.0)
+    torch.testing.assert_close(got, want)
+    z = SF.dice_loss(p, tgt, mask=torch.zeros(2, dtype=torch.bool))
+    assert z.item() == 0.0 and torch.equal(_grad(z, p)[0], torch.zeros_like(p))

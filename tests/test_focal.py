@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import mpmath
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_compiled_matches_eager, tol
+from conftest import assert_compiled_matches_eager, ref_index_loss, tol
 from hypothesis import given
 from hypothesis import strategies as st
+from mask_helpers import _ce_inputs, _grad, _masked_ref, _torch_focal_none
 from strategies import logits_with_masks
+from torch.autograd import gradcheck
 
 import stablelosses as sl
 import stablelosses.functional as SF
@@ -209,3 +212,103 @@ def test_errors():
         SF.focal_loss(x, torch.zeros(3, dtype=torch.long))
     with pytest.raises((RuntimeError, IndexError), match="out of bounds"):
         SF.focal_loss(x, torch.tensor([0, 1, 3, 1]))
+
+
+def test_focal_jvp_matches_float64_reference():
+    x = torch.randn(4, 3, dtype=torch.float64)
+    v = torch.randn(4, 3, dtype=torch.float64)
+    t = torch.tensor([0, 1, 2, 1])
+    w = torch.rand(3, dtype=torch.float64) + 0.5
+    ref = lambda xx: ref_index_loss(xx, t, w, 2.0, 0.0, -100, "mean")  # noqa: E731
+    torch.testing.assert_close(
+        torch.func.jvp(lambda xx: SF.focal_loss(xx, t, gamma=2.0, weight=w), (x,), (v,)),
+        torch.func.jvp(ref, (x,), (v,)),
+    )
+
+
+@pytest.mark.parametrize("gamma", [0.5, 2.0])
+def test_gradcheck_forward_ad_focal(gamma):
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(3, dtype=torch.float64) + 0.5).requires_grad_()
+    t = torch.tensor([0, 1, 2, -100, 1])
+    assert gradcheck(lambda a, c: SF.focal_loss(a, t, gamma=gamma, weight=c), (x, w), check_forward_ad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("gamma", [0.5, 1.0, 2.0])
+def test_focal_double_backward_at_pt_one(gamma, dtype):
+    x = torch.tensor([[20.0, 0.0]], dtype=dtype)
+    t = torch.tensor([0])
+
+    def second(f, z):
+        z = z.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(f(z), z, create_graph=True)
+        (h,) = torch.autograd.grad((g * torch.tensor([[1.0, -2.0]], dtype=z.dtype)).sum(), z)
+        return g.detach(), h
+
+    g, h = second(lambda z: SF.focal_loss(z, t, gamma=gamma), x)
+    g_ref, h_ref = second(
+        lambda z: ref_index_loss(z, t, torch.ones(2, dtype=z.dtype), gamma, 0.0, -100, "sum"), x.double()
+    )
+    assert torch.isfinite(g).all() and torch.isfinite(h).all()
+    # the first derivative keeps full relative accuracy (the target entry is -a·Σ_{j≠t} p_j)
+    torch.testing.assert_close(g.double(), g_ref, rtol=1e-4, atol=0)
+    if dtype == torch.float64:
+        torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=0)
+    else:
+        # float32: the softmax backward inside the second derivative rounds p_t·(1 − p_t);
+        # accurate to float32 resolution on the scale of the loss
+        torch.testing.assert_close(h.double(), h_ref, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0, 2.0])
+def test_focal_double_backward_on_posinf_rows(gamma):
+    x = torch.tensor([[INF, 0.0, 1.0], [INF, INF, 0.0]], requires_grad=True)
+    t = torch.tensor([0, 1])
+    (g,) = torch.autograd.grad(SF.focal_loss(x, t, gamma=gamma, reduction="sum"), x, create_graph=True)
+    (h,) = torch.autograd.grad((g * torch.arange(6.0).reshape(2, 3)).sum(), x)
+    # the limit: the first row is p_t = 1 (every derivative 0); on the second the loss is
+    # 0.5^γ·log 2 at fixed mass, its derivatives come from the float64 reference at a large margin
+    big = torch.tensor([[200.0, 0.0, 1.0], [200.0, 200.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    (g_ref,) = torch.autograd.grad(
+        ref_index_loss(big, t, torch.ones(3, dtype=torch.float64), gamma, 0.0, -100, "sum"),
+        big,
+        create_graph=True,
+    )
+    (h_ref,) = torch.autograd.grad((g_ref * torch.arange(6.0, dtype=torch.float64).reshape(2, 3)).sum(), big)
+    assert torch.isfinite(g).all() and torch.isfinite(h).all()
+    torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-6)
+
+
+def _mp_focal(margin: float, n_other: int, gamma: float) -> float:
+    mpmath.mp.dps = 50
+    m = mpmath.mpf(margin)
+    rest = n_other * mpmath.e ** (-m) / (1 + n_other * mpmath.e ** (-m))
+    return float(rest**gamma * -mpmath.log(1 - rest))
+
+
+@pytest.mark.parametrize("gamma", [0.5, 2.0])
+@pytest.mark.parametrize("margin", [15.0, 17.0, 20.0, 25.0, 30.0])
+def test_focal_tail_full_relative_accuracy_float32(margin, gamma):
+    x = torch.tensor([[margin, 0.0, 0.0]])
+    out = SF.focal_loss(x, torch.tensor([0]), gamma=gamma, reduction="sum")
+    ref = _mp_focal(margin, 2, gamma)
+    assert ref > 0
+    assert abs(out.item() - ref) <= 1e-5 * ref
+
+
+@pytest.mark.parametrize("gamma", [INF, float("nan"), -1.0])
+def test_focal_gamma_must_be_finite_and_nonnegative(gamma):
+    with pytest.raises(ValueError, match="focal_loss: gamma"):
+        SF.focal_loss(torch.randn(2, 3), torch.tensor([0, 1]), gamma=gamma)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_focal_loss_mask_with_ignore_and_weight(reduction):
+    x, t, m, w = _ce_inputs(1)
+    got = SF.focal_loss(x, t, 1.5, w, reduction=reduction, mask=m)
+    terms, wt = _torch_focal_none(x, t, 1.5, w)
+    want = _masked_ref(terms, m, reduction, wt)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mask_helpers import D, _gen, _grad
 from strategies import finite_floats, tensors, value_and_grads
 from torch.autograd import gradcheck, gradgradcheck
 
@@ -187,3 +188,40 @@ def test_export_with_dynamic_batch():
     q, k = torch.randn(7, 8), torch.randn(7, 8)
     q[3] = 0.0
     torch.testing.assert_close(ep.module()(q, k), mod(q, k))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_info_nce_mask_drops_pairs(symmetric, reduction):
+    g = _gen(9)
+    q = torch.randn(6, 4, generator=g, dtype=D, requires_grad=True)
+    k = torch.randn(6, 4, generator=g, dtype=D, requires_grad=True)
+    m = torch.tensor([True, True, False, True, False, True])
+    got = SF.info_nce_loss(q, k, 0.3, reduction=reduction, symmetric=symmetric, mask=m)
+    # reference: torch's formula on the kept pairs only
+    qs, ks = F.normalize(q[m]), F.normalize(k[m])
+    logits = qs @ ks.T / 0.3
+    lab = torch.arange(int(m.sum()))
+    want = F.cross_entropy(logits, lab, reduction=reduction)
+    if symmetric:
+        want = (want + F.cross_entropy(logits.T, lab, reduction=reduction)) / 2
+    torch.testing.assert_close(got, want)
+    gq, gk = _grad(got, q, k)
+    wq, wk = _grad(want, q, k)
+    torch.testing.assert_close(gq, wq)
+    torch.testing.assert_close(gk, wk)
+
+
+def test_info_nce_mask_nan_and_none():
+    q = torch.randn(4, 3, dtype=D)
+    k = torch.randn(4, 3, dtype=D)
+    q[1] = NAN
+    k[1] = math.inf
+    q.requires_grad_()
+    m = torch.tensor([True, False, True, True])
+    got = SF.info_nce_loss(q, k, mask=m, reduction="none")
+    assert got[1] == 0 and torch.isfinite(got).all()
+    (gq,) = _grad(got, q)
+    assert torch.isfinite(gq).all() and torch.equal(gq[1], torch.zeros(3, dtype=D))
+    z = SF.info_nce_loss(q, k, mask=torch.zeros(4, dtype=torch.bool))
+    assert z.item() == 0.0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given
 from hypothesis import strategies as st
+from mask_helpers import _elementwise_inputs, _gen, _grad
 from strategies import finite_floats, tensors, value_and_grads
 
 import stablelosses as sl
@@ -225,3 +228,35 @@ def test_compile_fullgraph():
     t = torch.tensor([[1.0, 0.0]])
     g = assert_compiled_matches_eager(lambda a: SF.kl_div(a, t, reduction="batchmean"), torch.tensor([[0.0, -INF]]))
     assert g.tolist() == [[-1.0, 0.0]]
+
+
+def test_kl_div_mean_warns_like_torch():
+    x, y = torch.log_softmax(torch.randn(2, 3), 1), torch.softmax(torch.randn(2, 3), 1)
+    with pytest.warns(UserWarning, match="'batchmean' divides only by the batch size") as theirs:
+        F.kl_div(x, y, reduction="mean")
+    with pytest.warns(UserWarning, match="'batchmean' divides only by the batch size") as ours:
+        SF.kl_div(x, y, reduction="mean")
+    assert str(ours[0].message) == str(theirs[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SF.kl_div(x, y, reduction="batchmean")
+
+
+def test_kl_div_batchmean_divides_by_kept_rows():
+    x, t = _elementwise_inputs("kl_div", shape=(4, 3, 5))
+    rows = torch.tensor([True, False, True, False])[:, None, None]
+    m = rows & (torch.rand(1, 3, 5, generator=_gen(4)) < 0.7)
+    got = SF.kl_div(x, t, "batchmean", mask=m)
+    terms = F.kl_div(x, t, reduction="none")[m.expand(4, 3, 5)]
+    want = terms.sum() / 2  # two batch rows have a True entry
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+    empty = SF.kl_div(x, t, "batchmean", mask=torch.zeros(1, dtype=torch.bool))
+    assert empty.item() == 0.0 and torch.equal(_grad(empty, x)[0], torch.zeros_like(x))
+
+
+def test_kl_div_full_mask_equals_torch():
+    x, t = _elementwise_inputs("kl_div", shape=(3, 4))
+    for red in ("batchmean", "sum", "none"):
+        got = SF.kl_div(x, t, red, mask=torch.ones(3, 4, dtype=torch.bool))
+        torch.testing.assert_close(got, F.kl_div(x, t, reduction=red))

@@ -9,6 +9,7 @@ import mpmath
 import pytest
 import torch
 import torch.nn.functional as F
+from mask_helpers import NAN, D, _gen, _grad, _masked_ref, _torch_focal_none
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import stablelosses as sl
@@ -580,3 +581,44 @@ def test_forward_mode_matches_torch_and_vmap_raises_clearly():
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     with pytest.raises(RuntimeError, match="vmap"):
         torch.func.vmap(lambda x: SF.linear_cross_entropy(x, w, t[:1]))(x[:, None])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("fn", ["linear_cross_entropy", "linear_focal_loss"])
+def test_linear_losses_row_mask(reduction, fn):
+    g = _gen(10)
+    x = torch.randn(2, 5, 4, generator=g, dtype=D, requires_grad=True)
+    W = torch.randn(7, 4, generator=g, dtype=D, requires_grad=True)
+    t = torch.randint(0, 7, (2, 5), generator=g)
+    t[0, 1] = -100
+    m = torch.rand(2, 5, generator=g) < 0.6
+    m[0, 0] = True
+    xn = x.detach().clone()
+    xn[~m] = NAN
+    xn.requires_grad_()
+    got = getattr(SF, fn)(xn, W, t, reduction=reduction, chunk_size=3, mask=m)
+    logits = x @ W.T
+    if fn == "linear_cross_entropy":
+        full = F.cross_entropy(logits.reshape(-1, 7), t.reshape(-1), reduction="none").reshape(2, 5)
+        w_rows = (t != -100).to(D)
+    else:
+        full, w_rows = _torch_focal_none(logits.reshape(-1, 7), t.reshape(-1), 2.0, None)
+        full, w_rows = full.reshape(2, 5), w_rows.reshape(2, 5)
+    want = _masked_ref(full, m, reduction, w_rows)
+    torch.testing.assert_close(got, want)
+    gx, gw = _grad(got, xn, W)
+    wx, ww = _grad(want, x, W)
+    assert torch.isfinite(gx).all() and torch.isfinite(gw).all()
+    torch.testing.assert_close(gx, wx)
+    torch.testing.assert_close(gw, ww)
+
+
+def test_linear_all_false_mask_gives_zero():
+    x = torch.randn(4, 3, dtype=D, requires_grad=True)
+    W = torch.randn(5, 3, dtype=D, requires_grad=True)
+    t = torch.tensor([0, 1, 2, 3])
+    for red in ("mean", "sum"):
+        got = SF.linear_cross_entropy(x, W, t, reduction=red, mask=torch.zeros(4, dtype=torch.bool))
+        assert got.item() == 0.0
+        gx, gw = _grad(got, x, W)
+        assert torch.equal(gx, torch.zeros_like(x)) and torch.equal(gw, torch.zeros_like(W))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import assert_compiled_matches_eager, tol
 from hypothesis import given
 from hypothesis import strategies as st
+from mask_helpers import NAN, D, _gen, _grad
 from strategies import assert_first_nan_propagates, broadcast_pair, shaped_tensor, value_and_grads
 
 import stablelosses as sl
@@ -304,3 +305,35 @@ def test_compiled_float32_extremes_vs_float64():
         x[::2] = -v
         expected = torch.sqrt((x.double() ** 2).mean())
         torch.testing.assert_close(f(x, torch.zeros(100)).double(), expected, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_rmse_masked_selects_residuals(reduction, eps):
+    g = _gen(3)
+    x = torch.randn(3, 4, generator=g, dtype=D, requires_grad=True)
+    t = torch.randn(4, generator=g, dtype=D)  # broadcast target (no warning: sizes differ only by broadcast)
+    m = torch.tensor([[True], [False], [True]])
+    r = (x - t)[m.expand(3, 4)]
+    if reduction == "mean":
+        want = torch.sqrt((r**2).mean() + eps)
+    elif reduction == "sum":
+        want = torch.sqrt((r**2).sum() + eps)
+    else:
+        want = torch.where(m, torch.sqrt((x - t) ** 2 + eps), 0.0)
+    with pytest.warns(UserWarning, match="target size"):
+        got = SF.rmse_loss(x, t, reduction, eps, mask=m)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
+
+
+def test_rmse_masked_nan_and_zero_residual():
+    x = torch.tensor([1.0, NAN, 3.0, 5.0], requires_grad=True)
+    t = torch.tensor([1.0, 0.0, 3.0, 0.0])
+    m = torch.tensor([True, False, True, False])
+    got = SF.rmse_loss(x, t, mask=m)  # kept residuals are all 0: value 0, defined gradient 0
+    (gx,) = _grad(got, x)
+    assert got.item() == 0.0 and torch.equal(gx, torch.zeros(4))
+    got = SF.rmse_loss(x, torch.zeros(4), "sum", mask=m)
+    torch.testing.assert_close(got, torch.tensor(math.sqrt(10.0)))
+    assert torch.isfinite(_grad(got, x)[0]).all()

@@ -4,18 +4,22 @@
 the losses live in `stablelosses.losses` (and at the top level).
 """
 
-from stablelosses.functional._classification import cross_entropy, focal_loss
-from stablelosses.functional._contrastive import info_nce_loss
-from stablelosses.functional._detection import sigmoid_focal_loss
-from stablelosses.functional._divergence import kl_div
+from stablelosses.functional._cross_entropy import cross_entropy
+from stablelosses.functional._dice import dice_loss
+from stablelosses.functional._div import safe_div
+from stablelosses.functional._focal import focal_loss
+from stablelosses.functional._info_nce import info_nce_loss
+from stablelosses.functional._kl_div import kl_div
 from stablelosses.functional._linear import linear_cross_entropy, linear_focal_loss
+from stablelosses.functional._log_cosh import log_cosh_loss
 from stablelosses.functional._logaddexp import logaddexp
 from stablelosses.functional._masked import entropy, masked_mean
-from stablelosses.functional._ops import safe_div, safe_sqrt, xlogy
-from stablelosses.functional._regression import log_cosh_loss, rmse_loss
-from stablelosses.functional._segmentation import dice_loss
+from stablelosses.functional._rmse import rmse_loss
+from stablelosses.functional._sigmoid_focal import sigmoid_focal_loss
 from stablelosses.functional._softmax import log_softmax, logsumexp, softmax
+from stablelosses.functional._sqrt import safe_sqrt
 from stablelosses.functional._vector import cosine_similarity, normalize
+from stablelosses.functional._xlogy import xlogy
 
 __all__ = [
     "safe_sqrt",

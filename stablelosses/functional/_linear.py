@@ -29,7 +29,7 @@ from stablelosses._utils import (
     check_tensor,
     promote_types,
 )
-from stablelosses.functional._classification import _INDEX_DTYPES, _check_label_smoothing
+from stablelosses.functional._cross_entropy import _INDEX_DTYPES, _check_label_smoothing
 from stablelosses.functional._linear_parallel import is_dtensor, linear_loss_parallel
 from stablelosses.functional._masked import check_mask
 
@@ -229,7 +229,8 @@ def _unfused_loss(
     are applied as in the fused loss: ``c tanh(u / c)`` with ``-inf`` kept, ``z w_t lse²`` per
     kept row (``z lse²`` with probabilities), in the same ``'mean'`` denominator.
     """
-    from stablelosses.functional._classification import cross_entropy, focal_loss
+    from stablelosses.functional._cross_entropy import cross_entropy
+    from stablelosses.functional._focal import focal_loss
 
     h, classes, out = input.shape[-1], weight.shape[0], tuple(weight.shape[1:-1])
     batch = tuple(input.shape[:-1])

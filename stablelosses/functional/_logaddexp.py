@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.logaddexp import _logaddexp
-from stablelosses.functional._ops import _binary_operands
+from stablelosses.functional._operands import _binary_operands
 
 
 def logaddexp(input: Tensor, other: Tensor) -> Tensor:

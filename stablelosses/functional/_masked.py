@@ -164,6 +164,13 @@ def entropy(logits: Tensor, dim: int = -1, *, mask: Tensor | None = None) -> Ten
     return h.to(x.dtype)
 
 
+def masked_residual(fn: str, x: Tensor, y: Tensor, mask: object) -> tuple[Tensor, Tensor]:
+    """``(where(mask, x - y, 0), mask)``: a NaN/inf residual at a False entry is never read."""
+    r = x - y
+    m = check_mask(fn, mask, r.shape, device=r.device).to(r.device)
+    return torch.where(m, r, 0.0), m
+
+
 def reduce_masked(loss: Tensor, mask: Tensor | None, reduction: str | int) -> Tensor:
     r"""Reduce an unreduced loss over the entries where ``mask`` is True.
 

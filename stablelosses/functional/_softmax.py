@@ -20,7 +20,7 @@ from stablelosses._utils import (
     wrap_dim,
     wrap_dims,
 )
-from stablelosses.functional._ops import _LOW, _float_result
+from stablelosses.functional._operands import _LOW, _float_result
 
 
 def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:

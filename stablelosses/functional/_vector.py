@@ -7,7 +7,7 @@ from torch import Tensor
 
 from stablelosses._autograd.vector import _normalize
 from stablelosses._utils import broadcast_shapes, check_floating, check_nonnegative, compute_dtype, wrap_dim
-from stablelosses.functional._ops import _binary_operands
+from stablelosses.functional._operands import _binary_operands
 
 
 def _check_p(fn: str, p: object) -> float:

@@ -7,7 +7,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.kl import _kl_div
+from stablelosses._autograd.kl_div import _kl_div
 from stablelosses._utils import (
     broadcast_shapes,
     check_floating,

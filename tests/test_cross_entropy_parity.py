@@ -1,4 +1,6 @@
-"""Drop-in fidelity of the softmax family and the classification losses (design: Drop-in).
+"""Drop-in fidelity of cross_entropy (and focal_loss where the two share a path: weights,
+forward-mode AD, the argument checks), with the other class-row ops on the same finfo.min and
+forward-mode tables (design: Drop-in).
 
 Every assertion is against torch or against a float64 / mpmath reference written with plain
 torch ops (never against stablelosses' own formula): finite fill values are ordinary numbers,
@@ -8,12 +10,11 @@ torch refuses them, and dtypes promote as torch's.
 
 from __future__ import annotations
 
-import warnings
-
 import mpmath
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ref_index_loss, value_and_grad
 from torch.autograd import gradcheck, gradgradcheck
 
 import stablelosses.functional as SF
@@ -26,14 +27,6 @@ TOL = {
     torch.float16: dict(rtol=2e-3, atol=1e-3),
     torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
 }
-
-
-def _value_and_grad(fn, x, *, seed_shape_like=None):
-    x = x.detach().clone().requires_grad_(True)
-    out = fn(x)
-    w = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
-    (g,) = torch.autograd.grad((out * w).sum(), x)
-    return out.detach(), g
 
 
 def _fill_rows(dtype):
@@ -81,12 +74,12 @@ def test_finfo_min_rows_are_ordinary_rows(name, dtype):
     x = _fill_rows(dtype)
     if name in ("kl_div", "log_softmax", "cross_entropy_probs"):
         # the finfo.min rows only: on the row with -inf, torch's 0·(-inf) is NaN (probs), and
-        # log_softmax defines the gradient through a -inf output as 0 (test_ops checks both)
+        # log_softmax defines the gradient through a -inf output as 0 (test_softmax checks both)
         x = x[:2]
-    v, g = _value_and_grad(ours, x)
+    v, g = value_and_grad(ours, x)
     # torch in float64 on the same values is the reference (float16/bfloat16 compute in float32)
     ref_dtype = torch.float64
-    v_ref, g_ref = _value_and_grad(theirs, x.to(ref_dtype))
+    v_ref, g_ref = value_and_grad(theirs, x.to(ref_dtype))
     if name == "logsumexp":
         # torch's own gradient is exp(x - lse) = 1 per entry on a finfo.min row (lse rounds
         # back to finfo.min); the exact gradient is the softmax
@@ -113,37 +106,7 @@ def test_only_all_minus_inf_rows_are_masked():
 # --- logsumexp's gradient is the exact softmax at every magnitude ---------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("scale", [1.0, 1e4, 1e20, 1e30, 1e38])
-def test_logsumexp_gradient_is_the_softmax(dtype, scale):
-    x = torch.tensor([[-1.0, -1.0], [-1.0, -0.999], [-1.0, -0.5]], dtype=dtype) * scale
-    _, g = _value_and_grad(lambda z: SF.logsumexp(z, 1), x)
-    ref = torch.softmax(x.double(), 1) * torch.linspace(-1.0, 1.0, 3, dtype=torch.float64)[:, None]
-    torch.testing.assert_close(g.double(), ref, rtol=4 * torch.finfo(dtype).eps, atol=0)
-
-
-def test_logsumexp_minus_1e30_gives_one_half():
-    x = torch.tensor([-1e30, -1e30], requires_grad=True)
-    SF.logsumexp(x, 0).backward()
-    assert x.grad.tolist() == [0.5, 0.5]
-
-
 # --- weight that requires grad gets its gradient --------------------------------------
-
-
-def _ref_index_loss(x, t, w, gamma, eps, ignore_index, reduction):
-    """float64 reference written with torch ops: mean = Σ w_t ℓ / Σ w_t."""
-    lsm = torch.log_softmax(x, 1)
-    keep = t != ignore_index
-    ts = torch.where(keep, t, 0)
-    lt = lsm.gather(1, ts[:, None])[:, 0]
-    wt = w[ts] * keep
-    rest = torch.softmax(x, 1).scatter(1, ts[:, None], 0.0).sum(1)  # 1 - p_t from the other classes
-    val = rest**gamma * -lt
-    loss = (1 - eps) * wt * val - keep * (eps / x.shape[1]) * (lsm * w).sum(1)
-    if reduction == "none":
-        return loss
-    return loss.sum() if reduction == "sum" else loss.sum() / wt.sum()
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
@@ -158,7 +121,7 @@ def test_weight_gradient_class_index(fn, gamma, eps, reduction):
         ours = lambda xx, ww: SF.cross_entropy(xx, t, weight=ww, label_smoothing=eps, reduction=reduction)  # noqa: E731
     else:
         ours = lambda xx, ww: SF.focal_loss(xx, t, gamma=gamma, weight=ww, reduction=reduction)  # noqa: E731
-    ref = lambda xx, ww: _ref_index_loss(xx, t, ww, gamma, eps, -100, reduction)  # noqa: E731
+    ref = lambda xx, ww: ref_index_loss(xx, t, ww, gamma, eps, -100, reduction)  # noqa: E731
     grads = []
     for f in (ours, ref):
         xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -236,24 +199,6 @@ def test_jvp_and_jacfwd_match_torch(name):
         torch.testing.assert_close(fwAD.unpack_dual(out).tangent, b[1])
 
 
-def test_hessian_of_logsumexp_equals_torch():
-    z = torch.randn(6, dtype=torch.float64)
-    h = torch.func.hessian(lambda u: SF.logsumexp(u, 0))(z)
-    torch.testing.assert_close(h, torch.func.hessian(lambda u: torch.logsumexp(u, 0))(z))
-
-
-def test_focal_jvp_matches_float64_reference():
-    x = torch.randn(4, 3, dtype=torch.float64)
-    v = torch.randn(4, 3, dtype=torch.float64)
-    t = torch.tensor([0, 1, 2, 1])
-    w = torch.rand(3, dtype=torch.float64) + 0.5
-    ref = lambda xx: _ref_index_loss(xx, t, w, 2.0, 0.0, -100, "mean")  # noqa: E731
-    torch.testing.assert_close(
-        torch.func.jvp(lambda xx: SF.focal_loss(xx, t, gamma=2.0, weight=w), (x,), (v,)),
-        torch.func.jvp(ref, (x,), (v,)),
-    )
-
-
 @pytest.mark.parametrize("soft", [False, True])
 @pytest.mark.parametrize("eps", [0.0, 0.2])
 def test_gradcheck_forward_ad_cross_entropy(soft, eps):
@@ -271,14 +216,6 @@ def test_gradcheck_forward_ad_cross_entropy(soft, eps):
         assert gradcheck(
             lambda a, c: SF.cross_entropy(a, t, weight=c, label_smoothing=eps), (x, w), check_forward_ad=True
         )
-
-
-@pytest.mark.parametrize("gamma", [0.5, 2.0])
-def test_gradcheck_forward_ad_focal(gamma):
-    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
-    w = (torch.rand(3, dtype=torch.float64) + 0.5).requires_grad_()
-    t = torch.tensor([0, 1, 2, -100, 1])
-    assert gradcheck(lambda a, c: SF.focal_loss(a, t, gamma=gamma, weight=c), (x, w), check_forward_ad=True)
 
 
 @pytest.mark.parametrize("log_target", [False, True])
@@ -325,53 +262,6 @@ def test_compiled_fullgraph_with_jvp_functions():
 # --- double backward is finite at the hazards and matches float64 ---------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("gamma", [0.5, 1.0, 2.0])
-def test_focal_double_backward_at_pt_one(gamma, dtype):
-    x = torch.tensor([[20.0, 0.0]], dtype=dtype)
-    t = torch.tensor([0])
-
-    def second(f, z):
-        z = z.clone().requires_grad_(True)
-        (g,) = torch.autograd.grad(f(z), z, create_graph=True)
-        (h,) = torch.autograd.grad((g * torch.tensor([[1.0, -2.0]], dtype=z.dtype)).sum(), z)
-        return g.detach(), h
-
-    g, h = second(lambda z: SF.focal_loss(z, t, gamma=gamma), x)
-    g_ref, h_ref = second(
-        lambda z: _ref_index_loss(z, t, torch.ones(2, dtype=z.dtype), gamma, 0.0, -100, "sum"), x.double()
-    )
-    assert torch.isfinite(g).all() and torch.isfinite(h).all()
-    # the first derivative keeps full relative accuracy (the target entry is -a·Σ_{j≠t} p_j)
-    torch.testing.assert_close(g.double(), g_ref, rtol=1e-4, atol=0)
-    if dtype == torch.float64:
-        torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=0)
-    else:
-        # float32: the softmax backward inside the second derivative rounds p_t·(1 − p_t);
-        # accurate to float32 resolution on the scale of the loss
-        torch.testing.assert_close(h.double(), h_ref, rtol=0, atol=1e-7)
-
-
-@pytest.mark.parametrize("gamma", [0.5, 1.0, 2.0])
-def test_focal_double_backward_on_posinf_rows(gamma):
-    x = torch.tensor([[INF, 0.0, 1.0], [INF, INF, 0.0]], requires_grad=True)
-    t = torch.tensor([0, 1])
-    (g,) = torch.autograd.grad(SF.focal_loss(x, t, gamma=gamma, reduction="sum"), x, create_graph=True)
-    (h,) = torch.autograd.grad((g * torch.arange(6.0).reshape(2, 3)).sum(), x)
-    # the limit: the first row is p_t = 1 (every derivative 0); on the second the loss is
-    # 0.5^γ·log 2 at fixed mass, its derivatives come from the float64 reference at a large margin
-    big = torch.tensor([[200.0, 0.0, 1.0], [200.0, 200.0, 0.0]], dtype=torch.float64, requires_grad=True)
-    (g_ref,) = torch.autograd.grad(
-        _ref_index_loss(big, t, torch.ones(3, dtype=torch.float64), gamma, 0.0, -100, "sum"),
-        big,
-        create_graph=True,
-    )
-    (h_ref,) = torch.autograd.grad((g_ref * torch.arange(6.0, dtype=torch.float64).reshape(2, 3)).sum(), big)
-    assert torch.isfinite(g).all() and torch.isfinite(h).all()
-    torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-6)
-
-
 # --- no intermediate overflow ---------------------------------------------------------
 
 
@@ -392,23 +282,6 @@ def test_label_smoothing_near_1e37_is_finite_and_exact(reduction, weighted):
 
 
 # --- exact tails (mpmath references) ----------------------------------------------------
-
-
-def _mp_focal(margin: float, n_other: int, gamma: float) -> float:
-    mpmath.mp.dps = 50
-    m = mpmath.mpf(margin)
-    rest = n_other * mpmath.e ** (-m) / (1 + n_other * mpmath.e ** (-m))
-    return float(rest**gamma * -mpmath.log(1 - rest))
-
-
-@pytest.mark.parametrize("gamma", [0.5, 2.0])
-@pytest.mark.parametrize("margin", [15.0, 17.0, 20.0, 25.0, 30.0])
-def test_focal_tail_full_relative_accuracy_float32(margin, gamma):
-    x = torch.tensor([[margin, 0.0, 0.0]])
-    out = SF.focal_loss(x, torch.tensor([0]), gamma=gamma, reduction="sum")
-    ref = _mp_focal(margin, 2, gamma)
-    assert ref > 0
-    assert abs(out.item() - ref) <= 1e-5 * ref
 
 
 # --- arguments torch rejects are rejected ----------------------------------------------
@@ -432,12 +305,6 @@ def test_probability_target_with_nonnegative_ignore_index_raises_like_torch():
 def test_float_ignore_index_is_a_type_error(fn):
     with pytest.raises(TypeError, match="ignore_index must be an int, got float"):
         fn(torch.randn(2, 3), torch.tensor([0, 1]), ignore_index=1.0)
-
-
-@pytest.mark.parametrize("gamma", [INF, float("nan"), -1.0])
-def test_focal_gamma_must_be_finite_and_nonnegative(gamma):
-    with pytest.raises(ValueError, match="focal_loss: gamma"):
-        SF.focal_loss(torch.randn(2, 3), torch.tensor([0, 1]), gamma=gamma)
 
 
 @pytest.mark.parametrize("bad", ["0.1", None, [0.1]])
@@ -489,44 +356,6 @@ def test_type_promotion_like_torch(dt_in, dt_t):
 # --- kl_div(reduction='mean') warns as torch does --------------------------------------
 
 
-def test_kl_div_mean_warns_like_torch():
-    x, y = torch.log_softmax(torch.randn(2, 3), 1), torch.softmax(torch.randn(2, 3), 1)
-    with pytest.warns(UserWarning, match="'batchmean' divides only by the batch size") as theirs:
-        F.kl_div(x, y, reduction="mean")
-    with pytest.warns(UserWarning, match="'batchmean' divides only by the batch size") as ours:
-        SF.kl_div(x, y, reduction="mean")
-    assert str(ours[0].message) == str(theirs[0].message)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        SF.kl_div(x, y, reduction="batchmean")
-
-
-def _mp_logsumexp(values: list[float]) -> float:
-    mpmath.mp.dps = 50
-    return float(mpmath.log(mpmath.fsum(mpmath.e ** mpmath.mpf(v) for v in values)))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(
-    "values", [[0.0, -20.0], [0.0, -30.0, -40.0], [1e-3, -17.0], [-0.5, -25.0, -0.5 - 40.0]]
-)
-def test_logsumexp_rounds_as_torch_and_its_gradient_keeps_the_tail(values, dtype):
-    # The bare logsumexp's exact tail would cost two passes over the input more than torch's
-    # (1.43x its bytes): its value is torch's own, bit for bit (0 for [0, -20] in float32, where
-    # the float64 reference is 2.06e-9); the gradient, a softmax, still carries the small part.
-    x = torch.tensor(values, dtype=dtype, requires_grad=True)
-    out = SF.logsumexp(x, 0)
-    assert torch.equal(out, torch.logsumexp(x.detach(), 0))
-    assert abs(out.item() - _mp_logsumexp(values)) <= 4 * torch.finfo(dtype).eps
-    out.backward()
-    mpmath.mp.dps = 50
-    vs = x.detach().tolist()  # the values the tensor holds (1e-3 is not a float32)
-    lse = mpmath.log(mpmath.fsum(mpmath.e ** mpmath.mpf(u) for u in vs))
-    ref = [float(mpmath.e ** (mpmath.mpf(v) - lse)) for v in vs]
-    # a few ulp of each entry (torch's softmax kernel: exp and one division)
-    torch.testing.assert_close(x.grad, torch.tensor(ref, dtype=dtype), rtol=8 * torch.finfo(dtype).eps, atol=0)
-
-
 @pytest.mark.parametrize("margin", [5.0, 15.0, 17.0, 20.0, 25.0, 30.0])
 @pytest.mark.parametrize("classes", [2, 10])
 def test_cross_entropy_exact_tail_against_mpmath(margin, classes):
@@ -538,17 +367,3 @@ def test_cross_entropy_exact_tail_against_mpmath(margin, classes):
     ref = float(mpmath.log(1 + (classes - 1) * mpmath.exp(-mpmath.mpf(margin))))
     assert got > 0.0
     assert abs(got - ref) <= 1e-5 * ref
-
-
-@pytest.mark.parametrize("margin", [5.0, 17.0, 25.0, 40.0])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_log_softmax_exact_tail_against_mpmath(margin, dtype):
-    """Exact tails: the argmax entry is −log1p(δ), not a rounded 0; the others stay exact."""
-    mpmath.mp.dps = 60
-    x = torch.tensor([[margin, 0.0, -1.0]], dtype=dtype)
-    got = SF.log_softmax(x, 1)[0].double()
-    m = mpmath.mpf(margin)
-    lse = mpmath.log(mpmath.exp(m) + 1 + mpmath.exp(-1))
-    for j, xj in enumerate((m, 0, -1)):
-        ref = float(xj - lse)
-        assert abs(got[j].item() - ref) <= 4 * torch.finfo(dtype).eps * abs(ref), (j, got[j].item(), ref)
