@@ -6,34 +6,26 @@ tensor values, so it costs no host sync and traces under ``torch.compile(fullgra
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from stablelosses._compat import functorch_transforms_active, is_transform_wrapped
+from stablelosses._spec import FINITE_NONNEGATIVE, GAMMA, NONNEGATIVE, REDUCTION, REDUCTIONS, OneOf
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-REDUCTIONS = ("none", "mean", "sum")
 # The same reductions as the ints the autograd Functions take.
 NONE, MEAN, SUM = 0, 1, 2
 REDUCTION_MODE = {"none": NONE, "mean": MEAN, "sum": SUM}
 
 
-def _quoted(values: Sequence[str]) -> str:
-    quoted = [repr(v) for v in values]
-    if len(quoted) == 1:
-        return quoted[0]
-    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
-
-
 def check_reduction(fn: str, reduction: object, allowed: Sequence[str] = REDUCTIONS) -> None:
-    """Raise ``ValueError`` unless ``reduction`` is one of ``allowed``."""
-    if not isinstance(reduction, str) or reduction not in allowed:
-        raise ValueError(
-            f"{fn}: reduction must be {_quoted(allowed)}, got {reduction!r}"
-        )
+    """Raise ``ValueError`` unless ``reduction`` is one of ``allowed`` (`stablelosses._spec.OneOf`)."""
+    if allowed is REDUCTIONS or tuple(allowed) == REDUCTIONS:
+        REDUCTION.check(fn, "reduction", reduction)
+    else:
+        OneOf(tuple(allowed)).check(fn, "reduction", reduction)
 
 
 def check_tensor(fn: str, name: str, value: object) -> Tensor:
@@ -81,32 +73,21 @@ def wrap_dims(
     return out
 
 
-def check_real(fn: str, name: str, value: object) -> float:
-    """``value`` as a float, or ``TypeError`` unless it is an int or a float (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{fn}: {name} must be a float, got {type(value).__name__}")
-    return float(value)
 
 
 def check_nonnegative(fn: str, name: str, value: object) -> float:
     """Raise ``TypeError``/``ValueError`` unless ``value`` is a real number ``>= 0``."""
-    v = check_real(fn, name, value)
-    if not v >= 0:  # also rejects NaN
-        raise ValueError(f"{fn}: {name} must be >= 0, got {value}")  # as given: -1, not -1.0
-    return v
+    return NONNEGATIVE.check(fn, name, value)
 
 
 def check_finite_nonnegative(fn: str, name: str, value: object) -> float:
     """Raise ``TypeError``/``ValueError`` unless ``value`` is a finite real number ``>= 0``."""
-    v = check_nonnegative(fn, name, value)
-    if v == math.inf:  # a comparison, not math.isinf: Dynamo traces it on a SymFloat
-        raise ValueError(f"{fn}: {name} must be finite and >= 0, got {v}")
-    return v
+    return FINITE_NONNEGATIVE.check(fn, name, value)
 
 
 def check_gamma(fn: str, gamma: object) -> float:
     """Raise ``TypeError``/``ValueError`` unless ``gamma`` is a finite real number ``>= 0``."""
-    return check_finite_nonnegative(fn, "gamma", gamma)
+    return GAMMA.check(fn, "gamma", gamma)
 
 
 def compute_dtype(t: Tensor) -> torch.dtype:

@@ -2,8 +2,6 @@ r"""cross_entropy, and the class-argument checks, row masks and reduction it sha
 
 from __future__ import annotations
 
-from numbers import Real
-
 import torch
 from torch import Tensor
 
@@ -15,9 +13,9 @@ from stablelosses._autograd.cross_entropy import (
     _index_loss,
     _prob_loss,
 )
+from stablelosses._spec import IGNORE_INDEX, LABEL_SMOOTHING, REDUCTION, Arg, OpSpec
 from stablelosses._utils import (
     check_floating,
-    check_reduction,
     check_tensor,
     legacy_reduction,
     loss_out_dtype,
@@ -27,6 +25,17 @@ from stablelosses._utils import (
 from stablelosses.functional._masked import check_mask
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
+
+SPEC = OpSpec(
+    "cross_entropy",
+    (Arg("reduction", REDUCTION), Arg("label_smoothing", LABEL_SMOOTHING), Arg("ignore_index", IGNORE_INDEX)),
+    replaces="torch.nn.functional.cross_entropy",
+    reference=(
+        "torch.nn.functional.cross_entropy in float64 where torch is finite; mpmath for the exact tails"
+    ),
+    tensors=("input", "target", "weight", "mask"),
+    elsewhere=("size_average", "reduce"),
+)
 
 
 def _class_dim(fn: str, input: Tensor) -> int:
@@ -66,20 +75,10 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
         )
 
 
-def _check_ignore_index(fn: str, ignore_index: object) -> int:
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        # a bool is an int in Python: True would silently ignore class 1 (torch raises too)
-        raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    return int(ignore_index)
 
 
 def _check_label_smoothing(fn: str, label_smoothing: object) -> float:
-    if not isinstance(label_smoothing, Real):
-        raise TypeError(f"{fn}: label_smoothing must be a float, got {type(label_smoothing).__name__}")
-    eps = float(label_smoothing)
-    if not 0.0 <= eps <= 1.0:
-        raise RuntimeError(f"{fn}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
-    return eps
+    return LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)
 
 
 def _reduce(
@@ -306,11 +305,9 @@ def cross_entropy(
         return out
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce, reduction)
-    check_reduction(fn, reduction)
+    reduction, eps, ignore_index = SPEC.check(reduction, label_smoothing, ignore_index)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
-    eps = _check_label_smoothing(fn, label_smoothing)
-    ignore_index = _check_ignore_index(fn, ignore_index)
     cdim = _class_dim(fn, input)
     if input.shape[cdim] == 0:
         return _no_classes(input, target, weight, mask, ignore_index, reduction, eps)

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from stablelosses._spec import OPTIONAL_NONEMPTY_DIMS, REDUCTION, SMOOTH, Arg, OpSpec
 from stablelosses._utils import (
     broadcasts_to,
     check_finite_nonnegative,
     check_floating,
-    check_reduction,
     check_tensor,
     operand_dtypes,
     wrap_dims,
@@ -19,6 +19,14 @@ from stablelosses._utils import (
 from stablelosses.functional._masked import check_mask, reduce_masked
 
 _FN = "dice_loss"
+
+SPEC = OpSpec(
+    "dice_loss",
+    (Arg("dims", OPTIONAL_NONEMPTY_DIMS), Arg("reduction", REDUCTION), Arg("smooth", SMOOTH)),
+    replaces="the soft Dice snippet (smp's and MONAI's DiceLoss)",
+    reference="1 − (2 Σ p·t + smooth) / (Σ p + Σ t + smooth) per sample, in float64",
+    tensors=("input", "target", "mask"),
+)
 
 
 def _dice_dims(dims: object, ndim: int) -> tuple[int, ...]:
@@ -138,8 +146,7 @@ def dice_loss(
     """
     x = check_floating(_FN, "input", input)
     t = check_tensor(_FN, "target", target)
-    check_reduction(_FN, reduction)
-    s = check_smooth(_FN, smooth)
+    reduction, s = SPEC.check(reduction, smooth)
     reduce_dims = _dice_dims(dims, x.ndim)
     if not broadcasts_to(t.shape, x.shape):
         raise ValueError(

@@ -5,7 +5,16 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.div import _safe_div
+from stablelosses._spec import FILL, Arg, OpSpec
 from stablelosses.functional._operands import _binary_operands
+
+SPEC = OpSpec(
+    "safe_div",
+    (Arg("fill", FILL),),
+    replaces="torch.div, torch.where(other != 0, input / other, fill)",
+    reference="input / other in float64 where other != 0",
+    tensors=("input", "other"),
+)
 
 
 def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0) -> Tensor:
@@ -52,7 +61,6 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0)
 
     Replaces ``torch.div`` and ``torch.where(b != 0, a / b, fill)``.
     """
-    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
-        raise TypeError(f"safe_div: fill must be a real number, got {type(fill).__name__}")
+    (fill,) = SPEC.check(fill)
     a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
     return _safe_div(a, b, float(fill)).to(out_dtype)

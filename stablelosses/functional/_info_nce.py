@@ -7,28 +7,28 @@ from torch import Tensor
 
 import stablelosses.functional as _functional
 from stablelosses._autograd.vector import _normalize
-from stablelosses._utils import check_floating, check_reduction, operand_dtypes
+from stablelosses._spec import FLAG, REDUCTION, TEMPERATURE, Arg, OpSpec
+from stablelosses._utils import check_floating, operand_dtypes
 from stablelosses.functional._masked import check_mask
 
 _FN = "info_nce_loss"
 
+SPEC = OpSpec(
+    "info_nce_loss",
+    (Arg("temperature", TEMPERATURE), Arg("reduction", REDUCTION), Arg("symmetric", FLAG)),
+    replaces="the cross-entropy-over-similarities InfoNCE snippet (CLIP, SimCLR)",
+    reference="cross_entropy over the float64 similarity matrix divided by the temperature",
+    tensors=("query", "key", "mask"),
+)
+
 
 def check_temperature(temperature: object, fn: str = _FN) -> float | Tensor:
-    if isinstance(temperature, Tensor):
-        if temperature.ndim != 0:
-            raise ValueError(f"{fn}: temperature must be a number or a 0-dim tensor, got shape "
-                             f"{tuple(temperature.shape)}")
-        return temperature
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"{fn}: temperature must be a float > 0, got {type(temperature).__name__}")
-    if not 0 < temperature < float("inf"):
-        raise ValueError(f"{fn}: temperature must be a finite float > 0, got {temperature}")
-    return float(temperature)
+    """The spec's temperature check, for the module class."""
+    return TEMPERATURE.check(fn, "temperature", temperature)
 
 
 def check_symmetric(fn: str, symmetric: object) -> None:
-    if not isinstance(symmetric, bool):
-        raise TypeError(f"{fn}: symmetric must be a bool, got {type(symmetric).__name__}")
+    FLAG.check(fn, "symmetric", symmetric)
 
 
 def info_nce_loss(
@@ -115,9 +115,7 @@ def info_nce_loss(
         raise ValueError(
             f"{_FN}: query and key must both have shape (N, D), got {tuple(q.shape)} and {tuple(k.shape)}"
         )
-    tau = check_temperature(temperature)
-    check_reduction(_FN, reduction)
-    check_symmetric(_FN, symmetric)
+    tau, reduction, symmetric = SPEC.check(temperature, reduction, symmetric)
     work, out_dtype = operand_dtypes(q, k)
     qw, kw = q.to(work), k.to(device=q.device, dtype=work)
     m = None

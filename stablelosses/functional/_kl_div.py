@@ -8,17 +8,24 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.kl_div import _kl_div
+from stablelosses._spec import FLAG, KL_REDUCTION, Arg, OpSpec
 from stablelosses._utils import (
     broadcast_shapes,
     check_floating,
-    check_reduction,
     legacy_reduction,
     operand_dtypes,
 )
 from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
 from stablelosses.functional._masked import check_mask, reduce_masked
 
-_KL_REDUCTIONS = ("none", "batchmean", "mean", "sum")
+SPEC = OpSpec(
+    "kl_div",
+    (Arg("reduction", KL_REDUCTION), Arg("log_target", FLAG)),
+    replaces="torch.nn.functional.kl_div",
+    reference="torch.nn.functional.kl_div in float64 where torch is finite; 0·log 0 = 0 elsewhere",
+    tensors=("input", "target", "mask"),
+    elsewhere=("size_average", "reduce"),
+)
 
 
 def _kl_div_masked(
@@ -41,8 +48,7 @@ def _kl_div_masked(
 def check_log_target(fn: str, log_target: object) -> None:
     """``TypeError`` unless ``log_target`` is a bool, as ``F.kl_div`` (not an int, a string or a
     tensor either)."""
-    if not isinstance(log_target, bool):
-        raise TypeError(f"{fn}: log_target must be a bool, got {type(log_target).__name__}")
+    FLAG.check(fn, "log_target", log_target)
 
 
 def kl_div(
@@ -136,8 +142,7 @@ def kl_div(
     fn = "kl_div"
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
-    check_reduction(fn, reduction, _KL_REDUCTIONS)
-    check_log_target(fn, log_target)
+    reduction, log_target = SPEC.check(reduction, log_target)
     # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
     # the result by input.size(0) afterwards (torch keeps that quirk).
     base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)

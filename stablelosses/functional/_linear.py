@@ -19,13 +19,21 @@ from stablelosses._autograd.linear import (
     _no_autocast,
 )
 from stablelosses._compat import forward_ad_active
+from stablelosses._spec import (
+    CHUNK_SIZE,
+    GAMMA,
+    IGNORE_INDEX,
+    LABEL_SMOOTHING,
+    OPTIONAL_IGNORE_INDEX,
+    REDUCTION,
+    SOFTCAP,
+    Z_LOSS,
+    Arg,
+    OpSpec,
+)
 from stablelosses._utils import (
     autocast_to_float32,
     check_floating,
-    check_gamma,
-    check_nonnegative,
-    check_real,
-    check_reduction,
     check_tensor,
     promote_types,
 )
@@ -38,6 +46,29 @@ CHUNK_BYTES = 64 * 2**20
 
 _rows, _reduced = fast_apply(_LinearLossRows), fast_apply(_LinearLossReduced)
 
+
+_LINEAR_ARGS = (
+    Arg("ignore_index", OPTIONAL_IGNORE_INDEX), Arg("reduction", REDUCTION),
+    Arg("label_smoothing", LABEL_SMOOTHING), Arg("z_loss", Z_LOSS), Arg("softcap", SOFTCAP),
+    Arg("chunk_size", CHUNK_SIZE),
+)
+SPEC = OpSpec(
+    "linear_cross_entropy",
+    _LINEAR_ARGS,
+    replaces="F.cross_entropy(F.linear(input, linear_weight, linear_bias), target), "
+    "torch.nn.functional.linear_cross_entropy",
+    reference="cross_entropy of the float64 logits",
+    tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
+    elsewhere=("options", "process_group", "vocab_start"),
+)
+FOCAL_SPEC = OpSpec(
+    "linear_focal_loss",
+    (_LINEAR_ARGS[0], _LINEAR_ARGS[1], Arg("gamma", GAMMA), *_LINEAR_ARGS[3:]),
+    replaces="focal_loss(F.linear(input, linear_weight, linear_bias), target)",
+    reference="focal_loss of the float64 logits",
+    tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
+    elsewhere=("options", "process_group", "vocab_start"),
+)
 
 def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
     """Rows per chunk for ``chunk_size=None``: the chunk's logits fit in ``CHUNK_BYTES``.
@@ -69,7 +100,7 @@ def _check_args(
     focal: bool = False,
 ) -> tuple[int, float, float | None, int, _Shapes]:
     """``(ignore_index, z_loss, softcap, chunk, shapes)`` checked, with every tensor argument."""
-    check_reduction(fn, reduction)
+    REDUCTION.check(fn, "reduction", reduction)
     x = check_floating(fn, "input", input)
     w = check_floating(fn, "linear_weight", linear_weight)
     t = check_tensor(fn, "target", target)
@@ -128,7 +159,6 @@ def _check_args(
     return ii, z, cap, chunk, _Shapes(probabilities, bool(out))
 
 
-_F32_MAX = torch.finfo(torch.float32).max
 
 
 def check_linear_options(
@@ -136,27 +166,11 @@ def check_linear_options(
 ) -> tuple[float, float | None, int]:
     """``(z_loss, softcap, chunk)`` checked (``chunk`` -1 for automatic): the arguments that
     need no tensor, also checked by the modules at construction."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    z = check_nonnegative(fn, "z_loss", z_loss)
-    if z == math.inf:  # a comparison, not math.isfinite: Dynamo traces it on a SymFloat
-        raise ValueError(f"{fn}: z_loss must be finite, got {z}")
-    cap = None
-    if softcap is not None:
-        cap = check_real(fn, "softcap", softcap)
-        # the cap is applied in float32 (or the input's wider dtype): above float32's max it
-        # becomes inf there and c·tanh(u/c) is inf·0 = NaN
-        if not (0 < cap <= _F32_MAX):
-            raise ValueError(
-                f"{fn}: softcap must be None or a finite number > 0 and at most float32's max "
-                f"({_F32_MAX:.4g}), got {softcap}"
-            )
-    if chunk_size is not None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-            raise TypeError(f"{fn}: chunk_size must be an int or None, got {type(chunk_size).__name__}")
-        if chunk_size < 1:
-            raise ValueError(f"{fn}: chunk_size must be >= 1, got {chunk_size}")
-    return z, cap, -1 if chunk_size is None else chunk_size
+    IGNORE_INDEX.check(fn, "ignore_index", ignore_index)
+    z = Z_LOSS.check(fn, "z_loss", z_loss)
+    cap = SOFTCAP.check(fn, "softcap", softcap)
+    chunk = CHUNK_SIZE.check(fn, "chunk_size", chunk_size)
+    return z, cap, -1 if chunk is None else chunk
 
 
 def _aspect_ratio_rows(rows: int, h: int, v: int, factor: int) -> int:
@@ -359,7 +373,7 @@ def _parallel(
     chunk_size: object, mask: Tensor | None, options: object, process_group: Any, vocab_start: int | None,
 ) -> Tensor:
     """The vocabulary-parallel call, its scalar arguments checked as in the one-process one."""
-    check_reduction(fn, reduction)
+    REDUCTION.check(fn, "reduction", reduction)
     ii = -100 if ignore_index is None else ignore_index
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     eps = _check_label_smoothing(fn, label_smoothing)
@@ -688,7 +702,8 @@ def linear_focal_loss(
     if process_group is not None or is_dtensor(linear_weight):
         return _parallel(
             fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, 0.0,
-            z_loss, softcap, check_gamma(fn, gamma), chunk_size, mask, options, process_group, vocab_start,
+            z_loss, softcap, GAMMA.check(fn, "gamma", gamma), chunk_size, mask, options, process_group,
+            vocab_start,
         )
     if vocab_start is not None:
         raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
@@ -696,7 +711,7 @@ def linear_focal_loss(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
         chunk_size, focal=True,
     )
-    g = check_gamma(fn, gamma)
+    g = GAMMA.check(fn, "gamma", gamma)
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, 0.0, z, cap, g, chunk, mask,
         options, shapes,

@@ -5,8 +5,17 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.log_cosh import _log_cosh
-from stablelosses._utils import NONE, REDUCTION_MODE, check_floating, check_reduction, operand_dtypes
+from stablelosses._spec import REDUCTION, Arg, OpSpec
+from stablelosses._utils import NONE, REDUCTION_MODE, check_floating, operand_dtypes
 from stablelosses.functional._masked import masked_residual, reduce_masked
+
+SPEC = OpSpec(
+    "log_cosh_loss",
+    (Arg("reduction", REDUCTION),),
+    replaces="torch.log(torch.cosh(input - target)).mean()",
+    reference="|r| + log1p(exp(−2|r|)) − log 2 in float64",
+    tensors=("input", "target", "mask"),
+)
 
 
 def log_cosh_loss(
@@ -81,7 +90,7 @@ def log_cosh_loss(
     fn = "log_cosh_loss"
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
-    check_reduction(fn, reduction)
+    (reduction,) = SPEC.check(reduction)
     # type promotion as torch.log(torch.cosh(input - target)): (float16, float32) is float32
     work, out_dtype = operand_dtypes(input, target)
     x, y = input.to(work), target.to(work)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.logaddexp import _logaddexp
+from stablelosses._spec import OpSpec
 from stablelosses.functional._operands import _binary_operands
+
+SPEC = OpSpec(
+    "logaddexp",
+    (),
+    replaces="torch.logaddexp",
+    reference="torch.logaddexp in float64; defined gradients at ±inf",
+    tensors=("input", "other"),
+)
 
 
 def logaddexp(input: Tensor, other: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.masked import _entropy
+from stablelosses._spec import DIM, KEEPDIM, OPTIONAL_DIMS, Arg, OpSpec
 from stablelosses._utils import (
     MEAN,
     SUM,
@@ -18,6 +19,21 @@ from stablelosses._utils import (
     upcast,
     wrap_dim,
     wrap_dims,
+)
+
+MASKED_MEAN_SPEC = OpSpec(
+    "masked_mean",
+    (Arg("dim", OPTIONAL_DIMS), Arg("keepdim", KEEPDIM)),
+    replaces="(input * mask).sum() / mask.sum()",
+    reference="the float64 masked mean; 0 (gradient 0) where nothing takes part",
+    tensors=("input", "mask"),
+)
+ENTROPY_SPEC = OpSpec(
+    "entropy",
+    (Arg("dim", DIM),),
+    replaces="-(softmax(logits) * log_softmax(logits)).sum(dim)",
+    reference="the float64 entropy with 0·log 0 = 0",
+    tensors=("logits", "mask"),
 )
 
 
@@ -98,8 +114,7 @@ def masked_mean(input: Tensor, mask: Tensor, dim: int | Sequence[int] | None = N
     x = check_floating("masked_mean", "input", input)
     m = check_mask("masked_mean", mask, x.shape, device=x.device).to(x.device)
     dims = _dims("masked_mean", dim, x.ndim)
-    if not isinstance(keepdim, bool):
-        raise TypeError(f"masked_mean: keepdim must be a bool, got {type(keepdim).__name__}")
+    MASKED_MEAN_SPEC.check(keepdim)
     return _masked_mean(upcast(x), m, dims, keepdim).to(x.dtype)
 
 

@@ -8,16 +8,23 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.rmse import _rmse
+from stablelosses._spec import EPS, REDUCTION, Arg, OpSpec
 from stablelosses._utils import (
     NONE,
     REDUCTION_MODE,
     SUM,
-    check_nonnegative,
-    check_reduction,
     check_tensor,
     operand_dtypes,
 )
 from stablelosses.functional._masked import masked_residual, reduce_masked
+
+SPEC = OpSpec(
+    "rmse_loss",
+    (Arg("reduction", REDUCTION), Arg("eps", EPS)),
+    replaces="torch.sqrt(F.mse_loss(input, target))",
+    reference="sqrt of the float64 mean of squares (scaled: no overflow)",
+    tensors=("input", "target", "mask"),
+)
 
 
 def _warn_broadcast(input: Tensor, target: Tensor) -> None:
@@ -145,8 +152,7 @@ def rmse_loss(
     Replaces ``torch.sqrt(F.mse_loss(input, target, reduction=reduction) + eps)``.
     """
     fn = "rmse_loss"
-    check_reduction(fn, reduction)
-    eps = check_nonnegative(fn, "eps", eps)
+    reduction, eps = SPEC.check(reduction, eps)
     x, y, out_dtype = _mse_operands(fn, input, target)
     _warn_broadcast(x, y)
     if mask is not None:

@@ -7,16 +7,22 @@ from torch import Tensor
 
 from stablelosses import _triton
 from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
+from stablelosses._spec import ALPHA, GAMMA, TORCHVISION_REDUCTION, Arg, OpSpec
 from stablelosses._utils import (
     NONE,
     REDUCTION_MODE,
-    REDUCTIONS,
     check_floating,
-    check_gamma,
-    check_real,
     operand_dtypes,
 )
 from stablelosses.functional._masked import check_mask, reduce_masked
+
+SPEC = OpSpec(
+    "sigmoid_focal_loss",
+    (Arg("reduction", TORCHVISION_REDUCTION), Arg("alpha", ALPHA), Arg("gamma", GAMMA)),
+    replaces="torchvision.ops.sigmoid_focal_loss",
+    reference="mpmath at 50 digits (tests/test_sigmoid_focal.py), torchvision's formula where finite",
+    tensors=("input", "target", "mask"),
+)
 
 
 def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -> tuple[float, float]:
@@ -24,16 +30,7 @@ def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -
 
     The reduction message carries the word ``Invalid`` as torchvision's does (its tests match it).
     """
-    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
-        raise ValueError(
-            f"{fn}: Invalid reduction: reduction must be 'none', 'mean' or 'sum', got {reduction!r}"
-        )
-    gamma_f = check_gamma(fn, gamma)
-    alpha_f = check_real(fn, "alpha", alpha)
-    # [0, 1] (also rejects inf and NaN), or torchvision's -1 for no weighting: any other value
-    # (1.5, -0.5, 1e300) is a mistake that would weight one class negatively or by a huge factor
-    if not (0.0 <= alpha_f <= 1.0 or alpha_f == -1.0):
-        raise ValueError(f"{fn}: alpha must be in [0, 1], or -1 for no weighting, got {alpha}")
+    _reduction, alpha_f, gamma_f = SPEC.check_as(fn, reduction, alpha, gamma)
     return alpha_f, gamma_f
 
 

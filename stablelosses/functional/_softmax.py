@@ -12,6 +12,7 @@ from torch import Tensor
 
 from stablelosses import _triton
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
+from stablelosses._spec import DIM, FLOAT_DTYPE, KEEPDIM, NONEMPTY_DIMS, Arg, OpSpec
 from stablelosses._utils import (
     broadcasts_to,
     check_same_device,
@@ -21,6 +22,28 @@ from stablelosses._utils import (
     wrap_dims,
 )
 from stablelosses.functional._operands import _LOW, _float_result
+
+SOFTMAX_SPEC = OpSpec(
+    "softmax",
+    (Arg("dim", DIM), Arg("dtype", FLOAT_DTYPE)),
+    replaces="torch.softmax, torch.nn.functional.softmax",
+    reference="torch.softmax in float64; 0 on fully masked slices, uniform over +inf entries",
+    tensors=("input", "mask"),
+)
+LOG_SOFTMAX_SPEC = OpSpec(
+    "log_softmax",
+    (Arg("dim", DIM), Arg("dtype", FLOAT_DTYPE)),
+    replaces="torch.log_softmax, torch.nn.functional.log_softmax",
+    reference="torch.log_softmax in float64; -inf on fully masked slices",
+    tensors=("input", "mask"),
+)
+LOGSUMEXP_SPEC = OpSpec(
+    "logsumexp",
+    (Arg("dim", NONEMPTY_DIMS), Arg("keepdim", KEEPDIM)),
+    replaces="torch.logsumexp",
+    reference="torch.logsumexp (its kernel's values); the float64 softmax as the gradient",
+    tensors=("input",),
+)
 
 
 def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -37,9 +60,7 @@ def _check_softmax_args(
 ) -> tuple[Tensor, int]:
     x = check_tensor(fn, "input", input)
     if dtype is not None:
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"{fn}: dtype must be a floating-point torch.dtype or None, got {dtype!r}")
-        x = x.to(dtype)
+        x = x.to(FLOAT_DTYPE.check(fn, "dtype", dtype))
     if not x.is_floating_point():
         raise TypeError(
             f"{fn}: input must be a floating-point tensor (float16, bfloat16, float32 or float64), "
@@ -125,8 +146,7 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
         return out
     x = _float_result(check_tensor("logsumexp", "input", input))
     dims = wrap_dims("logsumexp", dim, x.ndim, allow_empty=False)
-    if not isinstance(keepdim, bool):
-        raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
+    LOGSUMEXP_SPEC.check(keepdim)
     out_dtype = x.dtype
     if x.ndim == 0:
         return _logsumexp(x.reshape(1).to(compute_dtype(x)), (0,), False).to(out_dtype)

@@ -6,16 +6,26 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.vector import _normalize
-from stablelosses._utils import broadcast_shapes, check_floating, check_nonnegative, compute_dtype, wrap_dim
+from stablelosses._spec import DIM, EPS, P_NORM, Arg, OpSpec
+from stablelosses._utils import broadcast_shapes, check_floating, compute_dtype, wrap_dim
 from stablelosses.functional._operands import _binary_operands
 
+SPEC = OpSpec(
+    "normalize",
+    (Arg("p", P_NORM), Arg("dim", DIM), Arg("eps", EPS)),
+    replaces="torch.nn.functional.normalize",
+    reference="x / ‖x‖_p in float64; 0 (gradient 0) for a zero vector",
+    tensors=("input",),
+)
+COSINE_SPEC = OpSpec(
+    "cosine_similarity",
+    (Arg("dim", DIM), Arg("eps", EPS)),
+    replaces="torch.nn.functional.cosine_similarity",
+    reference="x·y / (‖x‖ ‖y‖) in float64; 0 (gradient 0) for a zero vector",
+    tensors=("x1", "x2"),
+)
 
-def _check_p(fn: str, p: object) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"{fn}: p must be a float (inf allowed), got {type(p).__name__}")
-    if p != p:
-        raise ValueError(f"{fn}: p must be a number or inf, got nan")
-    return float(p)
+
 
 
 def _normalize_below_one(x: Tensor, p: float, dim: int, eps: float) -> Tensor:
@@ -91,8 +101,7 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
     Replaces ``torch.nn.functional.normalize`` (which defaults to ``eps=1e-12``).
     """
     x = check_floating("normalize", "input", input)
-    pf = _check_p("normalize", p)
-    e = check_nonnegative("normalize", "eps", eps)
+    pf, e = SPEC.check(p, eps)
     d = wrap_dim("normalize", dim, x.ndim)
     out_dtype = x.dtype
     xc = x.reshape(1) if x.ndim == 0 else x
@@ -153,7 +162,7 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 0.0) ->
         if not isinstance(v, Tensor):
             raise TypeError(f"cosine_similarity: {name} must be a torch.Tensor, got {type(v).__name__}")
     a, b, out_dtype = _binary_operands("cosine_similarity", x1, x2, ("x1", "x2"))
-    e = check_nonnegative("cosine_similarity", "eps", eps)
+    (e,) = COSINE_SPEC.check(eps)
     shape = broadcast_shapes(a.shape, b.shape)
     d = wrap_dim("cosine_similarity", dim, len(shape))
     if len(shape) == 0:
