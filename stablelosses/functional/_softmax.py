@@ -23,20 +23,20 @@ from stablelosses._utils import (
 )
 from stablelosses.functional._operands import _LOW, _float_result
 
-SOFTMAX_SPEC = OpSpec(
-    "softmax",
-    (Arg("dim", DIM), Arg("dtype", FLOAT_DTYPE)),
-    replaces="torch.softmax, torch.nn.functional.softmax",
-    reference="torch.softmax in float64; 0 on fully masked slices, uniform over +inf entries",
-    tensors=("input", "mask"),
-)
-LOG_SOFTMAX_SPEC = OpSpec(
-    "log_softmax",
-    (Arg("dim", DIM), Arg("dtype", FLOAT_DTYPE)),
-    replaces="torch.log_softmax, torch.nn.functional.log_softmax",
-    reference="torch.log_softmax in float64; -inf on fully masked slices",
-    tensors=("input", "mask"),
-)
+
+def _softmax_spec(name: str, limits: str) -> OpSpec:
+    """softmax and log_softmax take the same arguments."""
+    return OpSpec(
+        name,
+        (Arg("dim", DIM), Arg("dtype", FLOAT_DTYPE)),
+        replaces=f"torch.{name}, torch.nn.functional.{name}",
+        reference=f"torch.{name} in float64; {limits}",
+        tensors=("input", "mask"),
+    )
+
+
+SOFTMAX_SPEC = _softmax_spec("softmax", "0 on fully masked slices, uniform over +inf entries")
+LOG_SOFTMAX_SPEC = _softmax_spec("log_softmax", "-inf on fully masked slices")
 LOGSUMEXP_SPEC = OpSpec(
     "logsumexp",
     (Arg("dim", NONEMPTY_DIMS), Arg("keepdim", KEEPDIM)),
