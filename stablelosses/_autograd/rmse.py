@@ -14,40 +14,20 @@ from stablelosses._utils import MEAN, NONE
 
 # 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
 _DOWN, _UP = 2.0**-600, 2.0**600
-# float32, compiled: squares of r·2**-80 stay below 1e29 and those of r·2**80 above the
-# subnormals for |r| > 1e-21; below 2**-60 the plain sum may have lost terms to underflow.
-_DOWN32, _UP32, _SAFE32 = 2.0**-80, 2.0**80, 2.0**-60
 
 
 def _norm(r: Tensor) -> Tensor:
     """``sqrt(Σ r²)`` in float64 without overflow of the squares (0 for an empty ``r``).
 
-    A float32 square fits float64 (``vector_norm`` casts while it reads, no copy); a float64
-    square overflows past 1.3e154, so the norm of ``r · 2**-600`` (scaled back) is taken there.
+    A float32 square fits float64. Eager torch's ``vector_norm(dtype=float64)`` makes a float64
+    copy of ``r`` first (``_to_copy``: the peak and most of the eager time on CPU); compiled,
+    inductor casts inside the one reduction. A float64 square overflows past 1.3e154, so the
+    norm of ``r · 2**-600`` (scaled back) is taken there. One spelling, eager and compiled.
     """
     if r.dtype != torch.float64:
         return torch.linalg.vector_norm(r, dtype=torch.float64)
     direct = torch.linalg.vector_norm(r)
     return torch.where(direct == math.inf, torch.linalg.vector_norm(r * _DOWN) * _UP, direct)
-
-
-def _norm_compiled(r: Tensor) -> Tensor:
-    """``sqrt(Σ r²)`` for a compiled float32 graph: three sums inductor fuses into one read of
-    ``r`` (plain, and scaled by ``2**∓80``), the plain one used where it neither overflowed nor
-    lost its terms to underflow. Accumulates in float32, as compiled ``F.mse_loss`` does."""
-    plain = (r * r).sum()
-    down = r * _DOWN32
-    up = r * _UP32
-    big = (down * down).sum().sqrt() * _UP32
-    small = (up * up).sum().sqrt() * _DOWN32
-    return torch.where(plain == math.inf, big, torch.where(plain < _SAFE32, small, plain.sqrt()))
-
-
-def _norm_of(r: Tensor) -> Tensor:
-    """``_norm(r)``; compiled float32 graphs take the spelling inductor fuses."""
-    if torch.compiler.is_compiling() and r.dtype == torch.float32:
-        return _norm_compiled(r)
-    return _norm(r)
 
 
 def _sensitivity(r: Tensor, value: Tensor, mode: int, g: Tensor) -> Tensor:
@@ -82,7 +62,7 @@ class _RMSE(torch.autograd.Function):
         if mode == NONE:
             # sqrt(r² + eps) = hypot(r, sqrt(eps)), which never forms r².
             return (r.abs() if eps == 0.0 else torch.hypot(r, r.new_full((), math.sqrt(eps)))), r
-        value = _norm_of(r)
+        value = _norm(r)
         if mode == MEAN:
             value = value / r.numel() ** 0.5  # 0 / 0 = NaN for an empty input, as torch
         if eps != 0.0:
