@@ -12,20 +12,11 @@ import torch
 from torch import Tensor
 
 from stablelosses._compat import functorch_transforms_active, is_transform_wrapped
-from stablelosses._spec import FINITE_NONNEGATIVE, GAMMA, NONNEGATIVE, REDUCTION, REDUCTIONS, OneOf
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # The same reductions as the ints the autograd Functions take.
 NONE, MEAN, SUM = 0, 1, 2
 REDUCTION_MODE = {"none": NONE, "mean": MEAN, "sum": SUM}
-
-
-def check_reduction(fn: str, reduction: object, allowed: Sequence[str] = REDUCTIONS) -> None:
-    """Raise ``ValueError`` unless ``reduction`` is one of ``allowed`` (`stablelosses._spec.OneOf`)."""
-    if allowed is REDUCTIONS or tuple(allowed) == REDUCTIONS:
-        REDUCTION.check(fn, "reduction", reduction)
-    else:
-        OneOf(tuple(allowed)).check(fn, "reduction", reduction)
 
 
 def check_tensor(fn: str, name: str, value: object) -> Tensor:
@@ -71,23 +62,6 @@ def wrap_dims(
     if len(set(out)) != len(out):
         raise ValueError(f"{fn}: {name} has repeated dimensions, got {seq}")
     return out
-
-
-
-
-def check_nonnegative(fn: str, name: str, value: object) -> float:
-    """Raise ``TypeError``/``ValueError`` unless ``value`` is a real number ``>= 0``."""
-    return NONNEGATIVE.check(fn, name, value)
-
-
-def check_finite_nonnegative(fn: str, name: str, value: object) -> float:
-    """Raise ``TypeError``/``ValueError`` unless ``value`` is a finite real number ``>= 0``."""
-    return FINITE_NONNEGATIVE.check(fn, name, value)
-
-
-def check_gamma(fn: str, gamma: object) -> float:
-    """Raise ``TypeError``/``ValueError`` unless ``gamma`` is a finite real number ``>= 0``."""
-    return GAMMA.check(fn, "gamma", gamma)
 
 
 def compute_dtype(t: Tensor) -> torch.dtype:

@@ -18,11 +18,18 @@ from torch.nn.modules.loss import _Loss as _TorchLoss
 from torch.nn.modules.loss import _WeightedLoss as _TorchWeightedLoss
 
 from stablelosses import functional as SF
-from stablelosses._utils import REDUCTIONS, check_gamma, check_nonnegative, check_reduction, legacy_reduction
-from stablelosses.functional._cross_entropy import _check_label_smoothing
-from stablelosses.functional._dice import check_smooth
-from stablelosses.functional._info_nce import check_symmetric, check_temperature
-from stablelosses.functional._kl_div import check_log_target
+from stablelosses._spec import (
+    EPS,
+    FLAG,
+    GAMMA,
+    KL_REDUCTION,
+    LABEL_SMOOTHING,
+    REDUCTION,
+    SMOOTH,
+    TEMPERATURE,
+    OneOf,
+)
+from stablelosses._utils import legacy_reduction
 from stablelosses.functional._linear import check_linear_options
 from stablelosses.functional._sigmoid_focal import check_focal_args
 
@@ -37,11 +44,11 @@ class _Loss(_TorchLoss):
     """
 
     _config: tuple[str, ...] = ()
-    _reductions: tuple[str, ...] = REDUCTIONS
+    _reductions: OneOf = REDUCTION
     _function: Callable[..., Tensor]
 
     def __init__(self, **config: object) -> None:
-        check_reduction(type(self).__name__, config["reduction"], self._reductions)
+        self._reductions.check(type(self).__name__, "reduction", config["reduction"])
         # torch's _Loss (and _WeightedLoss, with weight None until ours registers it) keeps the
         # reduction, as torch's own modules do
         super().__init__(reduction=str(config["reduction"]))
@@ -97,7 +104,7 @@ class RMSELoss(_Loss):
 
     def __init__(self, reduction: str = "mean", eps: float = 0.0) -> None:
         super().__init__(reduction=reduction, eps=eps)
-        check_nonnegative("RMSELoss", "eps", eps)
+        EPS.check("RMSELoss", "eps", eps)
 
 
 class CrossEntropyLoss(_WeightedLoss):
@@ -131,7 +138,7 @@ class CrossEntropyLoss(_WeightedLoss):
             weight, ignore_index=ignore_index, reduction=legacy_reduction(size_average, reduce, reduction),
             label_smoothing=label_smoothing,
         )
-        _check_label_smoothing("CrossEntropyLoss", label_smoothing)
+        LABEL_SMOOTHING.check("CrossEntropyLoss", "label_smoothing", label_smoothing)
 
 
 class FocalLoss(_WeightedLoss):
@@ -160,7 +167,7 @@ class FocalLoss(_WeightedLoss):
     def __init__(self, gamma: float = 2.0, weight: Tensor | None = None, ignore_index: int = -100,
                  reduction: str = "mean") -> None:
         super().__init__(weight, gamma=gamma, ignore_index=ignore_index, reduction=reduction)
-        check_gamma("FocalLoss", gamma)
+        GAMMA.check("FocalLoss", "gamma", gamma)
 
 
 class SigmoidFocalLoss(_Loss):
@@ -210,13 +217,13 @@ class KLDivLoss(_Loss):
     """
 
     _config = ("reduction", "log_target")
-    _reductions = ("none", "batchmean", "mean", "sum")
+    _reductions = KL_REDUCTION
     _function = staticmethod(SF.kl_div)
 
     def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
                  log_target: bool = False) -> None:
         super().__init__(reduction=legacy_reduction(size_average, reduce, reduction), log_target=log_target)
-        check_log_target("KLDivLoss", log_target)
+        FLAG.check("KLDivLoss", "log_target", log_target)
 
 
 class LogCoshLoss(_Loss):
@@ -264,8 +271,8 @@ class InfoNCELoss(_Loss):
 
     def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
         super().__init__(temperature=temperature, reduction=reduction, symmetric=symmetric)
-        check_temperature(temperature, "InfoNCELoss")
-        check_symmetric("InfoNCELoss", symmetric)
+        TEMPERATURE.check("InfoNCELoss", "temperature", temperature)
+        FLAG.check("InfoNCELoss", "symmetric", symmetric)
 
     def forward(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
         return self._function(query, key, mask=mask, **self._options())
@@ -294,7 +301,7 @@ class DiceLoss(_Loss):
     def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
                  reduction: str = "mean") -> None:
         super().__init__(dims=dims, smooth=smooth, reduction=reduction)
-        check_smooth("DiceLoss", smooth)
+        SMOOTH.check("DiceLoss", "smooth", smooth)
 
 
 _OLD_MODULE = (
@@ -430,7 +437,7 @@ class LinearCrossEntropyLoss(_LinearLoss):
             label_smoothing=label_smoothing, options=options, z_loss=z_loss, softcap=softcap,
             chunk_size=chunk_size,
         )
-        _check_label_smoothing("LinearCrossEntropyLoss", self.label_smoothing)
+        LABEL_SMOOTHING.check("LinearCrossEntropyLoss", "label_smoothing", self.label_smoothing)
         check_linear_options("LinearCrossEntropyLoss", self.ignore_index, self.z_loss, self.softcap,
                              self.chunk_size)
 
@@ -477,5 +484,5 @@ class LinearFocalLoss(_LinearLoss):
             dtype=dtype, weight=weight, reduction=reduction, ignore_index=ignore_index, options=options,
             gamma=gamma, z_loss=z_loss, softcap=softcap, chunk_size=chunk_size,
         )
-        check_gamma("LinearFocalLoss", self.gamma)
+        GAMMA.check("LinearFocalLoss", "gamma", self.gamma)
         check_linear_options("LinearFocalLoss", self.ignore_index, self.z_loss, self.softcap, self.chunk_size)

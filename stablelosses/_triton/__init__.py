@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from stablelosses._backend import use_triton
-from stablelosses._utils import REDUCTIONS, broadcasts_to, loss_out_dtype, operand_dtypes
+from stablelosses._spec import REDUCTIONS
+from stablelosses._utils import broadcasts_to, loss_out_dtype, operand_dtypes
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 

@@ -77,8 +77,6 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
 
 
 
-def _check_label_smoothing(fn: str, label_smoothing: object) -> float:
-    return LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)
 
 
 def _reduce(

@@ -10,7 +10,6 @@ from torch import Tensor
 from stablelosses._spec import OPTIONAL_NONEMPTY_DIMS, REDUCTION, SMOOTH, Arg, OpSpec
 from stablelosses._utils import (
     broadcasts_to,
-    check_finite_nonnegative,
     check_floating,
     check_tensor,
     operand_dtypes,
@@ -53,10 +52,6 @@ def _mask_samples(
     return m, torch.where(m_in, p, 0.0), torch.where(m_in, t, 0.0)
 
 
-def check_smooth(fn: str, smooth: object) -> float:
-    """``smooth`` as a float, or ``TypeError``/``ValueError`` unless it is finite and ``>= 0``
-    (an infinite one makes every loss ``inf/inf`` = NaN)."""
-    return check_finite_nonnegative(fn, "smooth", smooth)
 
 
 def dice_loss(

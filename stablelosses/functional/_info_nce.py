@@ -22,13 +22,8 @@ SPEC = OpSpec(
 )
 
 
-def check_temperature(temperature: object, fn: str = _FN) -> float | Tensor:
-    """The spec's temperature check, for the module class."""
-    return TEMPERATURE.check(fn, "temperature", temperature)
 
 
-def check_symmetric(fn: str, symmetric: object) -> None:
-    FLAG.check(fn, "symmetric", symmetric)
 
 
 def info_nce_loss(

@@ -45,10 +45,6 @@ def _kl_div_masked(
     return loss
 
 
-def check_log_target(fn: str, log_target: object) -> None:
-    """``TypeError`` unless ``log_target`` is a bool, as ``F.kl_div`` (not an int, a string or a
-    tensor either)."""
-    FLAG.check(fn, "log_target", log_target)
 
 
 def kl_div(

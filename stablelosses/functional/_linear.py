@@ -37,7 +37,7 @@ from stablelosses._utils import (
     check_tensor,
     promote_types,
 )
-from stablelosses.functional._cross_entropy import _INDEX_DTYPES, _check_label_smoothing
+from stablelosses.functional._cross_entropy import _INDEX_DTYPES
 from stablelosses.functional._linear_parallel import is_dtensor, linear_loss_parallel
 from stablelosses.functional._masked import check_mask
 
@@ -376,7 +376,7 @@ def _parallel(
     REDUCTION.check(fn, "reduction", reduction)
     ii = -100 if ignore_index is None else ignore_index
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
-    eps = _check_label_smoothing(fn, label_smoothing)
+    eps = LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)
     if forward_ad_active():
         raise NotImplementedError(f"{fn}: forward-mode AD is not supported with a sharded vocabulary")
     assert isinstance(ii, int) and isinstance(reduction, str)
@@ -611,7 +611,7 @@ def linear_cross_entropy(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
         chunk_size,
     )
-    eps = _check_label_smoothing(fn, label_smoothing)  # cross_entropy's check: the same values pass
+    eps = LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)  # cross_entropy's kind
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, None, chunk,
         mask, options, shapes,
