@@ -133,11 +133,17 @@ _softmax = applier(_Softmax)
 
 
 class _LogSoftmax(torch.autograd.Function):
-    """Log-softmax; ``-inf`` on all-``-inf`` slices; ``-log k`` on the ``k`` ``+inf`` entries.
+    """Log-softmax; ``-inf`` on all-``-inf`` slices; ``-log k`` on the ``k`` ``+inf`` entries and
+    ``-inf`` on the finite entries of such a slice (an entry equal to ``finfo.max`` there counts
+    with the ``+inf`` ones, as in `_Softmax`).
 
-    Backward ``g − softmax · Σ g`` from the saved output, with the incoming gradient of every
-    ``-inf`` output (masked entries, all-masked slices, entries dominated by ``+inf``) taken as
-    0: those outputs do not move when any input moves. Their own gradient is then 0 too.
+    Forward: torch's kernel on `_bounded` x (on every slice with a finite max, torch's value
+    bit for bit: the argmax entry rounds as torch's does, ``0`` where ``log(1 + δ)`` rounds to
+    0 — its exact tail ``−log1p(δ)`` would need every ``exp`` again, one pass more than the
+    budget), then one in-place fill for the slices with an infinite max. Backward
+    ``g − softmax · Σ g`` from the saved output, with the incoming gradient of every ``-inf``
+    output (masked entries, all-masked slices, entries dominated by ``+inf``) taken as 0: those
+    outputs do not move when any input moves. Their own gradient is then 0 too.
     """
 
     generate_vmap_rule = True
@@ -146,18 +152,13 @@ class _LogSoftmax(torch.autograd.Function):
     def forward(x: Tensor, dim: int) -> Tensor:
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.log_softmax(x, dim)
-        # the exact shift, not the bounded x: on a +inf slice the finite entries' log-softmax
-        # must be -inf (torch's kernel on finfo.max gives finite -finfo.max)
-        z, m, am = _shift_by_max(x, dim)
-        fix = torch.where(m == -_INF, m, 0.0)  # -inf on all-(-inf) slices (NaN ones stay NaN)
-        fix = torch.where(torch.isnan(m), m, fix)
-        # Exact tail (design: exact tails): log Σ e^z = log1p(δ), δ = Σ e^z without one argmax
-        # term (exactly 1), so the argmax entry is −log1p(δ) ≈ −δ where log(1 + δ) rounds to 0.
-        # z = 0 at every maximum (also on +inf and all-(-inf) slices), so δ counts ties; am is
-        # one of them (on a NaN slice the NaN's index: the result is NaN from fix anyway).
-        e = torch.exp(z)
-        e = e.scatter_(dim, am, 0.0) if inplace_ok(e) else e.scatter(dim, am, 0.0)
-        return z - (torch.log1p(e.sum(dim, keepdim=True)) - fix)
+        m = x.amax(dim, keepdim=True)
+        out = torch.log_softmax(_bounded(x, m), dim)
+        # Slices with an infinite max: every entry below +inf has probability 0, so its log is
+        # -inf (the bounded kernel gives the finite entries of a +inf slice a finite value far
+        # below, and an all-(-inf) slice a uniform one). The bound is -inf elsewhere: no entry
+        # is below it, and NaN slices stay NaN.
+        return out.masked_fill_(x < torch.where(torch.isinf(m), _INF, -_INF), -_INF)
 
     setup_context = staticmethod(_save_output)
 

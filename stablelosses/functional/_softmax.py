@@ -106,7 +106,8 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
     slice with a ``+inf`` entry gives ``+inf``, a NaN gives NaN, and where $\log \sum$
     rounds $1 + \delta$ to 1 it rounds as torch does (``[0, -20]`` gives 0 in float32; the
     exact value is ``2.06e-9``). Keeping that tail would cost two more passes over the input
-    (1.43x torch's bytes moved); `cross_entropy` and `log_softmax` keep theirs.
+    (1.43x torch's bytes moved); `cross_entropy` keeps its own (its backward needs the softmax
+    anyway), `log_softmax` rounds as torch does too.
 
     **Gradient.** $\operatorname{softmax}(x)$ over ``dim``: $\exp(x - \operatorname{lse})$
     normalised by its computed sum, so it is the exact softmax at every magnitude (on a
@@ -211,7 +212,11 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
 
     ``mask`` as in [`softmax`][stablelosses.functional.softmax]. Masked entries give ``-inf``;
     an all-masked slice gives ``-inf`` everywhere (``torch.log_softmax``: NaN); a slice with
-    $k$ ``+inf`` entries gives $-\log k$ on them and ``-inf`` elsewhere.
+    $k$ ``+inf`` entries gives $-\log k$ on them and ``-inf`` elsewhere. On every slice with a
+    finite maximum the value is ``torch.log_softmax``'s, bit for bit: where $\log \sum$ rounds
+    $1 + \delta$ to 1 the argmax entry rounds as torch does (``[20, 0, -1]`` gives 0 there in
+    float32; the exact value is ``-2.8e-9``). Its exact tail $-\log1p(\delta)$ would cost one
+    more pass over the input; `cross_entropy` keeps its own (the Triton kernels keep it too).
 
     **Gradient.** $g - \operatorname{softmax}(x)\sum g$ from the saved output. An output that
     is ``-inf`` (masked entry, all-masked slice, entry dominated by ``+inf``) does not move when
