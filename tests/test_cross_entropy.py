@@ -478,3 +478,24 @@ def test_cross_entropy_unbatched_mask():
     got = SF.cross_entropy(x, t, mask=torch.tensor(True))
     torch.testing.assert_close(got, F.cross_entropy(x, t))
     assert SF.cross_entropy(x, t, mask=torch.tensor(False)).item() == 0.0
+
+
+def test_probability_targets_nan_and_infinite_terms_row_by_row():
+    """The probability-target forward takes every NaN term of ``q·log p`` as 0 (``0·log 0``)
+    and puts the NaN cases back per row: a NaN target entry or a NaN logit gives that row
+    NaN, a masked class without mass gives 0, a masked class with mass gives ``+inf``, and a
+    ``+inf`` row puts ``+inf`` where mass sits on a finite class. Other rows are untouched."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[0.5, -inf, 1.0], [0.5, -inf, 1.0], [0.5, 0.0, 1.0], [0.5, nan, 1.0],
+                      [inf, 0.0, 1.0], [inf, 0.0, 1.0], [0.2, 0.1, -0.3]], requires_grad=True)
+    q = torch.tensor([[0.3, 0.0, 0.7], [0.3, 0.2, 0.5], [0.3, nan, 0.7], [0.2, 0.3, 0.5],
+                      [1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.1, 0.6, 0.3]])
+    loss = SF.cross_entropy(x, q, reduction="none")
+    ref0 = -(q[0, [0, 2]] * torch.log_softmax(x.detach()[0, [0, 2]], 0)).sum()
+    torch.testing.assert_close(loss[0], ref0)
+    assert loss[1] == inf and loss[5] == inf
+    assert torch.isnan(loss[2]) and torch.isnan(loss[3])
+    assert loss[4] == 0
+    torch.testing.assert_close(loss[6], F.cross_entropy(x.detach()[6:], q[6:], reduction="none")[0])
+    (g,) = torch.autograd.grad(loss[[0, 4, 6]].sum(), x)
+    assert torch.isfinite(g[[0, 4, 6]]).all() and g[0, 1] == 0 and g[4].eq(0).all()

@@ -35,12 +35,14 @@ from stablelosses._autograd.softmax import (
     extra_log_softmax_grad,
     extra_softmax_grad,
     fast_log_softmax,
+    log_softmax_limits,
     probs_from,
 )
-from stablelosses._compat import functorch_transforms_active
+from stablelosses._compat import functorch_transforms_active, log_softmax_backward
 from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
+_NAN = float("nan")
 
 
 def class_shape(ndim: int, cdim: int) -> list[int]:
@@ -342,11 +344,16 @@ class _ProbLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(x, target, weight, eps, cdim):
-        lsm, m = exact_log_softmax(x, cdim)
+        lsm, m = log_softmax_limits(x, cdim)
+        m = m.squeeze(cdim)
         q = _target_dist(x, target, weight, eps, cdim)
-        # 0 · log 0 = 0: classes without target mass contribute nothing.
-        loss = -torch.where(q == 0, 0.0, q * lsm).sum(cdim)
-        valid = m.squeeze(cdim) != -_INF
+        # 0 · log 0 = 0: classes without target mass contribute nothing. q·lsm is NaN only at
+        # 0·(−inf), at a NaN target and on NaN rows: every NaN term is taken as 0, and the two
+        # NaN cases are put back from N-sized quantities (Σq is NaN with any NaN target; m is
+        # NaN on NaN rows). ±inf terms stay.
+        loss = -(q * lsm).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).sum(cdim)
+        loss = torch.where(torch.isnan(q.sum(cdim) + m), _NAN, loss)
+        valid = m != -_INF
         return tuple(ProbResult(torch.where(valid, loss, 0.0), lsm, valid))
 
     @staticmethod
@@ -368,7 +375,8 @@ class _ProbLoss(torch.autograd.Function):
             s = torch.where(valid, grad_loss, 0.0).unsqueeze(cdim)
             q = _target_dist(x, target, weight, eps, cdim)
             if ctx.needs_input_grad[0]:
-                gx = probs_from(lsm, False) * (q.sum(cdim, keepdim=True) * s) - q * s
+                # p·Σq·s − q·s is log-softmax's backward of −q·s: torch's kernel, one pass
+                gx = log_softmax_backward(q * s.neg(), lsm, cdim)
             if ctx.needs_input_grad[1]:
                 gt = -(1.0 - eps) * lsm * s
                 if weight is not None:

@@ -152,13 +152,7 @@ class _LogSoftmax(torch.autograd.Function):
     def forward(x: Tensor, dim: int) -> Tensor:
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.log_softmax(x, dim)
-        m = x.amax(dim, keepdim=True)
-        out = torch.log_softmax(_bounded(x, m), dim)
-        # Slices with an infinite max: every entry below +inf has probability 0, so its log is
-        # -inf (the bounded kernel gives the finite entries of a +inf slice a finite value far
-        # below, and an all-(-inf) slice a uniform one). The bound is -inf elsewhere: no entry
-        # is below it, and NaN slices stay NaN.
-        return out.masked_fill_(x < torch.where(torch.isinf(m), _INF, -_INF), -_INF)
+        return log_softmax_limits(x, dim)[0]
 
     setup_context = staticmethod(_save_output)
 
@@ -285,6 +279,21 @@ def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     """
     m = x.amax(cdim, keepdim=True)
     return torch.log_softmax(_bounded(x, m), cdim), m
+
+
+def log_softmax_limits(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """torch's ``log_softmax`` with the limits on slices with an infinite max, and the max.
+
+    torch's kernel on `_bounded` x (torch's value, bit for bit, on every slice with a finite
+    max), then one in-place fill: on a slice with an infinite max every entry below ``+inf``
+    has probability 0, so its log is ``-inf`` (the bounded kernel gives the finite entries of a
+    ``+inf`` slice a finite value far below, and an all-``-inf`` slice a uniform one). The
+    bound is ``-inf`` elsewhere, where no entry is below it; NaN slices stay NaN. The ``k``
+    ``+inf`` entries get ``-log k`` (with any ``finfo.max`` entry among them, see `_Softmax`).
+    """
+    m = x.amax(dim, keepdim=True)
+    out = torch.log_softmax(_bounded(x, m), dim)
+    return out.masked_fill_(x < torch.where(torch.isinf(m), _INF, -_INF), -_INF), m
 
 
 def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
