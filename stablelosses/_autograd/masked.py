@@ -29,7 +29,7 @@ def _log_softmax(x: Tensor, dim: int) -> Tensor:
 
 def _plogp(logp: Tensor) -> tuple[Tensor, Tensor]:
     """``p`` and ``log p`` with ``log p`` replaced by 0 where ``p == 0`` (double where)."""
-    return torch.exp(logp), logp.masked_fill(logp == -_INF, 0.0)
+    return torch.exp(logp), torch.where(torch.isneginf(logp), 0.0, logp)
 
 
 class _Entropy(torch.autograd.Function):
@@ -61,7 +61,7 @@ class _Entropy(torch.autograd.Function):
         p, safe_logp = _plogp(logp)
         gx = -grad_h.unsqueeze(dim) * p * (safe_logp + h.unsqueeze(dim))
         # log-softmax backward; a -inf output does not move, so its incoming gradient is 0.
-        g = grad_logp.masked_fill(logp == -_INF, 0.0)
+        g = torch.where(torch.isneginf(logp), 0.0, grad_logp)
         return gx + (g - p * g.sum(dim, keepdim=True)), None
 
     @staticmethod
@@ -69,7 +69,7 @@ class _Entropy(torch.autograd.Function):
         h, logp = ctx.saved_tensors
         dim = ctx.dim
         p, safe_logp = _plogp(logp)
-        dead = logp == -_INF
+        dead = torch.isneginf(logp)
         t = tx.masked_fill(dead, 0.0)
         t_logp = (t - (p * t).sum(dim, keepdim=True)).masked_fill(dead, 0.0)
         t_h = -(p * t * (safe_logp + h.unsqueeze(dim))).sum(dim)

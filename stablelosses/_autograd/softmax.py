@@ -140,7 +140,7 @@ class _LogSoftmax(torch.autograd.Function):
     Forward: torch's kernel on `_bounded` x (on every slice with a finite max, torch's value
     bit for bit: the argmax entry rounds as torch's does, ``0`` where ``log(1 + δ)`` rounds to
     0 — its exact tail ``−log1p(δ)`` would need every ``exp`` again, one pass more than the
-    budget), then one in-place fill for the slices with an infinite max. Backward
+    budget), then one select for the slices with an infinite max. Backward
     ``g − softmax · Σ g`` from the saved output, with the incoming gradient of every ``-inf``
     output (masked entries, all-masked slices, entries dominated by ``+inf``) taken as 0: those
     outputs do not move when any input moves. Their own gradient is then 0 too.
@@ -162,7 +162,7 @@ class _LogSoftmax(torch.autograd.Function):
         # A -inf output does not move, so its incoming gradient is dropped before the sum
         # (e.g. label smoothing's -ε/C on a masked class); its own gradient is then
         # g - exp(-inf)·Σg = 0.
-        g = grad.masked_fill(y == -_INF, 0)
+        g = torch.where(torch.isneginf(y), 0.0, grad)
         return _log_softmax_kernel_bwd(g, y, ctx.dim), None
 
     @staticmethod
@@ -170,7 +170,7 @@ class _LogSoftmax(torch.autograd.Function):
         # ẋ − Σ softmax·ẋ; a -inf output does not move (tangent 0), and its input's tangent
         # does not enter the sum (its probability is 0)
         (y,) = ctx.saved_tensors
-        dead = y == -_INF
+        dead = torch.isneginf(y)
         x_t = torch.where(dead, 0.0, x_t)
         out = x_t - (torch.exp(y) * x_t).sum(ctx.dim, keepdim=True)
         return torch.where(dead, 0.0, out)
@@ -285,7 +285,7 @@ def log_softmax_limits(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """torch's ``log_softmax`` with the limits on slices with an infinite max, and the max.
 
     torch's kernel on `_bounded` x (torch's value, bit for bit, on every slice with a finite
-    max), then one in-place fill: on a slice with an infinite max every entry below ``+inf``
+    max), then one select: on a slice with an infinite max every entry below ``+inf``
     has probability 0, so its log is ``-inf`` (the bounded kernel gives the finite entries of a
     ``+inf`` slice a finite value far below, and an all-``-inf`` slice a uniform one). The
     bound is ``-inf`` elsewhere, where no entry is below it; NaN slices stay NaN. The ``k``
@@ -293,7 +293,7 @@ def log_softmax_limits(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """
     m = x.amax(dim, keepdim=True)
     out = torch.log_softmax(_bounded(x, m), dim)
-    return out.masked_fill_(x < torch.where(torch.isinf(m), _INF, -_INF), -_INF), m
+    return torch.where(x < torch.where(torch.isinf(m), _INF, -_INF), -_INF, out), m
 
 
 def exact_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
