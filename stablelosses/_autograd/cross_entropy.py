@@ -27,13 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._autograd.focal import accurate_log_pt, focal_rows, focal_terms, other_mass
+from stablelosses._autograd.focal import accurate_log_pt, focal_rows, focal_terms
 from stablelosses._autograd.softmax import (
     _bounded,
     _log_softmax,
     exact_log_softmax,
     extra_log_softmax_grad,
-    extra_softmax_grad,
     fast_log_softmax,
     log_softmax_limits,
     probs_from,
@@ -58,50 +57,16 @@ def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return a if b is None else a + b
 
 
-def softmax_minus_target(
-    p: Tensor, row_scale: Tensor, idx: Tensor, t_scale: Tensor, cdim: int, dense: Tensor | None,
-    own_p: bool, rest: Tensor | None = None,
-) -> Tensor:
-    """``p * row_scale - dense - onehot(idx) * t_scale``; ``own_p``: ``p`` may be overwritten.
-
-    With ``rest = Σ_{j≠t} p_j`` the target entry is set to ``(row − t) − rest·row`` instead of
-    adding ``−t`` to ``p_t·row`` (which rounds ``p_t − 1`` to 0 as ``p_t → 1``). ``dense`` is
-    0 on every class where it is used with ``rest`` (no smoothing in the focal loss).
-    """
-    row_scale = row_scale.unsqueeze(cdim)
-    t_scale = t_scale.unsqueeze(cdim)
-    t_value = None if rest is None else (row_scale - t_scale) - rest.unsqueeze(cdim) * row_scale
-    if not inplace_ok(p, row_scale, t_scale, dense, t_value):
-        # double backward or a functorch transform: out of place
-        g = p * row_scale
-        if dense is not None:
-            g = g - dense
-        if t_value is not None:
-            return g.scatter(cdim, idx, t_value)
-        return g.scatter_add(cdim, idx, -t_scale)
-    g = p.mul_(row_scale) if own_p else p * row_scale
-    if dense is not None:
-        g.sub_(dense)
-    if t_value is not None:
-        return g.scatter_(cdim, idx, t_value)
-    return g.scatter_add_(cdim, idx, -t_scale)
-
-
 class IndexResult(NamedTuple):
     """What ``_IndexLoss`` returns: the per-element loss (0 on invalid elements); the
-    log-softmax for cross-entropy (``γ = 0``: the backward takes its ``exp`` in a buffer of
-    its own) or the softmax for the focal loss (its forward needs it for ``1 − p_t``) and the
-    target's log-probability, both extra outputs so that double backward differentiates the
-    backward exactly; the valid mask (target not ``ignore_index``, row not fully masked); the
-    focal row scale and ``1 − p_t = Σ_{j≠t} p_j`` for a first-order backward (double backward
-    recomputes them; for cross-entropy they are placeholders of ones and zeros)."""
+    log-softmax and the target's log-probability, extra outputs so that double backward
+    differentiates the backward exactly; the valid mask (target not ``ignore_index``, row not
+    fully masked)."""
 
     loss: Tensor
-    lsm_or_p: Tensor
+    lsm: Tensor
     log_pt: Tensor
     valid: Tensor
-    scale: Tensor
-    rest: Tensor
 
 
 def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
@@ -151,22 +116,25 @@ def _per_class_sum(t: Tensor, cdim: int) -> Tensor:
 
 
 class _IndexLoss(torch.autograd.Function):
-    """Class-index cross-entropy (``gamma == 0``) or focal loss, with weight and smoothing.
+    """Class-index cross-entropy with label smoothing ``ε > 0`` and an optional class weight:
+    per element ``(1 − ε) w_t (−log p_t) + ε/K Σ_{c unmasked} w_c (−log p_c)``. Without
+    smoothing (cross-entropy and the focal loss) `_ClassIndexCE` runs instead.
 
-    Per element ``(1 − ε) w_t f_γ(log p_t) + ε/K Σ_{c unmasked} w_c (−log p_c)`` with
-    ``f_γ(l) = (1 − p_t)^γ (−l)``; the public focal loss has ``ε = 0``.
+    Forward: torch's log-softmax of the bounded logits (`fast_log_softmax`), the target term
+    gathered by ``nll_loss`` and the smoothing sum (`_smoothing_sum`). Backward: the gradient
+    ``p·row − dense − onehot(t)·a`` is log-softmax's backward of ``g = −dense − onehot(t)·a``
+    (its row sum is ``−row``), so it is torch's kernel on the saved log-softmax.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, target, idx, weight, ignore_index, gamma, eps, cdim):
+    def forward(x, target, idx, weight, ignore_index, eps, cdim):
         # idx: the target with ignore_index replaced by 0 (the wrapper needs it too)
         lsm, m = fast_log_softmax(x, cdim)
         # nll_loss is the gather: 0 on ignored targets and torch's own IndexError
         # ("Target 3 is out of bounds.") for the others out of range.
         lt = F.nll_loss(lsm, target, ignore_index=ignore_index, reduction="none").neg()
-        idx = idx.unsqueeze(cdim)
         m_row = m.squeeze(cdim)
         masked_row = m_row == -_INF
         # On +inf rows only the +inf entries have probability > 0: their log p_t is -log k
@@ -177,134 +145,88 @@ class _IndexLoss(torch.autograd.Function):
         pinf_row = m_row == _INF
         far = pinf_row & (lt < -fi.max * fi.eps / 4)
         lt = torch.where(masked_row | far, -_INF, lt)
-        extra = lsm
-        if gamma == 0.0:
-            if eps == 0.0:
-                # Exact tail (design: exact tails): as p_t → 1, log p_t = log1p(−Σ_{j≠t} p_j)
-                # keeps full relative accuracy where lse − x_t rounds to 0. It costs one exp
-                # and one sum over the row; no formulation in the passes above gives it.
-                other = other_mass(probs_from(lsm, True), idx, cdim, inplace=True)
-                lt = accurate_log_pt(other, lt)
-            val, scale, rest = -lt, torch.ones_like(lt), torch.zeros_like(lt)
-        else:
-            if eps == 0.0 and inplace_ok(lsm):  # lsm is not needed again: p overwrites it
-                # finite on fully masked rows (bounded logits); NaN rows stay NaN
-                extra = p = lsm.exp_()
-            else:
-                extra = p = probs_from(lsm, False)
-            rest = other_mass(p, idx, cdim, inplace=True)
-            lt = accurate_log_pt(rest, lt)
-            val, scale = focal_terms(rest, lt, gamma)
+        val = -lt
         if weight is not None:
-            w_t = weight[idx.squeeze(cdim)]
+            w_t = weight[idx]
             # 0 · inf = 0: a zero class weight removes the term.
             val = torch.where(w_t == 0, 0.0, w_t * val)
-        if eps > 0.0:
-            masked, k = _smoothing(x, cdim)
-            # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
-            val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
-            val = val - _smoothing_sum(lsm, masked, k, eps, cdim, weight, pinf_row)
+        masked, k = _smoothing(x, cdim)
+        # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
+        val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
+        val = val - _smoothing_sum(lsm, masked, k, eps, cdim, weight, pinf_row)
         valid = (target != ignore_index) & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
-        return tuple(IndexResult(torch.where(valid, val, 0.0), extra, lt, valid, scale, rest))
+        return tuple(IndexResult(torch.where(valid, val, 0.0), lsm, lt, valid))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, _target, idx, weight, _ignore_index, gamma, eps, cdim = inputs
-        _, extra, lt, valid, scale, rest = output
-        ctx.mark_non_differentiable(valid, scale, rest)
+        x, _target, idx, weight, _ignore_index, eps, cdim = inputs
+        _, lsm, lt, valid = output
+        ctx.mark_non_differentiable(valid)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale, rest)
+        ctx.save_for_backward(x, idx, weight, lsm, lt, valid)
         # the same tensors as for backward (one list of batch dims under torch.func's vmap rule)
-        ctx.save_for_forward(x if eps > 0.0 else None, idx, weight, extra, lt, valid, scale, rest)
-        ctx.gamma, ctx.eps, ctx.cdim = gamma, eps, cdim
+        ctx.save_for_forward(x, idx, weight, lsm, lt, valid)
+        ctx.eps, ctx.cdim = eps, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_extra, grad_lt, _gv, _gs, _gr):
-        x, idx, weight, extra, lt, valid, scale, rest = ctx.saved_tensors
-        cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
-        idx = idx.unsqueeze(cdim)
-        gx = gw = a = row = ndense = None
-        if gamma != 0.0 and torch.is_grad_enabled():
-            rest = other_mass(extra, idx, cdim)  # double backward: its own derivative
+    def backward(ctx, grad_loss, grad_lsm, grad_lt, _gv):
+        x, idx, weight, lsm, lt, valid = ctx.saved_tensors
+        cdim, eps = ctx.cdim, ctx.eps
+        gx = gw = a = ndense = None
         if grad_loss is not None:
             s = torch.where(valid, grad_loss, 0.0)
-            val = -lt
-            if gamma != 0.0 and (torch.is_grad_enabled() or ctx.needs_input_grad[3]):
-                # double backward: the scale's own derivative; weight: the unweighted value
-                val, scale = focal_terms(rest, lt, gamma)
-            a = s * scale if gamma != 0.0 else s
+            a = s if weight is None else s * weight[idx]
+            a = (1.0 - eps) * a
+            masked, k = _smoothing(x, cdim)
+            # −dense, the negated smoothing mass (N-sized until the weight or the select)
+            smooth = s.unsqueeze(cdim) * (-eps / k)
             if weight is not None:
-                a = a * weight[idx.squeeze(cdim)]
-            if gamma != 0.0:  # 0 on invalid rows even where the focal scale is not finite
-                a = torch.where(valid, a, 0.0)
-            a = torch.where(torch.isnan(lt), lt, a)  # NaN rows: NaN gradient
-            row = a = (1.0 - eps) * a if eps > 0.0 else a
-            if eps > 0.0:
-                masked, k = _smoothing(x, cdim)
-                # −dense, the negated smoothing mass (N-sized until the weight or the select)
-                smooth = s.unsqueeze(cdim) * (-eps / k)
-                if weight is not None:
-                    smooth = smooth * weight.view(class_shape(x.dim(), cdim))
-                ndense = torch.where(masked, 0.0, smooth)
-                # Σ_c dense_c = s·ε (unweighted: K entries of s·ε/K) or s·ε/K·Σ_{unmasked} w
-                row = row + (s * eps if weight is None else ndense.sum(cdim).neg())
+                smooth = smooth * weight.view(class_shape(x.dim(), cdim))
+            ndense = torch.where(masked, 0.0, smooth)
             if ctx.needs_input_grad[3]:
-                gw = _index_weight_grad(x, weight, idx, valid, s, val, eps, cdim)
+                gw = _index_weight_grad(x, weight, idx, valid, s, -lt, eps, cdim)
         if grad_lt is not None:
             # d log p_t / dx = onehot(t) − softmax
             a = -grad_lt if a is None else a - grad_lt
-            row = -grad_lt if row is None else row - grad_lt
-        if a is not None and row is not None:
-            if gamma == 0.0:
-                # p·row − dense − onehot(t)·a is log-softmax's backward of
-                # g = −dense − onehot(t)·a, whose row sum is −row: torch's kernel, one pass
-                # (ndense is this Function's own buffer: the target entry is added in place)
-                # (no exp of the saved log-softmax, no product with row)
-                g = torch.zeros_like(extra) if ndense is None else ndense
-                # a vmap wrapper cannot grow in place (a batched a into an unbatched g)
-                t_val = a.neg().unsqueeze(cdim)
-                g = g.scatter_add_(cdim, idx, t_val) if inplace_ok(g, t_val) else g.scatter_add(
-                    cdim, idx, t_val)
-                gx = log_softmax_backward(g, extra, cdim)
-            else:
-                dense = None if ndense is None else ndense.neg()
-                gx = softmax_minus_target(extra, row, idx, a, cdim, dense, own_p=False, rest=rest)
-        if gamma == 0.0:
-            gx = _plus(gx, extra_log_softmax_grad(extra, grad_extra, cdim))
-        else:
-            gx = _plus(gx, extra_softmax_grad(extra, grad_extra, cdim))
-        return gx, None, None, gw, None, None, None, None
+        if a is not None:
+            # g = −dense − onehot(t)·a; torch's log-softmax backward g − p·Σg is then
+            # p·row − dense − onehot(t)·a. ndense is this Function's own buffer: the target
+            # entry is added in place (a vmap wrapper cannot grow in place: out of place there).
+            # NaN rows: the saved log-softmax is NaN, so is their gradient.
+            g = torch.zeros_like(lsm) if ndense is None else ndense
+            t_val = a.neg().unsqueeze(cdim)
+            idx_u = idx.unsqueeze(cdim)
+            g = g.scatter_add_(cdim, idx_u, t_val) if inplace_ok(g, t_val) else g.scatter_add(
+                cdim, idx_u, t_val)
+            gx = log_softmax_backward(g, lsm, cdim)
+        gx = _plus(gx, extra_log_softmax_grad(lsm, grad_lsm, cdim))
+        return gx, None, None, gw, None, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _gamma, _eps, _cdim):
-        x, idx, weight, extra, lt, valid, scale, _rest = ctx.saved_tensors
-        cdim, eps, gamma = ctx.cdim, ctx.eps, ctx.gamma
-        idx = idx.unsqueeze(cdim)
-        p = probs_from(extra, False) if gamma == 0.0 else extra
+    def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _eps, _cdim):
+        x, idx, weight, lsm, lt, valid = ctx.saved_tensors
+        cdim, eps = ctx.cdim, ctx.eps
+        p = probs_from(lsm, False)
         # zero-probability entries carry no tangent (double where: 0·inf never forms)
         x_t = torch.zeros_like(p) if x_t is None else torch.where(p == 0, 0.0, x_t)
         lsm_t = x_t - (p * x_t).sum(cdim, keepdim=True)  # tangent of every log p_c
-        lt_t = lsm_t.gather(cdim, idx).squeeze(cdim)
-        val = -lt if gamma == 0.0 else focal_terms(other_mass(p, idx, cdim), lt, gamma)[0]
-        val_t = -lt_t if gamma == 0.0 else -scale * lt_t
+        lt_t = lsm_t.gather(cdim, idx.unsqueeze(cdim)).squeeze(cdim)
+        val_t = -lt_t
         if weight is not None:
-            wt = weight[idx.squeeze(cdim)]
-            val_t = wt * val_t
+            val_t = weight[idx] * val_t
             if w_t is not None:
-                val_t = val_t + torch.where(w_t[idx.squeeze(cdim)] == 0, 0.0, w_t[idx.squeeze(cdim)] * val)
-        if eps > 0.0:
-            masked, k = _smoothing(x, cdim)
-            terms = lsm_t
-            if weight is not None:
-                shape = class_shape(x.dim(), cdim)
-                terms = weight.view(shape) * lsm_t
-                if w_t is not None:
-                    terms = terms + w_t.view(shape) * exact_log_softmax(x, cdim)[0]
-            val_t = (1.0 - eps) * val_t - torch.where(masked, 0.0, terms * (eps / k)).sum(cdim)
-        loss_t = torch.where(valid, val_t, 0.0)
-        extra_t = lsm_t if gamma == 0.0 else p * lsm_t
-        return loss_t, extra_t, lt_t, None, None, None
+                wt = w_t[idx]
+                val_t = val_t + torch.where(wt == 0, 0.0, wt * -lt)
+        masked, k = _smoothing(x, cdim)
+        terms = lsm_t
+        if weight is not None:
+            shape = class_shape(x.dim(), cdim)
+            terms = weight.view(shape) * lsm_t
+            if w_t is not None:
+                terms = terms + w_t.view(shape) * exact_log_softmax(x, cdim)[0]
+        val_t = (1.0 - eps) * val_t - torch.where(masked, 0.0, terms * (eps / k)).sum(cdim)
+        return torch.where(valid, val_t, 0.0), lsm_t, lt_t, None
 
 
 _index_loss = applier(_IndexLoss)

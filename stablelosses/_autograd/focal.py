@@ -19,22 +19,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._utils import inplace_ok
-
-
-def other_mass(p: Tensor, idx: Tensor, cdim: int, *, inplace: bool = False) -> Tensor:
-    """``Σ_{j≠t} p_j``: ``1 − p_t`` without cancellation.
-
-    ``inplace`` (forward only, on the Function's own fresh ``p``): zero ``p_t``, sum, put
-    it back, instead of a full copy.
-    """
-    if inplace and inplace_ok(p, idx):
-        p_t = p.gather(cdim, idx)
-        rest = p.scatter_(cdim, idx, 0.0).sum(cdim)
-        p.scatter_(cdim, idx, p_t)
-        return rest
-    return p.scatter(cdim, idx, 0.0).sum(cdim)
-
 
 def accurate_log_pt(rest: Tensor, lt: Tensor) -> Tensor:
     """``log p_t`` with full relative accuracy as ``p_t → 1``: ``log1p(−Σ_{j≠t} p_j)``."""

@@ -327,10 +327,3 @@ def extra_log_softmax_grad(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> T
     if grad_lsm is None:
         return None
     return grad_lsm - probs_from(lsm, False) * grad_lsm.sum(cdim, keepdim=True)
-
-
-def extra_softmax_grad(p: Tensor, grad_p: Tensor | None, cdim: int) -> Tensor | None:
-    """Gradient through the extra softmax output: ``p ⊙ (g − Σ g·p)``."""
-    if grad_p is None:
-        return None
-    return p * (grad_p - (grad_p * p).sum(cdim, keepdim=True))

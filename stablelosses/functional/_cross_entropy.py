@@ -122,7 +122,8 @@ def _index_loss_reduced(
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
         return _reduce(loss, denom, reduction, False, mask is not None)
     idx = torch.where(target != ignore_index, target, 0)
-    res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, gamma, eps, cdim))
+    assert gamma == 0.0  # the focal loss has no smoothing
+    res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, res.valid, reduction, False)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
