@@ -34,7 +34,6 @@ from stablelosses._autograd.softmax import (
     exact_log_softmax,
     extra_log_softmax_grad,
     fast_log_softmax,
-    log_softmax_limits,
     probs_from,
 )
 from stablelosses._compat import functorch_transforms_active, log_softmax_backward
@@ -277,7 +276,9 @@ class _ProbLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(x, target, weight, eps, cdim):
-        lsm, m = log_softmax_limits(x, cdim)
+        # the exact shift (not log_softmax_limits: measured, its bound and select made the
+        # compiled fwd+bwd 7x compiled torch's, against 2.2-2.9x with this one)
+        lsm, m = exact_log_softmax(x, cdim)
         m = m.squeeze(cdim)
         q = _target_dist(x, target, weight, eps, cdim)
         # 0 · log 0 = 0: classes without target mass contribute nothing. q·lsm is NaN only at

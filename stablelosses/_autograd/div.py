@@ -15,9 +15,9 @@ from stablelosses._utils import sum_to
 def _inf_where_zero(b: Tensor) -> tuple[Tensor, Tensor]:
     """``b`` with ``inf`` where ``b == 0``, and that mask: ``g / b`` is then 0 there (for a finite
     ``g``), with no discarded ``g / 0`` whose own gradient (double backward) would be NaN."""
-    # logical_not(b) rather than b == 0 and a select rather than masked_fill: each about 2x
-    # faster on the CPU, the same values and bytes
-    zero = torch.logical_not(b)
+    # a select rather than masked_fill: 1.8x faster on the CPU, the same values and bytes
+    # (b == 0, not logical_not(b): inductor does not vectorize logical_not on floats)
+    zero = b == 0
     return torch.where(zero, math.inf, b), zero
 
 
@@ -47,7 +47,7 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
 
 def _quotient(a: Tensor, b: Tensor, fill: float) -> Tensor:
     # clamp(fill, fill) is fill everywhere except where a is NaN, which it keeps.
-    return torch.where(torch.logical_not(b), a.clamp(fill, fill), a / b)
+    return torch.where(b == 0, a.clamp(fill, fill), a / b)
 
 
 class _SafeDiv(torch.autograd.Function):

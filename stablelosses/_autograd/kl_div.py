@@ -32,9 +32,9 @@ class _KLDiv(torch.autograd.Function):
             return torch.where(zero & ~torch.isnan(input), 0.0, naive)
         # xlogy(0, 0) - 0·x is already 0 at every finite x (and NaN at a NaN one)
         naive = torch.addcmul(torch.xlogy(target, target), target, input, value=-1)
-        # logical_not(target) rather than target == 0 and a select rather than masked_fill
-        # (each about 2x faster on the CPU at 8192x1000): the same values and bytes
-        return torch.where(torch.logical_not(target) & torch.isinf(input), 0.0, naive)
+        # a select rather than masked_fill (1.8x faster on the CPU at 8192x1000), the same
+        # values and bytes (target == 0, not logical_not: inductor does not vectorize that)
+        return torch.where((target == 0) & torch.isinf(input), 0.0, naive)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -75,7 +75,7 @@ class _KLDiv(torch.autograd.Function):
 
 
 def _zero_probability(target: Tensor, log_target: bool) -> Tensor:
-    return torch.isneginf(target) if log_target else torch.logical_not(target)
+    return torch.isneginf(target) if log_target else target == 0
 
 
 def _d_target_times(
