@@ -213,10 +213,11 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
     ``mask`` as in [`softmax`][stablelosses.functional.softmax]. Masked entries give ``-inf``;
     an all-masked slice gives ``-inf`` everywhere (``torch.log_softmax``: NaN); a slice with
     $k$ ``+inf`` entries gives $-\log k$ on them and ``-inf`` elsewhere. On every slice with a
-    finite maximum the value is ``torch.log_softmax``'s, bit for bit: where $\log \sum$ rounds
-    $1 + \delta$ to 1 the argmax entry rounds as torch does (``[20, 0, -1]`` gives 0 there in
-    float32; the exact value is ``-2.8e-9``). Its exact tail $-\log1p(\delta)$ would cost one
-    more pass over the input; `cross_entropy` keeps its own (the Triton kernels keep it too).
+    finite maximum the value is torch's kernel on $x - \max x$, the shift torch's kernel makes
+    itself, so it rounds as ``torch.log_softmax`` does: where $\log \sum$ rounds $1 + \delta$
+    to 1 the argmax entry is 0 (``[20, 0, -1]`` in float32; the exact value is ``-2.8e-9``).
+    Its exact tail $-\log1p(\delta)$ would cost one more pass over the input; `cross_entropy`
+    keeps its own (the Triton kernels keep it too).
 
     **Gradient.** $g - \operatorname{softmax}(x)\sum g$ from the saved output. An output that
     is ``-inf`` (masked entry, all-masked slice, entry dominated by ``+inf``) does not move when
