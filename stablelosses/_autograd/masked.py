@@ -22,7 +22,7 @@ def _log_softmax(x: Tensor, dim: int) -> Tensor:
     """log-softmax with ``-inf`` on all-``-inf`` slices and ``-log k`` on ``k`` ``+inf`` entries."""
     if x.shape[dim] == 0:
         return torch.log_softmax(x, dim)
-    z, m, _ = _shift_by_max(x, dim)
+    z, m = _shift_by_max(x, dim)
     fix = m.masked_fill(m > -_INF, 0.0)  # -inf on all--inf slices, NaN on NaN slices, else 0
     return torch.log_softmax(z, dim) + fix
 
