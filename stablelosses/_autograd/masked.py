@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._autograd.softmax import _shift_by_max
+from stablelosses._autograd.softmax import exact_log_softmax
 
 _INF = float("inf")
 
@@ -22,9 +22,7 @@ def _log_softmax(x: Tensor, dim: int) -> Tensor:
     """log-softmax with ``-inf`` on all-``-inf`` slices and ``-log k`` on ``k`` ``+inf`` entries."""
     if x.shape[dim] == 0:
         return torch.log_softmax(x, dim)
-    z, m = _shift_by_max(x, dim)
-    fix = m.masked_fill(m > -_INF, 0.0)  # -inf on all--inf slices, NaN on NaN slices, else 0
-    return torch.log_softmax(z, dim) + fix
+    return exact_log_softmax(x, dim, masked_rows_inf=True)[0]  # the public log_softmax's forward
 
 
 def _plogp(logp: Tensor) -> tuple[Tensor, Tensor]:
