@@ -29,7 +29,6 @@ from torch import Tensor
 from stablelosses._autograd._base import applier
 from stablelosses._autograd.focal import accurate_log_pt, focal_rows, focal_terms
 from stablelosses._autograd.softmax import (
-    _bounded,
     _log_softmax,
     exact_log_softmax,
     extra_log_softmax_grad,
@@ -54,6 +53,15 @@ def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     if a is None:
         return b
     return a if b is None else a + b
+
+
+def _put(t: Tensor, dim: int, index: Tensor, src: Tensor | float) -> Tensor:
+    """``t.scatter_(dim, index, src)`` on a Function's own fresh ``t``; out of place under a
+    ``torch.func`` transform, whose wrapper of an unbatched ``t`` cannot take a batched
+    ``index`` or ``src`` in place (an in-place write of N entries, against a copy of all NC)."""
+    if functorch_transforms_active():
+        return t.scatter(dim, index, src)
+    return t.scatter_(dim, index, src)
 
 
 class IndexResult(NamedTuple):
@@ -347,37 +355,34 @@ class _ProbLoss(torch.autograd.Function):
 _prob_loss = applier(_ProbLoss)
 
 
-class RowResult(NamedTuple):
-    """What ``_ClassIndexCE`` returns first: the per-element loss (0 on invalid elements) and
-    the invalid mask (target ``ignore_index`` or row fully masked)."""
-
-    loss: Tensor
-    invalid: Tensor
-
-
 class _ClassIndexCE(torch.autograd.Function):
     """Class-index cross-entropy ``−w_t log p_t`` and focal loss ``−w_t (1 − p_t)^γ log p_t``
     (no smoothing) in torch's passes plus the two reductions the hazards and the tail need.
 
-    Forward, over the ``N×C`` logits: the row max ``m`` and its index (one read); torch's
-    ``softmax`` kernel on ``x`` made finite where a row's max is infinite (`_bounded`, one
-    pass); ``p_t`` zeroed in place and the row summed (one read): ``rest = Σ_{j≠t} p_j``.
-    Everything else is N-sized, ``p_max = 1/Σ e^{x−m}`` gathered at the argmax included:
+    Forward, over the ``N×C`` logits: the row max ``m`` (one read, no index); one write of the
+    Function's own copy ``b`` of the logits, ``+inf → finfo.max`` (``min(x, v)``,
+    ``v = clamp(m, ±finfo.max)``) with the target's logit set to ``v``; torch's ``softmax``
+    kernel on ``b`` (one read, one write: ``p'``); ``p'_t`` zeroed in place and the row summed
+    (one read): ``r = Σ_{j≠t} p'_j``. Since the target of ``b`` is its row max, ``p'_t = 1/S'``
+    is never small and ``D = r / p'_t = Σ_{j≠t} e^{x_j − v}`` exactly (the kernel's own shift
+    and sum cancel), without the index of the max. Everything else is N-sized:
 
-    * ``−log p_t = (m − x_t) − log p_max``: torch's log-softmax (both terms ≥ 0, no
-      cancellation); where ``p_t > rest`` (``p_t > ½``) it is ``−log1p(−rest)`` instead,
-      which keeps the small part where ``lse − x_t`` rounds to 0 (the exact tail).
-    * Hazard rows read off ``m``: ``−inf`` (fully masked) is invalid (loss and gradient 0);
-      on ``+inf`` rows ``m − x_t`` is ``inf − inf`` at a ``+inf`` target, where it is 0 (its
-      probability is ``p_max = 1/k``), and ``+inf`` at a finite one (probability 0, the
-      limit); a NaN row is NaN through ``p_max`` and ``p``.
+    * ``w = m − x_t`` (0 where ``x_t = m = ±inf``: the exact shift), ``S − 1 = D + expm1(−w)``
+      and ``−log p_t = log1p(S − 1) + w``: torch's log-softmax value on every row, and where
+      the target is the max, ``log1p(D)`` keeps the small part that ``lse − x_t`` rounds to 0
+      (the exact tail), with no select.
+    * Hazard rows need no pass of their own: on ``+inf`` rows ``v = finfo.max`` and the
+      ``+inf`` entries share the mass (``w = 0`` at a ``+inf`` target, ``+inf`` at a finite
+      one: probability 0, the limit); a fully masked row is ``-inf`` but for its target
+      (``v = -finfo.max``), so it stays finite (``p' = onehot``) and is invalid: loss and
+      gradient 0; a NaN row is NaN through ``v``.
 
-    The softmax with ``p_t`` zeroed and ``−rest`` are saved; the first-order backward is
-    that softmax scaled per row, with the target entry ``−rest·a`` (``p_t − 1`` without
-    cancellation): one read and one write. The focal row scale (`focal_rows`, N-sized) is an
-    extra output of the forward. Double backward and the jvp recompute the row from the saved
-    input in differentiable ops (`_plain_rows`, same values), so that second derivatives and
-    ``torch.func`` nestings reach ``x``.
+    Saved: ``p'`` with the target entry ``−r``, ``p'_t`` and ``S − 1``. The first-order backward
+    is ``p' · a / (p'_t S)`` (``p = p' S' / S``; the target entry is ``−rest·a``, ``p_t − 1``
+    without cancellation): one read and one write. The focal row scale (`focal_rows`,
+    N-sized) is an extra output of the forward. Double backward and the jvp recompute the row
+    from the saved input in differentiable ops (`_plain_rows`, same values), so that second
+    derivatives and ``torch.func`` nestings reach ``x``.
     """
 
     generate_vmap_rule = True
@@ -387,47 +392,49 @@ class _ClassIndexCE(torch.autograd.Function):
         # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
         # IndexError ("Target 3 is out of bounds.") for the others out of range.
         nll = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none")
-        m, am = x.max(cdim, keepdim=True)
-        p = torch.softmax(_bounded(x, m), cdim)
-        idx = idx.unsqueeze(cdim)
-        p_max = p.gather(cdim, am).squeeze(cdim)
-        p_t = p.gather(cdim, idx)
-        # the Function's own fresh p: p_t zeroed in place (a vmap wrapper cannot grow in
-        # place); 0·p_t, so that a NaN row's rest is NaN also when it has one class
-        zero = p_t * 0.0
-        p = p.scatter(cdim, idx, zero) if functorch_transforms_active() else p.scatter_(cdim, idx, zero)
-        p_t = p_t.squeeze(cdim)
-        rest = p.sum(cdim)
-        nrest = rest.neg()
-        m = m.squeeze(cdim)
-        nll_t = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF) - torch.log(p_max)
-        # the exact tail; false on NaN rows (p_t is NaN), so they stay NaN
-        nll_t = torch.where(p_t > rest, torch.special.xlog1py(-1.0, nrest), nll_t)
+        m = x.amax(cdim, keepdim=True)
+        fmax = torch.finfo(x.dtype).max
+        v = m.clamp(-fmax, fmax)
+        idx_u = idx.unsqueeze(cdim)
+        p = torch.softmax(_put(torch.minimum(x, v), cdim, idx_u, v), cdim)
+        q_t = p.gather(cdim, idx_u)
+        # a NaN row's rest and gradient are NaN through q_t (also with one class)
+        p = _put(p, cdim, idx_u, 0.0)
+        r = p.sum(cdim, keepdim=True)
+        p = _put(p, cdim, idx_u, r.neg())
+        q_t, r, m = q_t.squeeze(cdim), r.squeeze(cdim), m.squeeze(cdim)
+        w = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF)
+        sm1 = torch.addcdiv(torch.expm1(w.neg()), r, q_t)
+        nll_t = torch.log1p(sm1) + w
+        qs = torch.addcmul(q_t, q_t, sm1)
         if gamma == 0.0:
             val, scale = nll_t, nll_t.new_empty(0)
         else:
-            val, scale = focal_rows(rest, p_t, nll_t, gamma)
+            # p_t = e^{−nll_t}: its relative error is nll_t's absolute one, which only enters
+            # the scale's γ p_t r term (r = nll_t / rest), small where nll_t is large
+            val, scale = focal_rows(r / qs, torch.exp(nll_t.neg()), nll_t, gamma)
+        out = val
         if weight is not None:
-            w_t = weight[idx.squeeze(cdim)]
-            val = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
+            w_t = weight[idx]
+            out = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
         invalid = ignored | (m == -_INF)
-        return val.masked_fill(invalid, 0.0), invalid, p, p_t, nrest, nll_t, scale
+        return out.masked_fill(invalid, 0.0), invalid, p, qs, val, scale
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, target, idx, _ignored, weight, ignore_index, gamma, cdim = inputs
-        _, invalid, p, p_t, nrest, nll_t, scale = output
-        ctx.mark_non_differentiable(invalid, p, p_t, nrest, nll_t, scale)
+        _, invalid, p, qs, val, scale = output
+        ctx.mark_non_differentiable(invalid, p, qs, val, scale)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale)
+        ctx.save_for_backward(x, target, idx, weight, invalid, p, qs, val, scale)
         # the same tensors as for backward: torch.func's generated vmap rule keeps one list of
         # their batch dims, and a shorter list breaks jacrev(jacfwd(f))
-        ctx.save_for_forward(x, target, idx, weight, invalid, p, p_t, nrest, nll_t, scale)
+        ctx.save_for_forward(x, target, idx, weight, invalid, p, qs, val, scale)
         ctx.ignore_index, ctx.gamma, ctx.cdim = ignore_index, gamma, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, _gi, _gp, _gpt, _gr, _gl, _gs):
-        x, target, idx, weight, invalid, p, _p_t, nrest, nll_t, scale = ctx.saved_tensors
+    def backward(ctx, grad_loss, _gi, _gp, _gq, _gval, _gsc):
+        x, target, idx, weight, invalid, p, qs, val, scale = ctx.saved_tensors
         cdim, gamma = ctx.cdim, ctx.gamma
         if grad_loss is None:
             return None, None, None, None, None, None, None, None
@@ -439,16 +446,10 @@ class _ClassIndexCE(torch.autograd.Function):
         a = a if weight is None else a * weight[idx]
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            idx_u = idx.unsqueeze(cdim)
-            # out of place: the saved p stays intact for a second backward (retain_graph);
-            # NaN rows: p is NaN, so is their gradient
-            g = p * a.unsqueeze(cdim)
-            t_val = (nrest * a).unsqueeze(cdim)
-            gx = g.scatter(cdim, idx_u, t_val) if functorch_transforms_active() else g.scatter_(
-                cdim, idx_u, t_val)
+            # out of place: the saved p' stays intact for a second backward (retain_graph);
+            # p'_t S ≥ p'_t ≥ 1/C, NaN on NaN rows (so is their gradient)
+            gx = p * (a / qs).unsqueeze(cdim)
         if ctx.needs_input_grad[4]:
-            # the unweighted value (recomputed: N-sized, needed only for weight's gradient)
-            val = nll_t if gamma == 0.0 else focal_rows(nrest.neg(), _p_t, nll_t, gamma)[0]
             contrib = (s * val).masked_fill(invalid, 0.0)
             gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
         return gx, None, None, None, gw, None, None, None
@@ -470,7 +471,7 @@ class _ClassIndexCE(torch.autograd.Function):
             if w_t is not None:
                 wt = w_t[idx]
                 val_t = val_t + torch.where(wt == 0, 0.0, wt * rows.val)
-        return val_t.masked_fill(invalid, 0.0), None, None, None, None, None, None
+        return val_t.masked_fill(invalid, 0.0), None, None, None, None, None
 
 
 class _PlainRows(NamedTuple):
