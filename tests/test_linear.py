@@ -221,6 +221,20 @@ def test_masked_without_smoothing_matches_torch():
     )
 
 
+@pytest.mark.parametrize("kw", [{}, {"z_loss": 1e-3}, {"gamma": 2.0}])
+def test_all_masked_vocabulary_gives_zero_gradients_without_smoothing(kw):
+    # every logit -inf (bias -inf): every row is fully masked, so every gradient is 0 (no
+    # smoothing, whose masked fill would hide a NaN); the mean over no valid row is NaN
+    x, w, b, t = _data()
+    b[:] = -INF
+    a = _leaves(x, w, b)
+    fn = SF.linear_focal_loss if "gamma" in kw else SF.linear_cross_entropy
+    loss = fn(a[0], a[1], t, linear_bias=a[2], chunk_size=5, reduction="sum", **kw)
+    assert loss.item() == 0.0
+    for g in _grads(loss, a):
+        assert torch.equal(g, torch.zeros_like(g))
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_fully_masked_rows_are_ignored(reduction):
     # Row 3 has logits all -inf: x_3 = (-inf, 0, ...) against a positive first column of W.

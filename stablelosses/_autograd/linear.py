@@ -10,11 +10,13 @@ once. A weight narrower than the compute dtype (bf16/fp16) is converted one voca
 compiling it runs inside the custom op ``stablelosses::linear_loss_chunks``, so the compiled
 graph (and its compile time) does not depend on ``N``.
 
-Per row, with ``m = max_j l_j`` (0 for an all ``-inf`` row) and ``R = Σ_{j ≠ argmax} e^{l_j - m}``:
+Per row, with ``m = max_j l_j`` (0 for an all ``-inf`` row; ``amax``, no index), ``z = l_t - m``
+and ``D = Σ_{j ≠ t} e^{l_j - m}`` (the target's term zeroed before the sum), ``S - 1 = D + expm1(z)``:
 
-    lse = m + log1p(R),   log p_t = (l_t - m) - log1p(R),   p = e^{l - m} / (1 + R),
+    lse = m + log1p(S - 1),   log p_t = z - log1p(S - 1),   p = e^{l - m} / S,
 
-so ``log p_t`` and ``1 - p_t = -expm1(log p_t)`` keep full relative accuracy as ``p_t → 1``.
+so ``log p_t`` and ``1 - p_t = -expm1(log p_t)`` keep full relative accuracy as ``p_t → 1``
+(there ``z = 0`` and ``S - 1 = D``; elsewhere ``D ≥ 1``, the max's own term).
 The gradient with respect to the logits is ``α p - β onehot(t) - δ_c [unmasked]`` with row
 scales (``w`` the class weights, 1 without; ``W_U`` their sum over the ``K`` unmasked classes):
 cross-entropy ``α = (1 - ε) w_t + ε W_U / K + 2 z w_t lse``, ``β = (1 - ε) w_t``,
@@ -92,8 +94,10 @@ def chunk_loss(
     else:
         # +inf -> finfo.max: the limit distribution, uniform over the +inf entries.
         logits = u.clamp_(max=torch.finfo(u.dtype).max)
-    m, idx = logits.max(dim=1, keepdim=True)
-    m_safe = torch.where(m == _NEG_INF, 0.0, m)
+    # amax, not max with its index: torch's CPU index reduction is not vectorised
+    m = logits.amax(dim=1, keepdim=True)
+    dead = m == _NEG_INF  # all -inf rows
+    m_safe = torch.where(dead, 0.0, m)
     kept = t != cfg.ignore_index
     valid = kept & (m.squeeze(1) != _NEG_INF)
     t_safe = torch.where(kept, t, 0).unsqueeze(1)
@@ -113,9 +117,10 @@ def chunk_loss(
             wu = (cw.sum() - masked.to(cw.dtype) @ cw).unsqueeze(1)
         del diff
     e = logits.sub_(m_safe).exp_()
-    e.scatter_(1, idx, 0.0)
-    rest = e.sum(1, keepdim=True)
-    log1p_rest = rest.log1p()
+    e.scatter_(1, t_safe, 0.0)
+    # S - 1; on all -inf rows z = -inf and D = 0: S = 1 there (log p_t = -inf, finite scales)
+    sm1 = torch.where(dead, 0.0, torch.expm1(lt_shift).add_(e.sum(1, keepdim=True)))
+    log1p_rest = sm1.log1p()  # log S
     lpt = lt_shift - log1p_rest
     lse = m + log1p_rest
     nlpt = lpt.neg() if wt is None else wt * lpt.neg()
@@ -149,7 +154,7 @@ def chunk_loss(
         alpha = alpha + sw * (2.0 * zl) * lse
     # lse = -inf on all -inf rows: 0 * -inf would be NaN.
     alpha = torch.where(vcol, alpha, 0.0)
-    g = e.scatter_(1, idx, 1.0).mul_(alpha / (1.0 + rest))
+    g = e.scatter_(1, t_safe, torch.exp(lt_shift)).mul_(alpha / (1.0 + sm1))
     if eps > 0.0:
         assert masked is not None
         if cw is None:
