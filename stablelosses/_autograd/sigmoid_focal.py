@@ -65,20 +65,22 @@ def _parts(x: Tensor, t: Tensor) -> dict[str, Tensor]:
             "log1p_e": log1p_e, "log_q": log_q}
 
 
-def _lean(x: Tensor, t: Tensor, need_ce: bool = True) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    """``σ(x)``, ``σ(-x)``, ``ce`` (``None`` unless ``need_ce``) and ``q`` in few passes, for
-    values and first-order gradients.
+def _ce_and_sides(x: Tensor, t: Tensor, need_ce: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:
+    """``ce`` (``None`` unless ``need_ce``), ``σ(-x)`` and ``σ(x)``, in an order that keeps at
+    most four elementwise tensors alive at once (each temporary is freed before the next).
 
     ``ce = t·softplus(-x) + (1-t)·softplus(x) = lerp(softplus(x), softplus(-x), t)``: two
     non-negative terms, each ``log1p(exp(·))`` below torch's threshold (its small part kept,
     ``e^-30`` at ``x = 30, t = 1``), and ``lerp`` is exact at the end points (it evaluates from
-    the nearer one). ``q = lerp(σ(x), σ(-x), t)`` is ``σ(∓x)`` itself for a hard target. ``-x``
-    is formed once for both.
+    the nearer one). ``-x`` is formed once for both of its uses.
     """
     nx = x.neg()
-    sp, sn = torch.sigmoid(x), torch.sigmoid(nx)
-    ce = torch.lerp(F.softplus(x), F.softplus(nx), t) if need_ce else None
-    return sp, sn, ce, torch.lerp(sp, sn, t)
+    sn = torch.sigmoid(nx)
+    spn = F.softplus(nx) if need_ce else None
+    del nx
+    ce = None if spn is None else torch.lerp(F.softplus(x), spn, t)
+    del spn
+    return ce, sn, torch.sigmoid(x)
 
 
 def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
@@ -86,9 +88,11 @@ def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
         # α_t·BCE: torch's own term, bit for bit (torchvision's tests compare with it).
         loss = F.binary_cross_entropy_with_logits(x, t, reduction="none")
     else:
-        _, _, ce, q = _lean(x, t)
+        ce, sn, sp = _ce_and_sides(x, t)
         assert ce is not None
-        loss = ce.mul_(q.pow_(gamma))
+        # q = lerp(σ(x), σ(-x), t): σ(∓x) itself for a hard target. In place only on tensors
+        # made from both x and t (a vmap over one of them batches both)
+        loss = ce.mul_(torch.lerp(sp, sn, t).pow_(gamma))
     if alpha >= 0:
         if gamma == 0.0:
             loss = _alpha_t(t, alpha, torchvision_rounding=True) * loss
@@ -101,22 +105,24 @@ def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
 def _grad_x_lean(x: Tensor, t: Tensor, alpha: float, gamma: float, scale: Tensor, reduced: bool
                  ) -> Tensor:
     """``scale · d loss/d x`` for the eager first-order backward (in place on fresh buffers, no
-    autograd; ``scale``: the incoming gradient, 0-dimensional when ``reduced``).
+    autograd, no transforms; ``scale``: the incoming gradient, 0-dimensional when ``reduced``).
 
     ``α_t·[(σ(x) - t)·q^γ + γ·(ce/q)·(1-2t)·σ(x)σ(-x)·q^γ]``: ``ce/q`` is bounded; ``q`` is
     clamped to the smallest normal number, where both are ~0 and the term is 0 anyway.
-    ``torch.lerp`` is exact at the end points (it evaluates from the nearer one).
+    Every step after the three inputs writes into a buffer it has read: at most four
+    elementwise tensors are alive at once (the peak).
     """
-    sp, sn, ce, q = _lean(x, t, need_ce=gamma != 0.0)
+    ce, sn, sp = _ce_and_sides(x, t, need_ce=gamma != 0.0)
+    q = torch.lerp(sp, sn, t)
+    if gamma != 0.0:
+        pn = sp.mul_(sn)  # σ(x)σ(-x)
     # σ(x) - t = q - 2t·σ(-x) (σ(x) + σ(-x) = 1): σ(x) itself at t = 0, exactly -σ(-x) at t = 1
-    d = torch.addcmul(q, t, sn, value=-2.0)
+    d = torch.addcmul(q, t, sn, value=-2.0, out=sn)  # into σ(-x)'s buffer (read elementwise)
     if gamma != 0.0:
         assert ce is not None
-        mod = q.pow(gamma)
+        dq = pn.addcmul_(pn, t, value=-2.0)  # σ(x)σ(-x)(1 - 2t)
         ratio = ce.div_(q.clamp_min_(torch.finfo(x.dtype).tiny))
-        pn = sp.mul_(sn)
-        dq = torch.addcmul(pn, pn, t, value=-2.0)  # σ(x)σ(-x)(1 - 2t)
-        d = torch.addcmul(d, ratio, dq, value=gamma).mul_(mod)
+        d = d.addcmul_(ratio, dq, value=gamma).mul_(q.pow_(gamma))
     if alpha < 0:
         return d.mul_(scale)
     if not reduced:
