@@ -64,6 +64,31 @@ def _put(t: Tensor, dim: int, index: Tensor, src: Tensor | float) -> Tensor:
     return t.scatter_(dim, index, src)
 
 
+def _compiled_rows(x: Tensor, v: Tensor, idx_u: Tensor, cdim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`_ClassIndexCE`'s ``p'`` (target entry ``−r``), ``p'_t`` and ``r`` while compiling: the
+    same quantities, ``D = Σ_{j≠t} e^{x_j − v}`` summed from one ``exp`` of the bounded logits
+    (the target term is ``e^0``, NaN on a NaN row through ``v − v``) instead of read off
+    torch's softmax.
+
+    Why a second spelling: inductor decomposes the softmax into an ``exp`` for its sum and
+    another for its output, and the partitioner recomputes ``p`` in the backward from ``x``
+    (a third). Here the forward's only ``exp`` feeds the sum (two loops over the row: the max
+    and the sum), the backward's recomputation is the second, as in compiled torch. Measured
+    at 8192x1000 / 65536x10 fwd+bwd, side by side with compiled F.cross_entropy: 1.50x /
+    1.25x with the eager spelling, 1.26x / 0.96x with this one. Eager, the softmax kernel is
+    the faster pass on CPU (2.4 ms against 3.5 ms for ``exp`` alone at 8192x1000).
+    """
+    shape = [1] * x.dim()
+    shape[cdim] = -1
+    hit = torch.arange(x.shape[cdim], device=x.device).view(shape) == idx_u
+    e = torch.exp(torch.where(hit, v - v, torch.minimum(x, v) - v))
+    e_t = torch.exp(v - v)  # 1, or NaN on a NaN row (also with one class)
+    d = torch.where(hit, 0.0, e).sum(cdim, keepdim=True)
+    q_t = e_t / (d + e_t)
+    r = d * q_t
+    return torch.where(hit, -r, e * q_t), q_t, r
+
+
 class IndexResult(NamedTuple):
     """What ``_IndexLoss`` returns: the per-element loss (0 on invalid elements); the
     log-softmax and the target's log-probability, extra outputs so that double backward
@@ -396,12 +421,15 @@ class _ClassIndexCE(torch.autograd.Function):
         fmax = torch.finfo(x.dtype).max
         v = m.clamp(-fmax, fmax)
         idx_u = idx.unsqueeze(cdim)
-        p = torch.softmax(_put(torch.minimum(x, v), cdim, idx_u, v), cdim)
-        q_t = p.gather(cdim, idx_u)
-        # a NaN row's rest and gradient are NaN through q_t (also with one class)
-        p = _put(p, cdim, idx_u, 0.0)
-        r = p.sum(cdim, keepdim=True)
-        p = _put(p, cdim, idx_u, r.neg())
+        if torch.compiler.is_compiling():
+            p, q_t, r = _compiled_rows(x, v, idx_u, cdim)
+        else:
+            p = torch.softmax(_put(torch.minimum(x, v), cdim, idx_u, v), cdim)
+            q_t = p.gather(cdim, idx_u)
+            # a NaN row's rest and gradient are NaN through q_t (also with one class)
+            p = _put(p, cdim, idx_u, 0.0)
+            r = p.sum(cdim, keepdim=True)
+            p = _put(p, cdim, idx_u, r.neg())
         q_t, r, m = q_t.squeeze(cdim), r.squeeze(cdim), m.squeeze(cdim)
         w = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF)
         sm1 = torch.addcdiv(torch.expm1(w.neg()), r, q_t)
