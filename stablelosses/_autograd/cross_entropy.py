@@ -93,12 +93,15 @@ class IndexResult(NamedTuple):
     """What ``_IndexLoss`` returns: the per-element loss (0 on invalid elements); the
     log-softmax and the target's log-probability, extra outputs so that double backward
     differentiates the backward exactly; the valid mask (target not ``ignore_index``, row not
-    fully masked)."""
+    fully masked); the masked classes and their complement's count ``K`` (saved, so that the
+    backward does not read the logits again for them)."""
 
     loss: Tensor
     lsm: Tensor
     log_pt: Tensor
     valid: Tensor
+    masked: Tensor
+    k: Tensor
 
 
 def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
@@ -188,36 +191,35 @@ class _IndexLoss(torch.autograd.Function):
         val = val - _smoothing_sum(lsm, masked, k, eps, cdim, weight, pinf_row)
         valid = (target != ignore_index) & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
-        return tuple(IndexResult(torch.where(valid, val, 0.0), lsm, lt, valid))
+        return tuple(IndexResult(torch.where(valid, val, 0.0), lsm, lt, valid, masked, k))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, _target, idx, weight, _ignore_index, eps, cdim = inputs
-        _, lsm, lt, valid = output
-        ctx.mark_non_differentiable(valid)
+        _, lsm, lt, valid, masked, k = output
+        ctx.mark_non_differentiable(valid, masked, k)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, idx, weight, lsm, lt, valid)
+        ctx.save_for_backward(x, idx, weight, lsm, lt, valid, masked, k)
         # the same tensors as for backward (one list of batch dims under torch.func's vmap rule)
-        ctx.save_for_forward(x, idx, weight, lsm, lt, valid)
+        ctx.save_for_forward(x, idx, weight, lsm, lt, valid, masked, k)
         ctx.eps, ctx.cdim = eps, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lsm, grad_lt, _gv):
-        x, idx, weight, lsm, lt, valid = ctx.saved_tensors
+    def backward(ctx, grad_loss, grad_lsm, grad_lt, _gv, _gm, _gk):
+        x, idx, weight, lsm, lt, valid, masked, k = ctx.saved_tensors
         cdim, eps = ctx.cdim, ctx.eps
         gx = gw = a = ndense = None
         if grad_loss is not None:
             s = torch.where(valid, grad_loss, 0.0)
             a = s if weight is None else s * weight[idx]
             a = (1.0 - eps) * a
-            masked, k = _smoothing(x, cdim)
             # −dense, the negated smoothing mass (N-sized until the weight or the select)
             smooth = s.unsqueeze(cdim) * (-eps / k)
             if weight is not None:
                 smooth = smooth * weight.view(class_shape(x.dim(), cdim))
             ndense = torch.where(masked, 0.0, smooth)
             if ctx.needs_input_grad[3]:
-                gw = _index_weight_grad(x, weight, idx, valid, s, -lt, eps, cdim)
+                gw = _index_weight_grad(x, weight, idx, valid, s, -lt, eps, cdim, (masked, k))
         if grad_lt is not None:
             # d log p_t / dx = onehot(t) − softmax
             a = -grad_lt if a is None else a - grad_lt
@@ -237,7 +239,7 @@ class _IndexLoss(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_t, _target_t, _idx_t, w_t, _ii, _eps, _cdim):
-        x, idx, weight, lsm, lt, valid = ctx.saved_tensors
+        x, idx, weight, lsm, lt, valid, masked, k = ctx.saved_tensors
         cdim, eps = ctx.cdim, ctx.eps
         p = probs_from(lsm, False)
         # zero-probability entries carry no tangent (double where: 0·inf never forms)
@@ -250,7 +252,6 @@ class _IndexLoss(torch.autograd.Function):
             if w_t is not None:
                 wt = w_t[idx]
                 val_t = val_t + torch.where(wt == 0, 0.0, wt * -lt)
-        masked, k = _smoothing(x, cdim)
         terms = lsm_t
         if weight is not None:
             shape = class_shape(x.dim(), cdim)
@@ -258,7 +259,7 @@ class _IndexLoss(torch.autograd.Function):
             if w_t is not None:
                 terms = terms + w_t.view(shape) * exact_log_softmax(x, cdim)[0]
         val_t = (1.0 - eps) * val_t - torch.where(masked, 0.0, terms * (eps / k)).sum(cdim)
-        return torch.where(valid, val_t, 0.0), lsm_t, lt_t, None
+        return torch.where(valid, val_t, 0.0), lsm_t, lt_t, None, None, None
 
 
 _index_loss = applier(_IndexLoss)
@@ -266,14 +267,15 @@ _index_loss = applier(_IndexLoss)
 
 def _index_weight_grad(
     x: Tensor | None, weight: Tensor, idx: Tensor, valid: Tensor, s: Tensor, val: Tensor, eps: float,
-    cdim: int,
+    cdim: int, smoothing: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """d/dw_c of Σ g·ℓ: the elements whose target is c, plus every element's smoothing term."""
+    """d/dw_c of Σ g·ℓ: the elements whose target is c, plus every element's smoothing term
+    (``smoothing``: the masked classes and ``K`` when the caller has them)."""
     contrib = torch.where(valid, (1.0 - eps) * s * val, 0.0)
     gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     if eps > 0.0:
         assert x is not None
-        masked, k = _smoothing(x, cdim)
+        masked, k = _smoothing(x, cdim) if smoothing is None else smoothing
         lsm = exact_log_softmax(x, cdim)[0]
         per = torch.where(masked, 0.0, lsm * (s.unsqueeze(cdim) * (eps / k)))
         gw = gw - _per_class_sum(per, cdim)
