@@ -284,12 +284,14 @@ def _index_weight_grad(
 
 class ProbResult(NamedTuple):
     """What ``_ProbLoss`` returns: per-row loss (0 on fully masked rows), the log-softmax
-    (extra output for double backward) and the valid-row mask (the mean divides by the
-    number of valid rows)."""
+    (extra output for double backward; finite on NaN rows in eager), the valid-row mask (the
+    mean divides by the number of valid rows) and the row max (NaN on NaN rows: their
+    gradients and tangents are made NaN from it)."""
 
     loss: Tensor
     lsm: Tensor
     valid: Tensor
+    m: Tensor
 
 
 def _target_dist(x: Tensor, target: Tensor, weight: Tensor | None, eps: float, cdim: int) -> Tensor:
@@ -313,7 +315,9 @@ class _ProbLoss(torch.autograd.Function):
     def forward(x, target, weight, eps, cdim):
         # the exact shift (not log_softmax_limits: measured, its bound and select made the
         # compiled fwd+bwd 7x compiled torch's, against 2.2-2.9x with this one)
-        lsm, m = exact_log_softmax(x, cdim)
+        # NaN rows may come back finite here: their loss is put back below and their
+        # gradient through the row scale (saved `m`)
+        lsm, m = exact_log_softmax(x, cdim, nan_rows=False)
         m = m.squeeze(cdim)
         q = _target_dist(x, target, weight, eps, cdim)
         # 0 · log 0 = 0: classes without target mass contribute nothing. q·lsm is NaN only at
@@ -323,25 +327,27 @@ class _ProbLoss(torch.autograd.Function):
         loss = -(q * lsm).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).sum(cdim)
         loss = torch.where(torch.isnan(q.sum(cdim) + m), _NAN, loss)
         valid = m != -_INF
-        return tuple(ProbResult(torch.where(valid, loss, 0.0), lsm, valid))
+        return tuple(ProbResult(torch.where(valid, loss, 0.0), lsm, valid, m))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, target, weight, eps, cdim = inputs
-        _, lsm, valid = output
-        ctx.mark_non_differentiable(valid)
+        _, lsm, valid, m = output
+        ctx.mark_non_differentiable(valid, m)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, target, weight, lsm, valid)
-        ctx.save_for_forward(x, target, weight, lsm, valid)
+        ctx.save_for_backward(x, target, weight, lsm, valid, m)
+        ctx.save_for_forward(x, target, weight, lsm, valid, m)
         ctx.eps, ctx.cdim = eps, cdim
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lsm, _gv):
-        x, target, weight, lsm, valid = ctx.saved_tensors
+    def backward(ctx, grad_loss, grad_lsm, _gv, _gm):
+        x, target, weight, lsm, valid, m = ctx.saved_tensors
         cdim, eps = ctx.cdim, ctx.eps
         gx = gt = gw = None
         if grad_loss is not None:
-            s = torch.where(valid, grad_loss, 0.0).unsqueeze(cdim)
+            # NaN rows: a NaN row scale (the log-softmax may be finite there)
+            s = torch.where(valid, grad_loss, 0.0)
+            s = torch.where(torch.isnan(m), m, s).unsqueeze(cdim)
             q = _target_dist(x, target, weight, eps, cdim)
             if ctx.needs_input_grad[0]:
                 # p·Σq·s − q·s is log-softmax's backward of −q·s: torch's kernel, one pass
@@ -358,7 +364,7 @@ class _ProbLoss(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_t, y_t, w_t, _eps, _cdim):
-        x, target, weight, lsm, valid = ctx.saved_tensors
+        x, target, weight, lsm, valid, m = ctx.saved_tensors
         cdim, eps = ctx.cdim, ctx.eps
         p = probs_from(lsm, False)
         lsm_t = torch.zeros_like(lsm)
@@ -376,7 +382,7 @@ class _ProbLoss(torch.autograd.Function):
             qw = _target_dist(x, target, w_t, eps, cdim)
             terms = terms + torch.where(qw == 0, 0.0, qw * lsm)
         loss_t = torch.where(valid, -terms.sum(cdim), 0.0)
-        return loss_t, lsm_t, None
+        return torch.where(torch.isnan(m), m, loss_t), lsm_t, None, None
 
 
 _prob_loss = applier(_ProbLoss)

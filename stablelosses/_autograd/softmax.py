@@ -265,13 +265,17 @@ def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     return torch.log_softmax(_bounded(x, m), cdim), m
 
 
-def exact_log_softmax(x: Tensor, cdim: int, masked_rows_inf: bool = False) -> tuple[Tensor, Tensor]:
+def exact_log_softmax(
+    x: Tensor, cdim: int, masked_rows_inf: bool = False, nan_rows: bool = True
+) -> tuple[Tensor, Tensor]:
     """``log_softmax`` that is ``-inf`` exactly where the probability is 0, and the row max.
 
     ``x - m`` is NaN only where ``x == m == ±inf`` (and on NaN rows); setting those entries
     to 0 gives the limit on ``+inf`` rows (the finite entries are ``-inf``) and a finite
     uniform row on fully masked ones (``-inf`` there with ``masked_rows_inf``: the public
-    log-softmax's and entropy's value). NaN rows stay NaN (``x == m`` is false there).
+    log-softmax's and entropy's value). NaN rows stay NaN (``x == m`` is false there), except
+    with ``nan_rows=False`` in eager first order, where they may come back finite: for a
+    caller that restores them from the N-sized max (one full pass fewer).
     """
     m = x.amax(cdim, keepdim=True)
     # the row fix from m: NaN on NaN rows, -inf on fully masked ones (when asked), else 0
@@ -283,7 +287,8 @@ def exact_log_softmax(x: Tensor, cdim: int, masked_rows_inf: bool = False) -> tu
     # shift and log_softmax at 8192x1000 compiled: 8.0-8.1 ms with the select, 28.6-31.1 ms
     # with nan_to_num).
     z = (x - m).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
-    return torch.log_softmax(z, cdim).add_(fix), m
+    lsm = torch.log_softmax(z, cdim)
+    return (lsm.add_(fix) if nan_rows or masked_rows_inf else lsm), m
 
 
 def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
