@@ -7,10 +7,11 @@ value a finite logit can take:
 * ``m == +inf``: the limit distribution, uniform over the ``+inf`` entries.
 * any finite ``m``, ``finfo.min`` rows included: an ordinary row, exactly torch's numbers.
 
-Class-index targets run torch's ``log_softmax`` on the logits clamped per row (the identity
-on rows with a finite maximum; ``+inf → finfo.max`` on ``+inf`` rows; 0 on fully masked rows,
-so that their probabilities stay finite and get a zero gradient). Smoothing and probability
-targets need every log-probability, so they use the exact shift ``x - m`` (0 where
+Class-index targets without smoothing (`_ClassIndexCE`) run torch's ``softmax`` on a copy of
+the logits with ``+inf → finfo.max`` and the target's logit set to the row max, which gives
+``Σ_{j≠t} e^{x_j − m}`` without the index of the max (fully masked rows stay finite there).
+Label smoothing runs torch's ``log_softmax`` on the logits bounded per row (`_bounded`).
+Probability targets need every log-probability, so they use the exact shift ``x - m`` (0 where
 ``x == m == ±inf``), whose log-softmax is ``-inf`` exactly at the zero-probability classes.
 
 The backward of ``-Σ_c q_c log p_c`` with respect to the logits is ``p · Σq − q`` (softmax
@@ -222,7 +223,7 @@ class _IndexLoss(torch.autograd.Function):
                 smooth = smooth * weight.view(class_shape(x.dim(), cdim))
             ndense = torch.where(masked, 0.0, smooth)
             if ctx.needs_input_grad[3]:
-                gw = _index_weight_grad(x, weight, idx, valid, s, -lt, eps, cdim, (masked, k))
+                gw = _index_weight_grad(x, weight, idx, valid, s, -lt, eps, cdim, masked, k)
         if grad_lt is not None:
             # d log p_t / dx = onehot(t) − softmax
             a = -grad_lt if a is None else a - grad_lt
@@ -269,16 +270,14 @@ _index_loss = applier(_IndexLoss)
 
 
 def _index_weight_grad(
-    x: Tensor | None, weight: Tensor, idx: Tensor, valid: Tensor, s: Tensor, val: Tensor, eps: float,
-    cdim: int, smoothing: tuple[Tensor, Tensor] | None = None,
+    x: Tensor, weight: Tensor, idx: Tensor, valid: Tensor, s: Tensor, val: Tensor, eps: float,
+    cdim: int, masked: Tensor, k: Tensor,
 ) -> Tensor:
     """d/dw_c of Σ g·ℓ: the elements whose target is c, plus every element's smoothing term
-    (``smoothing``: the masked classes and ``K`` when the caller has them)."""
+    (``masked``, ``k``: the masked classes and the unmasked count, saved by the forward)."""
     contrib = torch.where(valid, (1.0 - eps) * s * val, 0.0)
     gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     if eps > 0.0:
-        assert x is not None
-        masked, k = _smoothing(x, cdim) if smoothing is None else smoothing
         lsm = exact_log_softmax(x, cdim)[0]
         per = torch.where(masked, 0.0, lsm * (s.unsqueeze(cdim) * (eps / k)))
         gw = gw - _per_class_sum(per, cdim)
@@ -419,7 +418,8 @@ class _ClassIndexCE(torch.autograd.Function):
       (``v = -finfo.max``), so it stays finite (``p' = onehot``) and is invalid: loss and
       gradient 0; a NaN row is NaN through ``v``.
 
-    Saved: ``p'`` with the target entry ``−r``, ``p'_t`` and ``S − 1``. The first-order backward
+    Saved: ``p'`` with the target entry ``−r``, ``p'_t S`` and the unweighted value (for the
+    class weight's gradient). The first-order backward
     is ``p' · a / (p'_t S)`` (``p = p' S' / S``; the target entry is ``−rest·a``, ``p_t − 1``
     without cancellation): one read and one write. The focal row scale (`focal_rows`,
     N-sized) is an extra output of the forward. Double backward and the jvp recompute the row

@@ -99,7 +99,7 @@ def chunk_loss(
     dead = m == _NEG_INF  # all -inf rows
     m_safe = torch.where(dead, 0.0, m)
     kept = t != cfg.ignore_index
-    valid = kept & (m.squeeze(1) != _NEG_INF)
+    valid = kept & ~dead.squeeze(1)
     t_safe = torch.where(kept, t, 0).unsqueeze(1)
     lt_shift = logits.gather(1, t_safe) - m_safe
     # the target class's weight w_t (n, 1); None: every weight is 1
