@@ -14,7 +14,6 @@ from stablelosses import _torch_import  # noqa: F401 - first: torch without its 
 
 # isort: split
 from stablelosses import functional
-from stablelosses._autograd import cache_forward_signatures as _cache_forward_signatures
 from stablelosses._backend import backend, get_backend, set_backend
 from stablelosses.functional import (
     cosine_similarity,
@@ -41,10 +40,6 @@ from stablelosses.losses import (
     RMSELoss,
     SigmoidFocalLoss,
 )
-
-# Every Function is defined by now: cache the signatures Function.apply binds on each call
-# (the paths that do not go through applier's direct C++ apply: torch.func transforms).
-_cache_forward_signatures()
 
 __version__ = "0.2.0"
 

@@ -1,8 +1,8 @@
-"""The row cores: `_bounded`'s bit-level bound (softmax, logsumexp's backward) and the ±0 rows it
+"""The row cores: `bounded`'s bit-level bound (softmax, logsumexp's backward) and the ±0 rows it
 must leave alone; the class-index core of cross-entropy and focal loss (the target's logit set to
 the row max, so that ``Σ_{j≠t} e^{x_j − m}`` comes out of the softmax without the max's index):
-its far rows, ties and hazard rows against float64, and its operator budget and bytes (counted,
-deterministic)."""
+its far rows, ties and hazard rows against float64, its operator budget and bytes (counted,
+deterministic), and the one row core behind focal loss, cross-entropy and the linear losses."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import stablelosses.functional as SF
-from stablelosses._autograd.softmax import _BITS, _bounded
+from stablelosses._autograd.rows import _BITS, bounded
 from stablelosses.bench.traffic import bytes_moved
 
 INF = math.inf
@@ -31,7 +31,7 @@ def test_bounded_is_the_identity_bit_for_bit_on_rows_with_a_finite_max(dt):
     bits = _BITS[dt][0]
     rows = torch.tensor(list(itertools.product(_special(dt), repeat=3)), dtype=dt)
     m = rows.amax(1, keepdim=True)
-    out = _bounded(rows, m)
+    out = bounded(rows, m)
     finite = torch.isfinite(m).squeeze(1)
     # -0.0 beside +0.0 included: the max may be either zero, neither entry moves
     assert torch.equal(out[finite].view(bits), rows[finite].view(bits))
@@ -45,7 +45,7 @@ def test_bounded_is_the_identity_bit_for_bit_on_rows_with_a_finite_max(dt):
 @pytest.mark.parametrize("dt", _DTYPES)
 def test_bounded_keeps_nan_rows_nan(dt):
     x = torch.tensor([[float("nan"), 1.0, INF], [2.0, float("nan"), -INF]], dtype=dt)
-    out = _bounded(x, x.amax(1, keepdim=True))
+    out = bounded(x, x.amax(1, keepdim=True))
     assert torch.isnan(out).any(1).all()
 
 
@@ -153,7 +153,7 @@ def test_bytes_moved_against_torch():
 @pytest.mark.slow
 @pytest.mark.parametrize("gamma", [0.0, 2.0])
 def test_compiled_rows_match_eager_on_hazard_rows(gamma):
-    # compiled, the core sums one exp instead of reading the softmax (`_compiled_rows`): the
+    # compiled, the core sums one exp instead of reading the softmax (`rows.fused_index_row`): the
     # same values and gradients on every hazard row, a NaN row of one class included
     fmin = torch.finfo(torch.float32).min
     x = torch.tensor([[1.0, 2, 3], [math.nan, 0, 1], [INF, 0, INF], [-INF, -INF, -INF],
@@ -171,3 +171,32 @@ def test_compiled_rows_match_eager_on_hazard_rows(gamma):
         (ge,) = torch.autograd.grad(eager.nan_to_num(0.0, 0.0).sum(), xs)
         (gc,) = torch.autograd.grad(compiled.nan_to_num(0.0, 0.0).sum(), xs)
         torch.testing.assert_close(gc, ge, equal_nan=True)
+
+
+def _rows_through_every_loss() -> tuple[torch.Tensor, torch.Tensor]:
+    # ordinary rows, the exact tail (target 30 above the rest: torch rounds −log p_t to 0),
+    # a far target, ties, a finfo.min row and a 1e30 row: one row core for all of them
+    fmin = torch.finfo(torch.float32).min
+    x = torch.tensor([[1.0, 2, 3], [30.0, 0, -1], [0.0, -200, 1], [2.0, 2, -1],
+                      [fmin, fmin, fmin], [1e30, -1e30, 0.5e30], [0.1, 0.2, 0.3]])
+    t = torch.tensor([0, 0, 1, 1, 2, 0, 2])
+    return x, t
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_one_row_core_behind_focal_cross_entropy_and_the_linear_losses(gamma):
+    # the same N-sized formula (rows.target_nll, rows.focal_rows) behind focal_loss,
+    # cross_entropy and the linear losses' chunk step: focal at γ = 0 is cross-entropy bit for
+    # bit, and the linear losses on the identity weight (x I = x exactly) keep the same exact
+    # tail, within 4 ulp (they sum D with exp instead of reading it off torch's softmax)
+    x, t = _rows_through_every_loss()
+    eye = torch.eye(x.shape[1])
+    focal = SF.focal_loss(x, t, gamma=gamma, reduction="none")
+    if gamma == 0.0:
+        assert torch.equal(focal, SF.cross_entropy(x, t, reduction="none"))
+        linear = SF.linear_cross_entropy(x, eye, t, reduction="none")
+    else:
+        linear = SF.linear_focal_loss(x, eye, t, gamma=gamma, reduction="none")
+    torch.testing.assert_close(linear, focal, rtol=4 * 2 ** -23, atol=0.0)
+    # the tail row: torch's log-softmax rounds it to 0, every loss here keeps e^{-30}-ish
+    assert focal[1] > 0 and linear[1] > 0

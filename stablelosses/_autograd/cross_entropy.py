@@ -10,7 +10,7 @@ value a finite logit can take:
 Class-index targets without smoothing (`_ClassIndexCE`) run torch's ``softmax`` on a copy of
 the logits with ``+inf → finfo.max`` and the target's logit set to the row max, which gives
 ``Σ_{j≠t} e^{x_j − m}`` without the index of the max (fully masked rows stay finite there).
-Label smoothing runs torch's ``log_softmax`` on the logits bounded per row (`_bounded`).
+Label smoothing runs torch's ``log_softmax`` on the logits bounded per row (`rows.bounded`).
 Probability targets need every log-probability, so they use the exact shift ``x - m`` (0 where
 ``x == m == ±inf``), whose log-softmax is ``-inf`` exactly at the zero-probability classes.
 
@@ -28,69 +28,31 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._autograd.focal import accurate_log_pt, focal_rows, focal_terms
-from stablelosses._autograd.softmax import (
-    _log_softmax,
+from stablelosses._autograd.rows import (
+    accurate_log_pt,
+    class_shape,
     exact_log_softmax,
     extra_log_softmax_grad,
     fast_log_softmax,
+    focal_rows,
+    focal_terms,
+    index_row,
     probs_from,
+    put,
+    smoothing,
+    smoothing_sum,
 )
-from stablelosses._compat import functorch_transforms_active, log_softmax_backward
-from stablelosses._utils import inplace_ok
+from stablelosses._autograd.softmax import _log_softmax
+from stablelosses._compat import log_softmax_backward
 
 _INF = float("inf")
 _NAN = float("nan")
-
-
-def class_shape(ndim: int, cdim: int) -> list[int]:
-    """The shape that broadcasts a per-class vector along ``cdim``."""
-    shape = [1] * ndim
-    shape[cdim] = -1
-    return shape
 
 
 def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     if a is None:
         return b
     return a if b is None else a + b
-
-
-def _put(t: Tensor, dim: int, index: Tensor, src: Tensor | float) -> Tensor:
-    """``t.scatter_(dim, index, src)`` on a Function's own fresh ``t``; out of place under a
-    ``torch.func`` transform, whose wrapper of an unbatched ``t`` cannot take a batched
-    ``index`` or ``src`` in place (an in-place write of N entries, against a copy of all NC)."""
-    if functorch_transforms_active():
-        return t.scatter(dim, index, src)
-    return t.scatter_(dim, index, src)
-
-
-def _compiled_rows(x: Tensor, v: Tensor, idx_u: Tensor, cdim: int) -> tuple[Tensor, Tensor, Tensor]:
-    """`_ClassIndexCE`'s ``p'`` (target entry ``−r``), ``p'_t`` and ``r`` while compiling: the
-    same quantities, ``D = Σ_{j≠t} e^{x_j − v}`` summed from one ``exp`` of the bounded logits
-    (the target term is ``e^0``, NaN on a NaN row through ``v − v``) instead of read off
-    torch's softmax.
-
-    Why a second spelling: inductor decomposes the softmax into an ``exp`` for its sum and
-    another for its output, and the partitioner recomputes ``p`` in the backward from ``x``
-    (a third). Here the forward's only ``exp`` feeds the sum (two loops over the row: the max
-    and the sum), the backward's recomputation is the second, as in compiled torch. Measured
-    at 8192x1000 / 65536x10 fwd+bwd, side by side with compiled F.cross_entropy: 1.50x /
-    1.25x with the eager spelling, 1.26x / 0.96x with this one. Eager, the softmax kernel is
-    the faster pass on CPU (2.4 ms against 3.5 ms for ``exp`` alone at 8192x1000).
-    Cross-entropy only: compiled, the focal loss measured slower with it (1.82-1.94x
-    compiled F.cross_entropy against 1.48-1.51x with the softmax spelling, at 8192x1000,
-    side by side), with the same two row loops in its output code; not yet explained.
-    """
-    shape = [1] * x.dim()
-    shape[cdim] = -1
-    hit = torch.arange(x.shape[cdim], device=x.device).view(shape) == idx_u
-    e = torch.exp(torch.where(hit, v - v, torch.minimum(x, v) - v))
-    e_t = torch.exp(v - v)  # 1, or NaN on a NaN row (also with one class)
-    d = torch.where(hit, 0.0, e).sum(cdim, keepdim=True)
-    q_t = e_t / (d + e_t)
-    r = d * q_t
-    return torch.where(hit, -r, e * q_t), q_t, r
 
 
 class IndexResult(NamedTuple):
@@ -108,47 +70,6 @@ class IndexResult(NamedTuple):
     k: Tensor
 
 
-def _smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
-    """The masked classes (logit ``-inf``, no smoothing mass) and the unmasked count K ≥ 1."""
-    masked = torch.isneginf(x)  # (about 2x faster than x == -inf on the CPU)
-    # an int32 count: a bool sum would first copy the mask to int64
-    k = (x.shape[cdim] - masked.sum(cdim, keepdim=True, dtype=torch.int32)).clamp(min=1).to(x.dtype)
-    return masked, k
-
-
-def _smoothing_sum(
-    lsm: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int, weight: Tensor | None,
-    pinf_row: Tensor,
-) -> Tensor:
-    """``ε/K Σ_{c unmasked} w_c lsm_c`` from torch's log-softmax of the bounded logits.
-
-    Unweighted float32 and narrower: the row sum accumulates in float64 and is scaled once (no
-    overflow at terms near ``-1e38``, one pass fewer than scaling each term). Weighted or
-    float64: each term is scaled by ``ε/K`` before the class weight and the sum (no overflow
-    where the weighted mean over the classes is finite).
-
-    ``+inf`` rows (``pinf_row``): the bounded log-softmax is ``-log k`` at the ``+inf``
-    entries and at most ``-ulp(finfo.max)/2`` at every finite one (whose probability is 0), so
-    a row sum below ``-finfo.max·eps/4`` means an unmasked class of probability 0 takes
-    smoothing mass: the term is ``-inf`` there, its limit.
-    """
-    t = torch.where(masked, 0.0, lsm)
-    thr = -torch.finfo(t.dtype).max * torch.finfo(t.dtype).eps / 4
-    scale = eps / k
-    if weight is None and t.dtype != torch.float64:
-        plain = t.sum(cdim, dtype=torch.float64)
-        out = (plain * scale.squeeze(cdim)).to(t.dtype)
-        return torch.where(pinf_row & (plain < thr), -_INF, out)
-    # weighted (w·log p may overflow where the weighted mean does not) or float64: the
-    # zero-probability classes of +inf rows as -inf entries (a zero weight there gives NaN,
-    # 0·inf), each term scaled before the class weight and the sum
-    t = torch.where(pinf_row.unsqueeze(cdim) & (t < thr), -_INF, t)
-    t = t.mul_(scale) if inplace_ok(t, scale) else t * scale
-    if weight is not None:
-        t = t * weight.view(class_shape(t.dim(), cdim))
-    return t.sum(cdim)
-
-
 def _per_class_sum(t: Tensor, cdim: int) -> Tensor:
     """Sum over every dimension but the class dimension."""
     return t.movedim(cdim, -1).reshape(-1, t.shape[cdim]).sum(0)
@@ -160,7 +81,7 @@ class _IndexLoss(torch.autograd.Function):
     smoothing (cross-entropy and the focal loss) `_ClassIndexCE` runs instead.
 
     Forward: torch's log-softmax of the bounded logits (`fast_log_softmax`), the target term
-    gathered by ``nll_loss`` and the smoothing sum (`_smoothing_sum`). Backward: the gradient
+    gathered by ``nll_loss`` and the smoothing sum (`smoothing_sum`). Backward: the gradient
     ``p·row − dense − onehot(t)·a`` is log-softmax's backward of ``g = −dense − onehot(t)·a``
     (its row sum is ``−row``), so it is torch's kernel on the saved log-softmax.
     """
@@ -189,10 +110,10 @@ class _IndexLoss(torch.autograd.Function):
             w_t = weight[idx]
             # 0 · inf = 0: a zero class weight removes the term.
             val = torch.where(w_t == 0, 0.0, w_t * val)
-        masked, k = _smoothing(x, cdim)
+        masked, k = smoothing(x, cdim)
         # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
         val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
-        val = val - _smoothing_sum(lsm, masked, k, eps, cdim, weight, pinf_row)
+        val = val - smoothing_sum(lsm, masked, k, eps, cdim, weight, pinf_row)
         valid = (target != ignore_index) & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
         return tuple(IndexResult(torch.where(valid, val, 0.0), lsm, lt, valid, masked, k))
@@ -235,8 +156,7 @@ class _IndexLoss(torch.autograd.Function):
             g = torch.zeros_like(lsm) if ndense is None else ndense
             t_val = a.neg().unsqueeze(cdim)
             idx_u = idx.unsqueeze(cdim)
-            g = g.scatter_add_(cdim, idx_u, t_val) if inplace_ok(g, t_val) else g.scatter_add(
-                cdim, idx_u, t_val)
+            g = put(g, cdim, idx_u, t_val, add=True)
             gx = log_softmax_backward(g, lsm, cdim)
         gx = _plus(gx, extra_log_softmax_grad(lsm, grad_lsm, cdim))
         return gx, None, None, gw, None, None, None
@@ -300,7 +220,7 @@ def _target_dist(x: Tensor, target: Tensor, weight: Tensor | None, eps: float, c
     """``w ⊙ q``, ``q = (1 − ε) y + ε/K`` on the unmasked classes (none on masked ones)."""
     q = target
     if eps > 0.0:
-        masked, k = _smoothing(x, cdim)
+        masked, k = smoothing(x, cdim)
         q = (1.0 - eps) * target + torch.where(masked, 0.0, eps / k)
     if weight is not None:
         q = q * weight.view(class_shape(x.dim(), cdim))
@@ -400,23 +320,10 @@ class _ClassIndexCE(torch.autograd.Function):
     """Class-index cross-entropy ``−w_t log p_t`` and focal loss ``−w_t (1 − p_t)^γ log p_t``
     (no smoothing) in torch's passes plus the two reductions the hazards and the tail need.
 
-    Forward, over the ``N×C`` logits: the row max ``m`` (one read, no index); one write of the
-    Function's own copy ``b`` of the logits, ``+inf → finfo.max`` (``min(x, v)``,
-    ``v = clamp(m, ±finfo.max)``) with the target's logit set to ``v``; torch's ``softmax``
-    kernel on ``b`` (one read, one write: ``p'``); ``p'_t`` zeroed in place and the row summed
-    (one read): ``r = Σ_{j≠t} p'_j``. Since the target of ``b`` is its row max, ``p'_t = 1/S'``
-    is never small and ``D = r / p'_t = Σ_{j≠t} e^{x_j − v}`` exactly (the kernel's own shift
-    and sum cancel), without the index of the max. Everything else is N-sized:
-
-    * ``w = m − x_t`` (0 where ``x_t = m = ±inf``: the exact shift), ``S − 1 = D + expm1(−w)``
-      and ``−log p_t = log1p(S − 1) + w``: torch's log-softmax value on every row, and where
-      the target is the max, ``log1p(D)`` keeps the small part that ``lse − x_t`` rounds to 0
-      (the exact tail), with no select.
-    * Hazard rows need no pass of their own: on ``+inf`` rows ``v = finfo.max`` and the
-      ``+inf`` entries share the mass (``w = 0`` at a ``+inf`` target, ``+inf`` at a finite
-      one: probability 0, the limit); a fully masked row is ``-inf`` but for its target
-      (``v = -finfo.max``), so it stays finite (``p' = onehot``) and is invalid: loss and
-      gradient 0; a NaN row is NaN through ``v``.
+    Forward: the row core's class-index row (`rows.index_row`: the row max, one bounded copy
+    with the target set to the max, torch's softmax of it, the row sum without the target, and
+    the N-sized ``−log p_t`` with its exact tail), then N-sized selects: the class weight, and
+    invalid rows (ignored targets, fully masked rows read off ``m == -inf``) set to 0.
 
     Saved: ``p'`` with the target entry ``−r``, ``p'_t S`` and the unweighted value (for the
     class weight's gradient). The first-order backward
@@ -434,24 +341,9 @@ class _ClassIndexCE(torch.autograd.Function):
         # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
         # IndexError ("Target 3 is out of bounds.") for the others out of range.
         nll = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none")
-        m = x.amax(cdim, keepdim=True)
-        fmax = torch.finfo(x.dtype).max
-        v = m.clamp(-fmax, fmax)
-        idx_u = idx.unsqueeze(cdim)
-        if gamma == 0.0 and torch.compiler.is_compiling():
-            p, q_t, r = _compiled_rows(x, v, idx_u, cdim)
-        else:
-            p = torch.softmax(_put(torch.minimum(x, v), cdim, idx_u, v), cdim)
-            q_t = p.gather(cdim, idx_u)
-            # a NaN row's rest and gradient are NaN through q_t (also with one class)
-            p = _put(p, cdim, idx_u, 0.0)
-            r = p.sum(cdim, keepdim=True)
-            p = _put(p, cdim, idx_u, r.neg())
-        q_t, r, m = q_t.squeeze(cdim), r.squeeze(cdim), m.squeeze(cdim)
-        w = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF)
-        sm1 = torch.addcdiv(torch.expm1(w.neg()), r, q_t)
-        nll_t = torch.log1p(sm1) + w
-        qs = torch.addcmul(q_t, q_t, sm1)
+        # compiled cross-entropy: the fused spelling of the same row (see fused_index_row)
+        row = index_row(x, nll, idx, cdim, gamma == 0.0 and torch.compiler.is_compiling())
+        p, qs, r, nll_t, m = row
         if gamma == 0.0:
             val, scale = nll_t, nll_t.new_empty(0)
         else:

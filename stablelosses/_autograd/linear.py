@@ -39,6 +39,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from stablelosses._autograd.rows import focal_rows, target_nll
+
 _NEG_INF = float("-inf")
 
 
@@ -52,18 +54,6 @@ class LinearLossConfig(NamedTuple):
     softcap: float | None
     gamma: float | None  # None: cross-entropy; a number: focal loss
     chunk: int
-
-
-def _focal_scale(lpt: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
-    """``(1 - p_t)^γ`` and the logit-gradient scale ``A = (1 - p_t)^γ (1 + γ p_t r)``.
-
-    ``1 - p_t = -expm1(log p_t)``; ``r = -log p_t / (1 - p_t)`` is 1 at ``p_t = 1`` (its limit)
-    and ``p_t r = 0`` at ``log p_t = -inf`` (the clamp keeps ``r`` finite there).
-    """
-    em = torch.expm1(lpt)
-    r = torch.where(em == 0, 1.0, lpt.clamp(min=-torch.finfo(lpt.dtype).max) / em)
-    mg = torch.pow(em.neg(), gamma)
-    return mg, mg * (1.0 + gamma * torch.exp(lpt) * r)
 
 
 def chunk_loss(
@@ -118,19 +108,20 @@ def chunk_loss(
         del diff
     e = logits.sub_(m_safe).exp_()
     e.scatter_(1, t_safe, 0.0)
-    # S - 1; on all -inf rows z = -inf and D = 0: S = 1 there (log p_t = -inf, finite scales)
-    sm1 = torch.where(dead, 0.0, torch.expm1(lt_shift).add_(e.sum(1, keepdim=True)))
-    log1p_rest = sm1.log1p()  # log S
-    lpt = lt_shift - log1p_rest
-    lse = m + log1p_rest
-    nlpt = lpt.neg() if wt is None else wt * lpt.neg()
+    d = e.sum(1, keepdim=True)
+    # the row core's formula (rows.target_nll): S - 1 = D + expm1(-w), -log p_t = log S + w;
+    # on all -inf rows z = -inf and D = 0: S = 1 there (log p_t = -inf, finite scales)
+    sm1, log_s, nll = target_nll(lt_shift.neg(), d, dead=dead)
+    lse = m + log_s
+    nlpt = nll if wt is None else wt * nll
     if cfg.gamma is None:
-        loss = nlpt if eps == 0.0 else eps * (smooth / k + (wu / k) * log1p_rest)
+        loss = nlpt if eps == 0.0 else eps * (smooth / k + (wu / k) * log_s)
         if 0.0 < eps < 1.0:
             loss = loss + (1.0 - eps) * nlpt
     else:
-        mg, a_focal = _focal_scale(lpt, cfg.gamma)
-        loss = mg * nlpt
+        # the row core's focal term: 1 - p_t = D / S, p_t = e^{-nll}
+        val, a_focal = focal_rows(d / (1.0 + sm1), torch.exp(nll.neg()), nll, cfg.gamma)
+        loss = val if wt is None else wt * val
     if zl > 0.0:
         z_row = zl * lse.square()
         loss = loss + (z_row if wt is None else wt * z_row)

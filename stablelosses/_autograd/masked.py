@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._autograd.softmax import exact_log_softmax
+from stablelosses._autograd.rows import exact_log_softmax
 
 _INF = float("inf")
 

@@ -11,8 +11,8 @@ subtraction is ``inf - inf`` = NaN, which is where ``torch.softmax`` and the gra
 
 A NaN anywhere in a slice makes the whole slice NaN, value and gradient, as in torch.
 
-The module ends with the log-softmax helpers the class losses (``cross_entropy.py``) build
-on: hazard rows read off the row max, ``finfo.min`` rows ordinary.
+The rows themselves (the bound of the hazard rows, the exact shift) come from the row core
+(``rows.py``), which the class losses share.
 """
 
 from __future__ import annotations
@@ -23,51 +23,11 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._compat import functorch_transforms_active
+from stablelosses._autograd.rows import bounded, exact_log_softmax
 from stablelosses._compat import log_softmax_backward as _log_softmax_kernel_bwd
 from stablelosses._compat import softmax_backward as _softmax_kernel_bwd
-from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
-
-
-# Each float type's same-width signed integer type, and the bits of its -inf as that integer.
-_BITS = {
-    dt: (it, int(torch.tensor(-_INF, dtype=dt).view(it)))
-    for dt, it in ((torch.float64, torch.int64), (torch.float32, torch.int32),
-                   (torch.float16, torch.int16), (torch.bfloat16, torch.int16))
-}
-
-
-def _bounded(x: Tensor, m: Tensor) -> Tensor:
-    """``x`` with its infinities made finite on the slices where they break torch's kernels,
-    from the slice max ``m`` (keepdim): the identity on every slice with a finite max
-    (``finfo.min`` slices included); ``+inf → finfo.max`` on ``+inf`` slices (the ``+inf``
-    entries then sit far above every other entry but ``finfo.max`` itself, so torch's kernels
-    put uniform mass on them); ``finfo.min`` everywhere on all-``-inf`` slices (finite, fixed
-    by the caller from ``m``). NaN stays NaN.
-
-    One pass with one per-slice operand: a ``minimum`` on the bits read as signed integers.
-    There positive floats keep their order and negative ones reverse it, so ``-inf`` lies
-    above every finite negative number. The bound ``c`` is the max's bits, raised to
-    ``-inf``'s where the max is negative (no entry moves), and one lower where the max is
-    ``±inf`` (``±inf → ±finfo.max``; on an all-``-inf`` slice every entry is the max). A
-    ``-0.0`` max counts as ``+0.0``, so that a ``+0.0`` entry beside it stays.
-    (torch's CPU clamp with two per-slice bounds does not vectorize its two broadcast
-    operands: about 2x slower than this ``minimum`` at 8192x1000.)
-    """
-    if functorch_transforms_active():
-        # torch < 2.7 has no vmap rule for a dtype view: the same values as a clamp with
-        # per-slice bounds (its slower CPU kernel matters less than working at all there)
-        hi = m.clamp(-torch.finfo(x.dtype).max, torch.finfo(x.dtype).max)
-        hi = torch.where(m == -_INF, hi, hi.clamp_min(0.0) + torch.where(m == _INF, 0.0, _INF))
-        lo = torch.where(m == -_INF, hi, -_INF)
-        return x.clamp(lo, hi)
-    bits, neg_inf = _BITS[x.dtype]
-    # m + 0 turns a -0.0 max into +0.0, whose bits are above a +0.0 entry's (-0.0's are not)
-    c = torch.add((m + 0.0).view(bits).clamp_min(neg_inf), torch.isinf(m), alpha=-1)
-    return torch.minimum(x.view(bits), c).view(x.dtype)
-
 
 def _save_output(ctx, inputs, output):
     """setup_context of softmax and log_softmax: both differentiate from their output."""
@@ -78,7 +38,7 @@ def _save_output(ctx, inputs, output):
 
 class _Softmax(torch.autograd.Function):
     """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries (an entry equal to
-    ``finfo.max`` on such a slice counts with them: torch's kernel runs on ``_bounded`` x).
+    ``finfo.max`` on such a slice counts with them: torch's kernel runs on ``bounded`` x).
 
     Backward ``y · (g − Σ g·y)`` from the saved output: 0 wherever ``y`` is 0, so masked
     entries and all-masked slices get gradient 0.
@@ -93,7 +53,7 @@ class _Softmax(torch.autograd.Function):
         m = x.amax(dim, keepdim=True)
         # All-(-inf) slices: 1/n · 0 = 0 (NaN slices are NaN through the kernel)
         scale = (m != -_INF).to(x.dtype)
-        return torch.softmax(_bounded(x, m), dim).mul_(scale)
+        return torch.softmax(bounded(x, m), dim).mul_(scale)
 
     setup_context = staticmethod(_save_output)
 
@@ -182,15 +142,6 @@ def _lse_softmax(
             grad = None if grad is None else grad.unsqueeze(d)
     neg_inf = out == -_INF
     diff = x - out.masked_fill(neg_inf, 0)
-    if inplace_ok(diff, out, grad):
-        # first order, no transforms: in place on our own buffer, the scale folded in. (Not
-        # torch's softmax kernel on the bounded x: 2 passes fewer, but on CPU that kernel is
-        # 7x slower than exp + sum at 10 classes.)
-        e = diff.nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).exp_()
-        # nan_to_num also zeroed the NaN slices' exponents: divide them by their NaN
-        total = torch.where(torch.isnan(out), out, e.sum(dims, keepdim=True))
-        total = torch.where(neg_inf, 1.0, total)
-        return e.mul_(total.reciprocal() if grad is None else grad / total)
     # Double where (the NaN exponents become 0 before exp), so double backward never
     # multiplies a zero gradient by NaN.
     e = torch.exp(diff.masked_fill(torch.isnan(diff) & (out == _INF), 0))
@@ -202,7 +153,7 @@ class _LogSumExp(torch.autograd.Function):
     """``log Σ exp x`` over ``dims``: torch's kernel forward (its rounding, and its ``±inf``
     and NaN values); the gradient is the softmax of ``x`` with the limits above.
 
-    One dimension, first order: torch's ``softmax`` kernel on `_bounded` x (bounded from the
+    One dimension, first order: torch's ``softmax`` kernel on `bounded` x (bounded from the
     output: ``out ≥ max``, infinite exactly where the max is), times the incoming gradient
     with 0 on all-``-inf`` slices. One bound pass, the softmax's read and write and the
     multiply: torch's own backward (``grad · exp(x − out)``) makes as many passes. Double
@@ -236,7 +187,7 @@ class _LogSumExp(torch.autograd.Function):
         dim = ctx.dims[0]
         if not ctx.keepdim:
             out, grad = out.unsqueeze(dim), grad.unsqueeze(dim)
-        p = torch.softmax(_bounded(x, out), dim)
+        p = torch.softmax(bounded(x, out), dim)
         return p * grad.masked_fill(out == -_INF, 0.0), None, None
 
     @staticmethod
@@ -248,66 +199,3 @@ class _LogSumExp(torch.autograd.Function):
 
 
 _logsumexp = applier(_LogSumExp)
-
-
-# --- the log-softmax the class losses build on ---------------------------------------------
-
-
-def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
-    """torch's ``log_softmax`` of ``x`` bounded per row (see ``_bounded``), and the row max.
-
-    The bounds are the identity on every row with a finite maximum (``finfo.min`` rows
-    included); on a ``+inf`` row ``+inf → finfo.max`` leaves the ``+inf`` entries far above
-    the rest (all but ``finfo.max`` itself), so their probability is uniform; a fully masked
-    row becomes a finite uniform row (the caller reads it off ``m == -inf``).
-    """
-    m = x.amax(cdim, keepdim=True)
-    return torch.log_softmax(_bounded(x, m), cdim), m
-
-
-def exact_log_softmax(
-    x: Tensor, cdim: int, masked_rows_inf: bool = False, nan_rows: bool = True
-) -> tuple[Tensor, Tensor]:
-    """``log_softmax`` that is ``-inf`` exactly where the probability is 0, and the row max.
-
-    ``x - m`` is NaN only where ``x == m == ±inf`` (and on NaN rows); setting those entries
-    to 0 gives the limit on ``+inf`` rows (the finite entries are ``-inf``) and a finite
-    uniform row on fully masked ones (``-inf`` there with ``masked_rows_inf``: the public
-    log-softmax's and entropy's value). NaN rows stay NaN (``x == m`` is false there), except
-    with ``nan_rows=False`` in eager first order, where they may come back finite: for a
-    caller that restores them from the N-sized max (one full pass fewer).
-    """
-    m = x.amax(cdim, keepdim=True)
-    # the row fix from m: NaN on NaN rows and -inf on fully masked ones, else 0
-    masked_fix = m.masked_fill(m > -_INF, 0.0) if masked_rows_inf else None
-    if not inplace_ok(x):  # transforms, double backward, compile: the where spelling
-        # NaN rows stay NaN here (x == m is false there): only fully masked rows need a fix
-        lsm = torch.log_softmax(torch.where(x == m, 0.0, x - m), cdim)
-        return (lsm if masked_fix is None else lsm + masked_fix), m
-    # eager: in place on our own buffer; nan_to_num also zeroes NaN rows, restored from m.
-    # Compiled, the select above: inductor vectorizes it and not nan_to_num (measured, the
-    # shift and log_softmax at 8192x1000 compiled: 8.0-8.1 ms with the select, 28.6-31.1 ms
-    # with nan_to_num).
-    z = (x - m).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
-    lsm = torch.log_softmax(z, cdim)
-    if masked_fix is not None:
-        return lsm.add_(masked_fix), m
-    return (lsm.add_(torch.where(torch.isnan(m), m, 0.0)) if nan_rows else lsm), m
-
-
-def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
-    """``exp(lsm)``; ``lsm`` is finite on fully masked rows (both log-softmaxes above) and
-    NaN only on NaN rows. ``fresh``: first order, the caller's own buffer; the plain ``exp``
-    (a NaN row's gradient is NaN through its row scale anyway). Otherwise 0 where ``lsm`` is
-    NaN."""
-    if fresh:
-        return lsm.exp()
-    # double where: exp never sees the NaN, so double backward stays finite there
-    return torch.exp(torch.where(torch.isnan(lsm), -_INF, lsm))
-
-
-def extra_log_softmax_grad(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> Tensor | None:
-    """Gradient through the extra log-softmax output: ``g − softmax · Σ g``."""
-    if grad_lsm is None:
-        return None
-    return grad_lsm - probs_from(lsm, False) * grad_lsm.sum(cdim, keepdim=True)

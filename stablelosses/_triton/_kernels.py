@@ -7,7 +7,7 @@ Every kernel reads its row in blocks of ``BLOCK`` columns (any width: the last b
 and a masked column reads as ``-inf``, which adds nothing to a sum). The running maximum is
 kept online, as in the "online softmax" of Milakov and Gimelshein (2018): a new block rescales
 the running sum by ``exp(m_old − m_new)``. The hazard rules are those of the torch path
-(``stablelosses._autograd.softmax._bounded``):
+(``stablelosses._autograd.rows.bounded``):
 
 * entries are clamped to ``finfo(float32).max`` (``+inf → finfo.max``; the identity on every
   row without ``+inf``), so a ``+inf`` row puts uniform mass on its ``+inf`` entries;

@@ -13,7 +13,7 @@ import torch
 import triton
 from torch import Tensor
 
-from stablelosses._autograd.focal import focal_terms
+from stablelosses._autograd.rows import focal_terms
 from stablelosses._triton import _kernels
 
 # The widest block one program reads at a time (a power of two). Rows wider than this take

@@ -33,12 +33,12 @@ from torch import Tensor
 
 from stablelosses._autograd.linear import (
     LinearLossConfig,
-    _focal_scale,
     _input_grad,
     _no_autocast,
     _scaled,
     logits_of,
 )
+from stablelosses._autograd.rows import focal_rows
 from stablelosses._utils import check_floating, check_tensor, promote_types
 
 _NEG_INF = -math.inf
@@ -88,6 +88,7 @@ class _Rows(NamedTuple):
     rest: Tensor  # R
     log1p_rest: Tensor  # log1p(R)
     lpt: Tensor  # log p_t
+    other: Tensor  # 1 - p_t = D / S (D = R - expm1(-w): the other classes' terms)
     lse: Tensor  # M + log1p(R) (-inf on an all -inf row)
     valid: Tensor  # kept and not fully masked
     wt: Tensor | None  # class weight of the target (None without class weights)
@@ -182,9 +183,18 @@ def _combine(
     smooth: Tensor | None = None
     if eps > 0.0:
         k, smooth, wu = summed[-3].clamp(min=1.0), summed[-2], summed[-1]
+    # the row core's formula (rows.target_nll) on the combined R = S - 1: -log p_t = log1p(R) + w
+    shift = lt_all - m_safe
     log1p_rest = rest.log1p()
-    lpt = (lt_all - m_safe) - log1p_rest
-    return _Rows(m_safe, rest, log1p_rest, lpt, big_m + log1p_rest, kept & ~all_masked, wt, k, wu, smooth)
+    lpt = shift - log1p_rest
+    other = (rest - torch.expm1(shift)) / (1.0 + rest)
+    return _Rows(m_safe, rest, log1p_rest, lpt, other, big_m + log1p_rest, kept & ~all_masked, wt, k, wu,
+                 smooth)
+
+
+def _focal(r: _Rows, gamma: float) -> tuple[Tensor, Tensor]:
+    """The row core's focal term (`rows.focal_rows`) of the combined rows."""
+    return focal_rows(r.other, torch.exp(r.lpt), r.lpt.neg(), gamma)
 
 
 def _row_loss(r: _Rows, cfg: LinearLossConfig) -> tuple[Tensor, Tensor]:
@@ -200,7 +210,8 @@ def _row_loss(r: _Rows, cfg: LinearLossConfig) -> tuple[Tensor, Tensor]:
             if eps < 1.0:
                 loss = loss + (1.0 - eps) * nlpt
     else:
-        loss = _focal_scale(r.lpt, cfg.gamma)[0] * nlpt
+        val = _focal(r, cfg.gamma)[0]
+        loss = val if r.wt is None else r.wt * val
     if zl > 0.0:
         z_row = zl * r.lse.square()
         loss = loss + (z_row if r.wt is None else r.wt * z_row)
@@ -222,7 +233,7 @@ def _scales(r: _Rows, cfg: LinearLossConfig, s: Tensor) -> tuple[Tensor, Tensor,
             assert r.k is not None and r.wu is not None
             alpha = s if r.wt is None else beta + s * (eps * r.wu / r.k)
     else:
-        alpha = beta = sw * _focal_scale(r.lpt, cfg.gamma)[1]
+        alpha = beta = sw * _focal(r, cfg.gamma)[1]
     if zl > 0.0:
         alpha = alpha + sw * (2.0 * zl) * r.lse
     alpha = torch.where(r.valid, alpha, 0.0)

@@ -1,0 +1,342 @@
+r"""The row core: one row of logits and every quantity the softmax family and the
+classification losses read off it.
+
+`softmax`, `log_softmax`, `logsumexp`, `entropy`, `cross_entropy` (every target kind),
+`focal_loss`, `info_nce_loss` (through `cross_entropy`) and the per-chunk step of the fused
+linear losses all take their rows from here, so one row rounds one way. What it owns:
+
+* **Hazard rows, read off the row max** ``m`` (an N-sized reduction, never a full pass):
+  ``m == -inf``: every logit is ``-inf`` (fully masked); ``m == +inf``: the limit, uniform over
+  the ``+inf`` entries; NaN: a NaN row, NaN out; any finite ``m`` (``finfo.min`` rows included):
+  an ordinary row with torch's numbers. `bounded` makes the infinities of the hazard rows finite
+  in one pass so that torch's kernels run on every row.
+* **Log-softmax of a row**: `fast_log_softmax` (torch's kernel on the bounded row) and
+  `exact_log_softmax` (torch's kernel on the exact shift, ``-inf`` exactly at probability 0).
+* **The class-index row** (`index_row`): the softmax the backward needs, ``rest = Σ_{j≠t} p_j``
+  and the target's ``−log p_t`` with its exact tail, from torch's passes (`target_nll` is the one
+  N-sized formula, shared with the linear losses' chunk step).
+* **The focal term** (`focal_rows` first order, `focal_terms` differentiable: the same formula)
+  and **the exact tail** of ``log p_t`` (`accurate_log_pt`).
+* **The smoothing sum** (`smoothing`, `smoothing_sum`): ``ε/K`` over the unmasked classes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from stablelosses._compat import functorch_transforms_active
+from stablelosses._utils import inplace_ok
+
+_INF = float("inf")
+
+
+# --- hazard rows -------------------------------------------------------------------------------
+
+
+
+# Each float type's same-width signed integer type, and the bits of its -inf as that integer.
+_BITS = {
+    dt: (it, int(torch.tensor(-_INF, dtype=dt).view(it)))
+    for dt, it in ((torch.float64, torch.int64), (torch.float32, torch.int32),
+                   (torch.float16, torch.int16), (torch.bfloat16, torch.int16))
+}
+
+
+def bounded(x: Tensor, m: Tensor) -> Tensor:
+    """``x`` with its infinities made finite on the slices where they break torch's kernels,
+    from the slice max ``m`` (keepdim): the identity on every slice with a finite max
+    (``finfo.min`` slices included); ``+inf → finfo.max`` on ``+inf`` slices (the ``+inf``
+    entries then sit far above every other entry but ``finfo.max`` itself, so torch's kernels
+    put uniform mass on them); ``finfo.min`` everywhere on all-``-inf`` slices (finite, fixed
+    by the caller from ``m``). NaN stays NaN.
+
+    One pass with one per-slice operand: a ``minimum`` on the bits read as signed integers.
+    There positive floats keep their order and negative ones reverse it, so ``-inf`` lies
+    above every finite negative number. The bound ``c`` is the max's bits, raised to
+    ``-inf``'s where the max is negative (no entry moves), and one lower where the max is
+    ``±inf`` (``±inf → ±finfo.max``; on an all-``-inf`` slice every entry is the max). A
+    ``-0.0`` max counts as ``+0.0``, so that a ``+0.0`` entry beside it stays.
+    (torch's CPU clamp with two per-slice bounds does not vectorize its two broadcast
+    operands: about 2x slower than this ``minimum`` at 8192x1000.)
+    """
+    if functorch_transforms_active():
+        # torch < 2.7 has no vmap rule for a dtype view: the same values as a clamp with
+        # per-slice bounds (its slower CPU kernel matters less than working at all there)
+        hi = m.clamp(-torch.finfo(x.dtype).max, torch.finfo(x.dtype).max)
+        hi = torch.where(m == -_INF, hi, hi.clamp_min(0.0) + torch.where(m == _INF, 0.0, _INF))
+        lo = torch.where(m == -_INF, hi, -_INF)
+        return x.clamp(lo, hi)
+    bits, neg_inf = _BITS[x.dtype]
+    # m + 0 turns a -0.0 max into +0.0, whose bits are above a +0.0 entry's (-0.0's are not)
+    c = torch.add((m + 0.0).view(bits).clamp_min(neg_inf), torch.isinf(m), alpha=-1)
+    return torch.minimum(x.view(bits), c).view(x.dtype)
+
+
+# --- log-softmax of a row ---------------------------------------------------------------------
+
+
+def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
+    """torch's ``log_softmax`` of ``x`` bounded per row (see ``bounded``), and the row max.
+
+    The bounds are the identity on every row with a finite maximum (``finfo.min`` rows
+    included); on a ``+inf`` row ``+inf → finfo.max`` leaves the ``+inf`` entries far above
+    the rest (all but ``finfo.max`` itself), so their probability is uniform; a fully masked
+    row becomes a finite uniform row (the caller reads it off ``m == -inf``).
+    """
+    m = x.amax(cdim, keepdim=True)
+    return torch.log_softmax(bounded(x, m), cdim), m
+
+
+def exact_log_softmax(
+    x: Tensor, cdim: int, masked_rows_inf: bool = False, nan_rows: bool = True
+) -> tuple[Tensor, Tensor]:
+    """``log_softmax`` that is ``-inf`` exactly where the probability is 0, and the row max.
+
+    ``x - m`` is NaN only where ``x == m == ±inf`` (and on NaN rows); setting those entries
+    to 0 gives the limit on ``+inf`` rows (the finite entries are ``-inf``) and a finite
+    uniform row on fully masked ones (``-inf`` there with ``masked_rows_inf``: the public
+    log-softmax's and entropy's value). NaN rows stay NaN (``x == m`` is false there), except
+    with ``nan_rows=False`` in eager first order, where they may come back finite: for a
+    caller that restores them from the N-sized max (one full pass fewer).
+    """
+    m = x.amax(cdim, keepdim=True)
+    # the row fix from m: NaN on NaN rows and -inf on fully masked ones, else 0
+    masked_fix = m.masked_fill(m > -_INF, 0.0) if masked_rows_inf else None
+    if not inplace_ok(x):  # transforms, double backward, compile: the where spelling
+        # NaN rows stay NaN here (x == m is false there): only fully masked rows need a fix
+        lsm = torch.log_softmax(torch.where(x == m, 0.0, x - m), cdim)
+        return (lsm if masked_fix is None else lsm + masked_fix), m
+    # eager: in place on our own buffer; nan_to_num also zeroes NaN rows, restored from m.
+    # Compiled, the select above: inductor vectorizes it and not nan_to_num (measured, the
+    # shift and log_softmax at 8192x1000 compiled: 8.0-8.1 ms with the select, 28.6-31.1 ms
+    # with nan_to_num).
+    z = (x - m).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
+    lsm = torch.log_softmax(z, cdim)
+    if masked_fix is not None:
+        return lsm.add_(masked_fix), m
+    return (lsm.add_(torch.where(torch.isnan(m), m, 0.0)) if nan_rows else lsm), m
+
+
+def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
+    """``exp(lsm)``; ``lsm`` is finite on fully masked rows (both log-softmaxes above) and
+    NaN only on NaN rows. ``fresh``: first order, the caller's own buffer; the plain ``exp``
+    (a NaN row's gradient is NaN through its row scale anyway). Otherwise 0 where ``lsm`` is
+    NaN."""
+    if fresh:
+        return lsm.exp()
+    # double where: exp never sees the NaN, so double backward stays finite there
+    return torch.exp(torch.where(torch.isnan(lsm), -_INF, lsm))
+
+
+def extra_log_softmax_grad(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> Tensor | None:
+    """Gradient through the extra log-softmax output: ``g − softmax · Σ g``."""
+    if grad_lsm is None:
+        return None
+    return grad_lsm - probs_from(lsm, False) * grad_lsm.sum(cdim, keepdim=True)
+
+
+# --- the class-index row -----------------------------------------------------------------------
+
+
+def class_shape(ndim: int, cdim: int) -> list[int]:
+    """The shape that broadcasts a per-class vector along ``cdim``."""
+    shape = [1] * ndim
+    shape[cdim] = -1
+    return shape
+
+
+def put(t: Tensor, dim: int, index: Tensor, src: Tensor | float, add: bool = False) -> Tensor:
+    """``t.scatter_(dim, index, src)`` (``scatter_add_`` with ``add``) on a Function's own fresh
+    ``t``: N entries written in place. Out of place under a ``torch.func`` transform, and only
+    there: a transform's wrapper of an unbatched ``t`` cannot take a batched ``index`` or
+    ``src`` in place (a correctness gate, not a speed twin: the values are the same)."""
+    wrapped = functorch_transforms_active()
+    if add:
+        assert isinstance(src, Tensor)
+        return t.scatter_add(dim, index, src) if wrapped else t.scatter_add_(dim, index, src)
+    return t.scatter(dim, index, src) if wrapped else t.scatter_(dim, index, src)
+
+
+def fused_index_row(x: Tensor, v: Tensor, idx_u: Tensor, cdim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`index_row`'s ``p'`` (target entry ``−r``), ``p'_t`` and ``r`` while compiling: the
+    same quantities, ``D = Σ_{j≠t} e^{x_j − v}`` summed from one ``exp`` of the bounded logits
+    (the target term is ``e^0``, NaN on a NaN row through ``v − v``) instead of read off
+    torch's softmax.
+
+    Why a second spelling: inductor decomposes the softmax into an ``exp`` for its sum and
+    another for its output, and the partitioner recomputes ``p`` in the backward from ``x``
+    (a third). Here the forward's only ``exp`` feeds the sum (two loops over the row: the max
+    and the sum), the backward's recomputation is the second, as in compiled torch. Measured
+    at 8192x1000 / 65536x10 fwd+bwd, side by side with compiled F.cross_entropy: 1.50x /
+    1.25x with the eager spelling, 1.26x / 0.96x with this one. Eager, the softmax kernel is
+    the faster pass on CPU (2.4 ms against 3.5 ms for ``exp`` alone at 8192x1000).
+    Cross-entropy only: compiled, the focal loss measured slower with it (1.82-1.94x
+    compiled F.cross_entropy against 1.48-1.51x with the softmax spelling, at 8192x1000,
+    side by side), with the same two row loops in its output code; not yet explained.
+    """
+    shape = [1] * x.dim()
+    shape[cdim] = -1
+    hit = torch.arange(x.shape[cdim], device=x.device).view(shape) == idx_u
+    e = torch.exp(torch.where(hit, v - v, torch.minimum(x, v) - v))
+    e_t = torch.exp(v - v)  # 1, or NaN on a NaN row (also with one class)
+    d = torch.where(hit, 0.0, e).sum(cdim, keepdim=True)
+    q_t = e_t / (d + e_t)
+    r = d * q_t
+    return torch.where(hit, -r, e * q_t), q_t, r
+
+
+def target_nll(
+    w: Tensor, d: Tensor, d_den: Tensor | None = None, dead: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``S − 1``, ``log S`` and ``−log p_t`` of a row from two N-sized numbers: the target's
+    shift ``w = m − x_t ≥ 0`` and ``D = Σ_{j≠t} e^{x_j − m}`` (``d``, or ``d / d_den``).
+
+    With ``S = Σ_j e^{x_j − m} = e^{−w} + D``: ``S − 1 = D + expm1(−w)`` and
+    ``−log p_t = log1p(S − 1) + w``. Where the target is the max (``w = 0``) this is
+    ``log1p(D)``, the exact tail that ``lse − x_t`` rounds to 0; elsewhere ``D ≥ 1`` (the max's
+    own term) and it is torch's value. ``dead`` (optional, bool): rows whose ``S`` is taken as 1
+    (all-``-inf`` rows of the linear losses, which are invalid anyway). The one formula of
+    `index_row` and of the linear losses' chunk step.
+    """
+    e = torch.expm1(w.neg())
+    sm1 = e + d if d_den is None else torch.addcdiv(e, d, d_den)
+    if dead is not None:
+        sm1 = torch.where(dead, 0.0, sm1)
+    log_s = torch.log1p(sm1)
+    return sm1, log_s, log_s + w
+
+
+class IndexRow(NamedTuple):
+    """A class-index row (`index_row`); every field but ``p`` has the class dim squeezed."""
+
+    p: Tensor  # p' (the softmax of the bounded row), target entry −r: the backward's row
+    qs: Tensor  # p'_t · S: the backward divides ``p`` by it
+    r: Tensor  # Σ_{j≠t} p'_j; Σ_{j≠t} p_j = r / qs (exact: from the other entries, never 1 − p_t)
+    nll_t: Tensor  # −log p_t, with its exact tail
+    m: Tensor  # the row max (−inf: fully masked; +inf: a +inf row; NaN: a NaN row)
+
+
+def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool) -> IndexRow:
+    """The class-index row in torch's passes: the row max ``m`` (``amax``, no index); the
+    Function's own copy ``b`` of the logits, ``+inf → finfo.max`` (``min(x, v)``,
+    ``v = clamp(m, ±finfo.max)``) with the target's logit set to ``v``; torch's ``softmax`` on
+    ``b`` (``p'``); ``p'_t`` zeroed and the row summed: ``r = Σ_{j≠t} p'_j``. ``nll``: ``−x_t``
+    (``nll_loss`` of the logits: torch's gather and its out-of-range error).
+
+    Since the target of ``b`` is its row max, ``p'_t = 1/S'`` is never small and
+    ``D = r / p'_t = Σ_{j≠t} e^{x_j − v}`` exactly, without the index of the max; `target_nll`
+    then gives ``−log p_t``. Hazard rows need no pass of their own: on ``+inf`` rows
+    ``v = finfo.max`` and the ``+inf`` entries share the mass (``w = 0`` at a ``+inf`` target,
+    ``+inf`` at a finite one: probability 0, the limit); a fully masked row is ``-inf`` but for
+    its target (``v = -finfo.max``), so it stays finite (``p' = onehot``; the caller drops it
+    from ``m``); a NaN row is NaN through ``v``.
+
+    ``fused``: the compiled spelling of the same quantities (`fused_index_row`), see there.
+    """
+    m = x.amax(cdim, keepdim=True)
+    fmax = torch.finfo(x.dtype).max
+    v = m.clamp(-fmax, fmax)
+    idx_u = idx.unsqueeze(cdim)
+    if fused:
+        p, q_t, r = fused_index_row(x, v, idx_u, cdim)
+    else:
+        p = torch.softmax(put(torch.minimum(x, v), cdim, idx_u, v), cdim)
+        q_t = p.gather(cdim, idx_u)
+        # a NaN row's rest and gradient are NaN through q_t (also with one class)
+        p = put(p, cdim, idx_u, 0.0)
+        r = p.sum(cdim, keepdim=True)
+        p = put(p, cdim, idx_u, r.neg())
+    q_t, r, m = q_t.squeeze(cdim), r.squeeze(cdim), m.squeeze(cdim)
+    # w = m − x_t; 0 where x_t = m = ±inf (the exact shift) and on NaN rows (NaN through r/q_t)
+    w = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF)
+    sm1, _, nll_t = target_nll(w, r, q_t)
+    qs = torch.addcmul(q_t, q_t, sm1)
+    return IndexRow(p, qs, r, nll_t, m)
+
+
+# --- label smoothing ---------------------------------------------------------------------------
+
+
+def smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
+    """The masked classes (logit ``-inf``, no smoothing mass) and the unmasked count K ≥ 1."""
+    masked = torch.isneginf(x)  # (about 2x faster than x == -inf on the CPU)
+    # an int32 count: a bool sum would first copy the mask to int64
+    k = (x.shape[cdim] - masked.sum(cdim, keepdim=True, dtype=torch.int32)).clamp(min=1).to(x.dtype)
+    return masked, k
+
+
+def smoothing_sum(
+    lsm: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int, weight: Tensor | None,
+    pinf_row: Tensor,
+) -> Tensor:
+    """``ε/K Σ_{c unmasked} w_c lsm_c`` from torch's log-softmax of the bounded logits.
+
+    Unweighted float32 and narrower: the row sum accumulates in float64 and is scaled once (no
+    overflow at terms near ``-1e38``, one pass fewer than scaling each term). Weighted or
+    float64: each term is scaled by ``ε/K`` before the class weight and the sum (no overflow
+    where the weighted mean over the classes is finite).
+
+    ``+inf`` rows (``pinf_row``): the bounded log-softmax is ``-log k`` at the ``+inf``
+    entries and at most ``-ulp(finfo.max)/2`` at every finite one (whose probability is 0), so
+    a row sum below ``-finfo.max·eps/4`` means an unmasked class of probability 0 takes
+    smoothing mass: the term is ``-inf`` there, its limit.
+    """
+    t = torch.where(masked, 0.0, lsm)
+    thr = -torch.finfo(t.dtype).max * torch.finfo(t.dtype).eps / 4
+    scale = eps / k
+    if weight is None and t.dtype != torch.float64:
+        plain = t.sum(cdim, dtype=torch.float64)
+        out = (plain * scale.squeeze(cdim)).to(t.dtype)
+        return torch.where(pinf_row & (plain < thr), -_INF, out)
+    # weighted (w·log p may overflow where the weighted mean does not) or float64: the
+    # zero-probability classes of +inf rows as -inf entries (a zero weight there gives NaN,
+    # 0·inf), each term scaled before the class weight and the sum
+    t = torch.where(pinf_row.unsqueeze(cdim) & (t < thr), -_INF, t)
+    t = t.mul_(scale)  # our own buffer (the select above)
+    if weight is not None:
+        t = t * weight.view(class_shape(t.dim(), cdim))
+    return t.sum(cdim)
+
+
+# --- the exact tail of log p_t and the focal term ----------------------------------------------
+
+
+def accurate_log_pt(rest: Tensor, lt: Tensor) -> Tensor:
+    """``log p_t`` with full relative accuracy as ``p_t → 1``: ``log1p(−Σ_{j≠t} p_j)``."""
+    near_one = (rest < 0.5) & ~torch.isnan(lt)  # a NaN row stays NaN (also with one class)
+    # double where: log1p(-1) = -inf is never formed on the discarded branch
+    return torch.where(near_one, torch.log1p(-torch.where(near_one, rest, 0.0)), lt)
+
+
+def focal_terms(m: Tensor, lt: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+    """``m^γ (−l)`` and the backward row scale ``m^γ (1 + γ p_t r)``, ``m = Σ_{j≠t} p_j``.
+
+    ``r = 1`` at ``m = 0`` (``p_t = 1``), its limit; ``p_t r = 0`` at ``l = −inf``
+    (``p_t = 0``), the limit of ``−p log p / (1 − p)``. Every singular operand is made safe
+    before use (double where), so double backward stays finite.
+    """
+    zero = m == 0
+    dead = lt == -float("inf")
+    m_safe = torch.where(zero, 1.0, m)
+    mg = torch.where(zero, 0.0, torch.pow(m_safe, gamma))
+    l_safe = torch.where(dead, 0.0, lt)
+    r = torch.where(zero, 1.0, -l_safe / m_safe)
+    pr = torch.where(dead, 0.0, torch.exp(l_safe) * r)
+    return mg * lt.neg(), mg * (1.0 + gamma * pr)
+
+
+def focal_rows(rest: Tensor, p_t: Tensor, nll_t: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+    """`focal_terms` for first-order code (no autograd through it), in N-sized operators:
+    ``m^γ (−l)`` and ``m^γ (1 + γ p_t r)`` with ``m = rest``, ``−l = nll_t``.
+
+    The two singular points are 0/0 and 0·inf, each mapped to its limit by one ``nan_to_num``
+    (a NaN row is NaN through ``m^γ`` all the same): ``r = −l / m → 1`` at ``p_t = 1``, and
+    ``p_t r → 0`` at ``p_t = 0``.
+    """
+    mg = rest.pow(gamma)
+    r = torch.nan_to_num(nll_t / rest, nan=1.0)
+    pr = torch.nan_to_num(p_t * r, nan=0.0)
+    return mg * nll_t, torch.addcmul(mg, mg, pr, value=gamma)
