@@ -153,13 +153,16 @@ def test_bytes_moved_against_torch():
 @pytest.mark.slow
 @pytest.mark.parametrize("gamma", [0.0, 2.0])
 def test_compiled_rows_match_eager_on_hazard_rows(gamma):
-    # compiled, the core sums one exp instead of reading the softmax (`rows.fused_index_row`): the
+    # compiled, the core sums one exp instead of reading the softmax (`rows.fused_index_row`: the
+    # entries below the bound and a count at it): the
     # same values and gradients on every hazard row, a NaN row of one class included
     fmin = torch.finfo(torch.float32).min
     x = torch.tensor([[1.0, 2, 3], [math.nan, 0, 1], [INF, 0, INF], [-INF, -INF, -INF],
-                      [INF, 1, 2], [-INF, fmin, 0], [30.0, 0, -1], [fmin, fmin, -INF]],
+                      [INF, 1, 2], [-INF, fmin, 0], [30.0, 0, -1], [fmin, fmin, -INF],
+                      [2.0, 2, -1], [5.0, 5, 5], [2.0, 2, 1.9999]],
                      requires_grad=True)
-    t = torch.tensor([0, 1, 2, 1, 1, 0, 0, 1])
+    # ... ties at the max with the target below them, among them, and just below them
+    t = torch.tensor([0, 1, 2, 1, 1, 0, 0, 1, 2, 0, 2])
     x1 = torch.tensor([[math.nan]], requires_grad=True)
     t1 = torch.tensor([0])
     for xs, ts in ((x, t), (x1, t1)):

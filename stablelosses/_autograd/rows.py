@@ -161,31 +161,45 @@ def put(t: Tensor, dim: int, index: Tensor, src: Tensor | float, add: bool = Fal
     return t.scatter(dim, index, src) if wrapped else t.scatter_(dim, index, src)
 
 
-def fused_index_row(x: Tensor, v: Tensor, idx_u: Tensor, cdim: int) -> tuple[Tensor, Tensor, Tensor]:
-    """`index_row`'s ``p'`` (target entry ``−r``), ``p'_t`` and ``r`` while compiling: the
-    same quantities, ``D = Σ_{j≠t} e^{x_j − v}`` summed from one ``exp`` of the bounded logits
-    (the target term is ``e^0``, NaN on a NaN row through ``v − v``) instead of read off
-    torch's softmax.
+def fused_index_row(
+    x: Tensor, nll_u: Tensor, v: Tensor, idx_u: Tensor, cdim: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`index_row`'s ``p'`` (target entry ``−r``), ``p'_t = 1 / (1 + D)`` and ``r = D p'_t``
+    while compiling: the same quantities with ``D = Σ_{j≠t} e^{b_j − v}`` summed from one ``exp``
+    of the bounded logits ``b = min(x, v)`` instead of read off torch's softmax. ``nll_u``:
+    ``−x_t`` (keepdim).
+
+    The summing loop has no index compare: it sums the entries below the bound and counts the
+    entries at it (float compares), and ``D`` is then ``Σ_below + n_top − 1`` when the target is
+    at the bound, else ``(Σ_below − e^{b_t − v}) + n_top`` (``n_top ≥ 1`` keeps the difference's
+    rounding below 1 ulp of ``D``). A NaN row is NaN through ``v − v``.
 
     Why a second spelling: inductor decomposes the softmax into an ``exp`` for its sum and
     another for its output, and the partitioner recomputes ``p`` in the backward from ``x``
-    (a third). Here the forward's only ``exp`` feeds the sum (two loops over the row: the max
-    and the sum), the backward's recomputation is the second, as in compiled torch. Measured
-    at 8192x1000 / 65536x10 fwd+bwd, side by side with compiled F.cross_entropy: 1.50x /
-    1.25x with the eager spelling, 1.26x / 0.96x with this one. Eager, the softmax kernel is
-    the faster pass on CPU (2.4 ms against 3.5 ms for ``exp`` alone at 8192x1000).
-    Cross-entropy only: compiled, the focal loss measured slower with it (1.82-1.94x
-    compiled F.cross_entropy against 1.48-1.51x with the softmax spelling, at 8192x1000,
-    side by side), with the same two row loops in its output code; not yet explained.
+    (a third). Here the forward's only ``exp`` feeds the sum, the backward's recomputation is
+    the second, as in compiled torch. Measured fwd+bwd, compiled ÷ compiled F.cross_entropy,
+    side by side in one process (2026-12-05, 2 CPU threads): at 8192x1000 cross-entropy 1.55x
+    with the softmax spelling, 1.18-1.20x with an index compare in the summing loop, 1.06-1.07x
+    with this one; focal loss (γ = 2) 1.52x, 1.61x, 1.48-1.55x; at 65536x10 cross-entropy
+    1.92-2.00x, 1.57-1.64x, 1.35-1.42x and focal 1.97-2.06x, 1.60-1.64x, 1.83-1.85x. Eager, the
+    softmax kernel is the faster pass on CPU (2.4 ms against 3.5 ms for ``exp`` alone at
+    8192x1000), and the bound, compare and ``exp`` here would each be a pass.
     """
+    b = torch.minimum(x, v)
+    below = b < v
+    e = torch.exp(b - v)
+    # D from the entries below the bound and the count at it, with no index compare in the
+    # summing loop: the target is at the bound (one of n_top) or below it (its term removed)
+    d_below = torch.where(below, e, 0.0).sum(cdim, keepdim=True)
+    n_top = (~below).sum(cdim, keepdim=True, dtype=x.dtype)
+    b_t = torch.minimum(-nll_u, v)
+    e_t = torch.exp(b_t - v)
+    d = torch.where(b_t < v, (d_below - e_t) + n_top, d_below + (n_top - 1.0)) + (v - v)  # NaN rows
+    q_t = 1.0 / (d + 1.0)
+    r = d * q_t
     shape = [1] * x.dim()
     shape[cdim] = -1
     hit = torch.arange(x.shape[cdim], device=x.device).view(shape) == idx_u
-    e = torch.exp(torch.where(hit, v - v, torch.minimum(x, v) - v))
-    e_t = torch.exp(v - v)  # 1, or NaN on a NaN row (also with one class)
-    d = torch.where(hit, 0.0, e).sum(cdim, keepdim=True)
-    q_t = e_t / (d + e_t)
-    r = d * q_t
     return torch.where(hit, -r, e * q_t), q_t, r
 
 
@@ -242,7 +256,7 @@ def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool) -> In
     v = m.clamp(-fmax, fmax)
     idx_u = idx.unsqueeze(cdim)
     if fused:
-        p, q_t, r = fused_index_row(x, v, idx_u, cdim)
+        p, q_t, r = fused_index_row(x, nll.unsqueeze(cdim), v, idx_u, cdim)
     else:
         p = torch.softmax(put(torch.minimum(x, v), cdim, idx_u, v), cdim)
         q_t = p.gather(cdim, idx_u)
