@@ -203,3 +203,29 @@ def test_one_row_core_behind_focal_cross_entropy_and_the_linear_losses(gamma):
     torch.testing.assert_close(linear, focal, rtol=4 * 2 ** -23, atol=0.0)
     # the tail row: torch's log-softmax rounds it to 0, every loss here keeps e^{-30}-ish
     assert focal[1] > 0 and linear[1] > 0
+
+
+@pytest.mark.slow
+def test_compiled_bound_matches_eager_on_hazard_rows():
+    # compiled, `bounded` is a clamp with per-row bounds instead of the bit-level minimum
+    # (inductor bit-casts through memory): the same values and gradients through softmax,
+    # logsumexp's backward and label smoothing, on every hazard row
+    fmax = torch.finfo(torch.float32).max
+    x = torch.tensor([[1.0, 2, 3], [INF, 0, INF], [INF, fmax, 1], [-INF, -INF, -INF],
+                      [-INF, -fmax, 0], [-0.0, 0.0, -1], [math.nan, 0, 1], [fmax, -fmax, 0]],
+                     requires_grad=True)
+    t = torch.tensor([0, 0, 1, 2, 2, 1, 0, 0])
+    w = torch.rand(3, 3)
+
+    def fn(z):
+        return (
+            (SF.softmax(z, 1) * w.repeat(3, 1)[: z.shape[0]]).nan_to_num(0.0, 0.0, 0.0).sum()
+            + SF.logsumexp(z, 1).clamp(-1e3, 1e3).nan_to_num(0.0).sum()
+            + SF.cross_entropy(z, t, label_smoothing=0.2, reduction="none").clamp(max=1e3).nan_to_num(0.0).sum()
+        )
+
+    eager, compiled = fn(x), torch.compile(fn, fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager)
+    (ge,) = torch.autograd.grad(eager, x)
+    (gc,) = torch.autograd.grad(torch.compile(fn, fullgraph=True)(x), x)
+    torch.testing.assert_close(gc, ge, equal_nan=True)
