@@ -12,8 +12,8 @@ probability-target backward skips one select while compiling (measured, in its c
 in-place fast paths (``inplace_ok``) are off while compiling, where
 functionalization undoes them anyway, so a compiled graph traces their out-of-place spelling
 of the same values. ``rmse_loss`` has one spelling: its float64-accumulated norm is one
-reduction that inductor fuses (0.61x compiled torch at 1e6 elements, 0.76x at 1e7, in the
-2026-12-03 run of docs/benchmarks.md).
+reduction that inductor fuses (0.99x compiled torch at 1e6 elements, 0.83x at 1e7, in the
+2026-12-05 run of docs/benchmarks.md).
 Compiled code gets first-order reverse mode only, which is all torch.compile supports through
 custom Functions anyway.
 """
