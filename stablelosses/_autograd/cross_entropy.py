@@ -243,10 +243,11 @@ class _ProbLoss(torch.autograd.Function):
         m = m.squeeze(cdim)
         q = _target_dist(x, target, weight, eps, cdim)
         # 0 · log 0 = 0: classes without target mass contribute nothing. q·lsm is NaN only at
-        # 0·(−inf), at a NaN target and on NaN rows: every NaN term is taken as 0, and the two
+        # 0·(−inf), at a NaN target and on NaN rows: nansum takes every NaN term as 0 (one
+        # read, where a nan_to_num and a sum were a read, a write and a read), and the two
         # NaN cases are put back from N-sized quantities (Σq is NaN with any NaN target; m is
         # NaN on NaN rows). ±inf terms stay.
-        loss = -(q * lsm).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF).sum(cdim)
+        loss = -(q * lsm).nansum(cdim)
         loss = torch.where(torch.isnan(q.sum(cdim) + m), _NAN, loss)
         valid = m != -_INF
         return tuple(ProbResult(torch.where(valid, loss, 0.0), lsm, valid, m))
