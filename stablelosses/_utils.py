@@ -69,6 +69,12 @@ def compute_dtype(t: Tensor) -> torch.dtype:
     return torch.float32 if t.dtype in _LOW_PRECISION else t.dtype
 
 
+def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)``, skipped by a Python check when ``t`` already has it (``to`` would return
+    ``t`` itself, through the dispatcher: about 1.4 µs, a fixed cost of every tiny call)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def upcast(t: Tensor) -> Tensor:
     """float16/bfloat16 → float32 (a differentiable cast); other dtypes unchanged."""
     return t.float() if t.dtype in _LOW_PRECISION else t

@@ -51,9 +51,8 @@ class _Softmax(torch.autograd.Function):
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.softmax(x, dim)
         m = x.amax(dim, keepdim=True)
-        # All-(-inf) slices: 1/n · 0 = 0 (NaN slices are NaN through the kernel)
-        scale = (m != -_INF).to(x.dtype)
-        return torch.softmax(bounded(x, m), dim).mul_(scale)
+        # All-(-inf) slices: 1/n · False = 0 (NaN slices are NaN through the kernel)
+        return torch.softmax(bounded(x, m), dim).mul_(m != -_INF)
 
     setup_context = staticmethod(_save_output)
 

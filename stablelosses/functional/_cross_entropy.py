@@ -15,6 +15,7 @@ from stablelosses._autograd.cross_entropy import (
 )
 from stablelosses._spec import IGNORE_INDEX, LABEL_SMOOTHING, REDUCTION, Arg, OpSpec
 from stablelosses._utils import (
+    cast,
     check_floating,
     check_tensor,
     legacy_reduction,
@@ -167,7 +168,7 @@ def _index_targets(
     if mask is not None:
         rows, x = _mask_rows(fn, mask, x, cdim)
     out = _index_loss_reduced(x, target, w, ignore_index, gamma, eps, cdim, reduction, rows)
-    return out.to(loss_out_dtype(input))
+    return cast(out, loss_out_dtype(input))
 
 
 def cross_entropy(
@@ -336,5 +337,5 @@ def cross_entropy(
             kept = res.valid & m
             loss = torch.where(m, res.loss, 0.0)
             out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True)
-        return out.to(out_dtype)
+        return cast(out, out_dtype)
     return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction)

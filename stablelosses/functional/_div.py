@@ -6,6 +6,7 @@ from torch import Tensor
 
 from stablelosses._autograd.div import _safe_div
 from stablelosses._spec import FILL, Arg, OpSpec
+from stablelosses._utils import cast
 from stablelosses.functional._operands import _binary_operands
 
 SPEC = OpSpec(
@@ -63,4 +64,4 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0)
     """
     (fill,) = SPEC.check(fill)
     a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
-    return _safe_div(a, b, float(fill)).to(out_dtype)
+    return cast(_safe_div(a, b, float(fill)), out_dtype)

@@ -11,6 +11,7 @@ from stablelosses._autograd.kl_div import _kl_div
 from stablelosses._spec import FLAG, KL_REDUCTION, Arg, OpSpec
 from stablelosses._utils import (
     broadcast_shapes,
+    cast,
     check_floating,
     legacy_reduction,
     operand_dtypes,
@@ -158,4 +159,4 @@ def kl_div(
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:
         loss = loss / input.size(0)
-    return loss.to(out_dtype)
+    return cast(loss, out_dtype)

@@ -6,7 +6,7 @@ from torch import Tensor
 
 from stablelosses._autograd.log_cosh import _log_cosh
 from stablelosses._spec import REDUCTION, Arg, OpSpec
-from stablelosses._utils import NONE, REDUCTION_MODE, check_floating, operand_dtypes
+from stablelosses._utils import NONE, REDUCTION_MODE, cast, check_floating, operand_dtypes
 from stablelosses.functional._masked import masked_residual, reduce_masked
 
 SPEC = OpSpec(
@@ -97,4 +97,4 @@ def log_cosh_loss(
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
         return reduce_masked(_log_cosh(r, r.new_zeros(()), NONE)[0], m, reduction).to(out_dtype)
-    return _log_cosh(x, y, REDUCTION_MODE[reduction])[0].to(out_dtype)
+    return cast(_log_cosh(x, y, REDUCTION_MODE[reduction])[0], out_dtype)

@@ -6,6 +6,7 @@ from torch import Tensor
 
 from stablelosses._autograd.logaddexp import _logaddexp
 from stablelosses._spec import OpSpec
+from stablelosses._utils import cast
 from stablelosses.functional._operands import _binary_operands
 
 SPEC = OpSpec(
@@ -64,4 +65,4 @@ def logaddexp(input: Tensor, other: Tensor) -> Tensor:
         if not isinstance(v, Tensor):  # torch.logaddexp takes no Python number either
             raise TypeError(f"logaddexp: {name} must be a torch.Tensor, got {type(v).__name__}")
     a, b, out_dtype = _binary_operands("logaddexp", input, other, ("input", "other"))
-    return _logaddexp(a, b).to(out_dtype)
+    return cast(_logaddexp(a, b), out_dtype)

@@ -13,6 +13,7 @@ from stablelosses._utils import (
     NONE,
     REDUCTION_MODE,
     SUM,
+    cast,
     check_tensor,
     operand_dtypes,
 )
@@ -158,4 +159,4 @@ def rmse_loss(
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
         return _rmse_masked(r, m, reduction, eps).to(out_dtype)
-    return _rmse(x, y, REDUCTION_MODE[reduction], eps)[0].to(out_dtype)
+    return cast(_rmse(x, y, REDUCTION_MODE[reduction], eps)[0], out_dtype)

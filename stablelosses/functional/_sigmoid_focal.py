@@ -11,6 +11,7 @@ from stablelosses._spec import ALPHA, GAMMA, TORCHVISION_REDUCTION, Arg, OpSpec
 from stablelosses._utils import (
     NONE,
     REDUCTION_MODE,
+    cast,
     check_floating,
     operand_dtypes,
 )
@@ -150,4 +151,4 @@ def sigmoid_focal_loss(
         x, t = torch.where(m, x, 0.0), torch.where(m, t, 0.0)
         return reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction).to(out_dtype)
     loss = _sigmoid_focal(x, t, alpha_f, gamma_f, REDUCTION_MODE[reduction])
-    return loss.to(out_dtype)
+    return cast(loss, out_dtype)

@@ -15,6 +15,7 @@ from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._spec import DIM, FLOAT_DTYPE, KEEPDIM, NONEMPTY_DIMS, Arg, OpSpec
 from stablelosses._utils import (
     broadcasts_to,
+    cast,
     check_same_device,
     check_tensor,
     compute_dtype,
@@ -91,10 +92,10 @@ def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Tensor | N
         x = x.masked_fill(~mask.to(x.device), float("-inf"))
     scalar = x.ndim == 0
     xc = x.reshape(1) if scalar else x
-    y = fn_apply(xc.to(compute_dtype(xc)), d)
+    y = fn_apply(cast(xc, compute_dtype(xc)), d)
     if scalar:
         y = y.reshape(())
-    return y.to(out_dtype)
+    return cast(y, out_dtype)
 
 
 def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
@@ -150,8 +151,8 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
     LOGSUMEXP_SPEC.check(keepdim)
     out_dtype = x.dtype
     if x.ndim == 0:
-        return _logsumexp(x.reshape(1).to(compute_dtype(x)), (0,), False).to(out_dtype)
-    return _logsumexp(x.to(compute_dtype(x)), dims, keepdim).to(out_dtype)
+        return cast(_logsumexp(cast(x.reshape(1), compute_dtype(x)), (0,), False), out_dtype)
+    return cast(_logsumexp(cast(x, compute_dtype(x)), dims, keepdim), out_dtype)
 
 
 def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,

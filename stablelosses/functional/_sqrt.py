@@ -6,7 +6,7 @@ from torch import Tensor
 
 from stablelosses._autograd.sqrt import _safe_sqrt
 from stablelosses._spec import OpSpec
-from stablelosses._utils import check_tensor, compute_dtype
+from stablelosses._utils import cast, check_tensor, compute_dtype
 from stablelosses.functional._operands import _float_result
 
 SPEC = OpSpec(
@@ -54,4 +54,4 @@ def safe_sqrt(input: Tensor) -> Tensor:
     """
     x = _float_result(check_tensor("safe_sqrt", "input", input))
     out_dtype = x.dtype
-    return _safe_sqrt(x.to(compute_dtype(x))).to(out_dtype)
+    return cast(_safe_sqrt(cast(x, compute_dtype(x))), out_dtype)

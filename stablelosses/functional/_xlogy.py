@@ -6,6 +6,7 @@ from torch import Tensor
 
 from stablelosses._autograd.xlogy import _xlogy
 from stablelosses._spec import OpSpec
+from stablelosses._utils import cast
 from stablelosses.functional._operands import _binary_operands
 
 SPEC = OpSpec(
@@ -57,4 +58,4 @@ def xlogy(input: Tensor | float, other: Tensor | float) -> Tensor:
     Replaces ``torch.special.xlogy`` and ``x * torch.log(y)``.
     """
     x, y, out_dtype = _binary_operands("xlogy", input, other, ("input", "other"))
-    return _xlogy(x, y).to(out_dtype)
+    return cast(_xlogy(x, y), out_dtype)
