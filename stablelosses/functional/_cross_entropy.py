@@ -109,7 +109,7 @@ def _index_loss_reduced(
     """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
     ``w``, so ``weight.grad`` is the gradient of the reduced loss. A masked-out row (``mask``
     expanded to the target's shape) is an ignored row."""
-    target = target.long()
+    target = cast(target, torch.int64)
     if mask is not None:
         target = torch.where(mask, target, ignore_index)
     if eps == 0.0:
