@@ -117,7 +117,11 @@ def direct_apply(cls: Any) -> Any:
     the last two steps only, so every argument must be given positionally. Call it only when
     :func:`functorch_transforms_active` is False.
 
-    Fallback: ``cls.apply`` itself (the same result, ~40 µs slower on a tiny input).
+    Why it exists: ``Function.apply``'s binding is a fixed cost of every call. Measured on the
+    8x10 cross-entropy Function with grad (2026-12-05, medians of 5x3000 calls): 74 µs through
+    this, 103-106 µs through ``Function.apply``, with or without a cached ``__signature__``.
+
+    Fallback: ``cls.apply`` itself (the same result, about 30 µs slower on a tiny input).
     """
     c_apply = getattr(super(torch.autograd.Function, cls), "apply", None)
     if c_apply is None or _unwrap_dead_wrappers is None:
