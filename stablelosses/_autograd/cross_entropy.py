@@ -343,8 +343,7 @@ class _ClassIndexCE(torch.autograd.Function):
         # IndexError ("Target 3 is out of bounds.") for the others out of range.
         nll = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none")
         # compiled: the fused spelling of the same row (measured: see rows.fused_index_row)
-        row = index_row(x, nll, idx, cdim, torch.compiler.is_compiling())
-        p, qs, r, nll_t, m = row
+        p, qs, r, nll_t, m = index_row(x, nll, idx, cdim, torch.compiler.is_compiling())
         if gamma == 0.0:
             val, scale = nll_t, nll_t.new_empty(0)
         else:

@@ -113,8 +113,8 @@ def chunk_loss(
     # on all -inf rows z = -inf and D = 0: S = 1 there (log p_t = -inf, finite scales)
     sm1, log_s, nll = target_nll(lt_shift.neg(), d, dead=dead)
     lse = m + log_s
-    nlpt = nll if wt is None else wt * nll
     if cfg.gamma is None:
+        nlpt = nll if wt is None else wt * nll
         loss = nlpt if eps == 0.0 else eps * (smooth / k + (wu / k) * log_s)
         if 0.0 < eps < 1.0:
             loss = loss + (1.0 - eps) * nlpt

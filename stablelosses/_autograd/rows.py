@@ -35,8 +35,6 @@ _INF = float("inf")
 
 # --- hazard rows -------------------------------------------------------------------------------
 
-
-
 # Each float type's same-width signed integer type, and the bits of its -inf as that integer.
 _BITS = {
     dt: (it, int(torch.tensor(-_INF, dtype=dt).view(it)))
@@ -202,9 +200,7 @@ def fused_index_row(
     d = torch.where(b_t < v, (d_below - e_t) + n_top, d_below + (n_top - 1.0)) + (v - v)  # NaN rows
     q_t = 1.0 / (d + 1.0)
     r = d * q_t
-    shape = [1] * x.dim()
-    shape[cdim] = -1
-    hit = torch.arange(x.shape[cdim], device=x.device).view(shape) == idx_u
+    hit = torch.arange(x.shape[cdim], device=x.device).view(class_shape(x.dim(), cdim)) == idx_u
     return torch.where(hit, -r, e * q_t), q_t, r
 
 

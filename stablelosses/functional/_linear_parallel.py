@@ -88,7 +88,7 @@ class _Rows(NamedTuple):
     rest: Tensor  # R
     log1p_rest: Tensor  # log1p(R)
     lpt: Tensor  # log p_t
-    other: Tensor  # 1 - p_t = D / S (D = R - expm1(-w): the other classes' terms)
+    shift: Tensor  # l_t - M (-w: the target's shift)
     lse: Tensor  # M + log1p(R) (-inf on an all -inf row)
     valid: Tensor  # kept and not fully masked
     wt: Tensor | None  # class weight of the target (None without class weights)
@@ -183,18 +183,20 @@ def _combine(
     smooth: Tensor | None = None
     if eps > 0.0:
         k, smooth, wu = summed[-3].clamp(min=1.0), summed[-2], summed[-1]
-    # the row core's formula (rows.target_nll) on the combined R = S - 1: -log p_t = log1p(R) + w
+    # the second half of rows.target_nll's formula, on the combined R = S - 1:
+    # -log p_t = log1p(R) + w
     shift = lt_all - m_safe
     log1p_rest = rest.log1p()
     lpt = shift - log1p_rest
-    other = (rest - torch.expm1(shift)) / (1.0 + rest)
-    return _Rows(m_safe, rest, log1p_rest, lpt, other, big_m + log1p_rest, kept & ~all_masked, wt, k, wu,
+    return _Rows(m_safe, rest, log1p_rest, lpt, shift, big_m + log1p_rest, kept & ~all_masked, wt, k, wu,
                  smooth)
 
 
 def _focal(r: _Rows, gamma: float) -> tuple[Tensor, Tensor]:
-    """The row core's focal term (`rows.focal_rows`) of the combined rows."""
-    return focal_rows(r.other, torch.exp(r.lpt), r.lpt.neg(), gamma)
+    """The row core's focal term (`rows.focal_rows`) of the combined rows, with
+    ``1 − p_t = D / S`` and ``D = R − expm1(−w)`` (the other classes' terms)."""
+    other = (r.rest - torch.expm1(r.shift)) / (1.0 + r.rest)
+    return focal_rows(other, torch.exp(r.lpt), r.lpt.neg(), gamma)
 
 
 def _row_loss(r: _Rows, cfg: LinearLossConfig) -> tuple[Tensor, Tensor]:
