@@ -6,7 +6,9 @@ tensor values, so it costs no host sync and traces under ``torch.compile(fullgra
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -134,6 +136,13 @@ def legacy_reduction(size_average: object, reduce: object, reduction: str) -> st
     if not reduce:
         return "none"
     return "mean" if size_average else "sum"
+
+
+def no_autocast(device_type: str) -> Any:
+    """Autocast disabled on this device type (a null context where autocast does not exist: meta)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def inplace_ok(*tensors: Tensor | None) -> bool:

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import stablelosses.functional as SF
 from stablelosses._autograd.rows import _BITS, bounded
@@ -229,3 +230,42 @@ def test_compiled_bound_matches_eager_on_hazard_rows():
     (ge,) = torch.autograd.grad(eager, x)
     (gc,) = torch.autograd.grad(torch.compile(fn, fullgraph=True)(x), x)
     torch.testing.assert_close(gc, ge, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(6, 300), (3, 300, 2, 2)], ids=["class-last", "class-dim-1"])
+def test_smoothing_sum_is_one_read_in_the_input_dtype_without_overflow(shape):
+    # the unweighted smoothing sum is one gemv of the row with 2^-j (no float64 copy of the row):
+    # both layouts, and terms near -1e37 whose plain float32 row sum overflows
+    g = torch.Generator().manual_seed(3)
+    x = ((torch.rand(shape, generator=g) * 2 - 1) * 1e37).requires_grad_()
+    t = torch.randint(0, 300, (shape[0],) + shape[2:], generator=g)
+    x.detach()[0, 7] = -INF  # a masked class: no smoothing mass
+    lsm = torch.log_softmax(x.detach().double(), 1)
+    assert torch.isinf(torch.where(torch.isinf(lsm), 0.0, lsm).float().sum(1)).any()
+    ours = SF.cross_entropy(x, t, label_smoothing=0.1, reduction="none")
+    lsm_t = lsm.gather(1, t.unsqueeze(1)).squeeze(1)
+    unmasked = torch.isfinite(x.detach()).double()
+    k = unmasked.sum(1)
+    ref = -0.9 * lsm_t - 0.1 / k * torch.where(unmasked > 0, lsm, 0.0).sum(1)
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=0)
+    # no float64 pass over the row (the CPU makes a float64 copy of it for that)
+    with _Float64Ops() as seen:
+        SF.cross_entropy(x, t, label_smoothing=0.1).backward()
+    assert seen.names == []
+
+
+class _Float64Ops(TorchDispatchMode):
+    """The aten ops asked to compute in float64 (``dtype=`` keyword) on float32 tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("dtype") == torch.float64 and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args
+        ):
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **kwargs)

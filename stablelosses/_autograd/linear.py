@@ -33,13 +33,13 @@ they return raises on a second backward instead of giving a wrong second derivat
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from stablelosses._autograd.rows import focal_rows, target_nll
+from stablelosses._utils import no_autocast
 
 _NEG_INF = float("-inf")
 
@@ -208,13 +208,6 @@ def _input_grad(g: Tensor, w: Tensor) -> Tensor:
     return out
 
 
-def _no_autocast(device_type: str) -> Any:
-    """Autocast disabled on this device type (a null context where autocast does not exist: meta)."""
-    if torch.amp.is_autocast_available(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
-
-
 def run_chunks(
     x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
     needs: tuple[bool, bool, bool], row_scale: Tensor | None, cd: torch.dtype,
@@ -250,7 +243,7 @@ def _run_chunks_eager(
     losses, row_ws, gxs = [], [], []
     ones = torch.ones((), dtype=cd, device=x.device)
     # The logits in cd, never in autocast's lower precision.
-    with _no_autocast(x.device.type):
+    with no_autocast(x.device.type):
         for start in range(0, x.shape[0], cfg.chunk):
             xc = x[start : start + cfg.chunk].to(cd)
             tc = t[start : start + cfg.chunk]

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._compat import functorch_transforms_active
-from stablelosses._utils import inplace_ok
+from stablelosses._utils import inplace_ok, no_autocast
 
 _INF = float("inf")
 
@@ -284,16 +284,29 @@ def smoothing(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     return masked, k
 
 
+def class_dot(t: Tensor, v: Tensor, cdim: int) -> Tensor:
+    """``Σ_c t_c v_c`` over the class dim ``cdim`` of ``t`` (``v``: ``(C,)``): one read of ``t``
+    (a BLAS ``gemv``), with autocast off so that it runs in ``t``'s dtype. Class dim last:
+    ``t @ v``; else ``v @ t`` with the trailing dims flattened (each layout's contiguous call:
+    the other one costs 10.6 ms against 0.59 ms at 8192x1000, 2026-12-05)."""
+    with no_autocast(t.device.type):
+        if cdim == t.dim() - 1:
+            return t @ v
+        return (v @ t.flatten(cdim + 1)).view(t.shape[:cdim] + t.shape[cdim + 1 :])
+
+
 def smoothing_sum(
     lsm: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int, weight: Tensor | None,
     pinf_row: Tensor,
 ) -> Tensor:
     """``ε/K Σ_{c unmasked} w_c lsm_c`` from torch's log-softmax of the bounded logits.
 
-    Unweighted float32 and narrower: the row sum accumulates in float64 and is scaled once (no
-    overflow at terms near ``-1e38``, one pass fewer than scaling each term). Weighted or
-    float64: each term is scaled by ``ε/K`` before the class weight and the sum (no overflow
-    where the weighted mean over the classes is finite).
+    Unweighted: one `class_dot` of the row with ``2^-j`` (``2^j ≥ C``), then the N-sized scale
+    ``ε 2^j / K``. The power of two scales every term exactly, so no partial sum overflows
+    where the terms are finite (terms near ``-1e38``), in the input's own dtype. (The float64
+    row sum it replaces costs a float64 copy of the row on the CPU: 6.8 ms against 0.59 ms for
+    this at 8192x1000, 2026-12-05.) Weighted: each term is scaled by ``ε/K`` before the class
+    weight and the sum (no overflow where the weighted mean over the classes is finite).
 
     ``+inf`` rows (``pinf_row``): the bounded log-softmax is ``-log k`` at the ``+inf``
     entries and at most ``-ulp(finfo.max)/2`` at every finite one (whose probability is 0), so
@@ -302,18 +315,19 @@ def smoothing_sum(
     """
     t = torch.where(masked, 0.0, lsm)
     thr = -torch.finfo(t.dtype).max * torch.finfo(t.dtype).eps / 4
-    scale = eps / k
-    if weight is None and t.dtype != torch.float64:
-        plain = t.sum(cdim, dtype=torch.float64)
-        out = (plain * scale.squeeze(cdim)).to(t.dtype)
-        return torch.where(pinf_row & (plain < thr), -_INF, out)
-    # weighted (w·log p may overflow where the weighted mean does not) or float64: the
-    # zero-probability classes of +inf rows as -inf entries (a zero weight there gives NaN,
-    # 0·inf), each term scaled before the class weight and the sum
+    if weight is None:
+        c = t.shape[cdim]
+        j = max(c - 1, 1).bit_length()  # 2^j ≥ C
+        v = torch.full((c,), 2.0**-j, dtype=t.dtype, device=t.device)
+        plain = class_dot(t, v, cdim)  # the row sum · 2^-j, exactly scaled
+        out = plain * (eps * 2.0**j / k.squeeze(cdim))
+        return torch.where(pinf_row & (plain < thr * 2.0**-j), -_INF, out)
+    # weighted (w·log p may overflow where the weighted mean does not): the zero-probability
+    # classes of +inf rows as -inf entries (a zero weight there gives NaN, 0·inf), each term
+    # scaled before the class weight and the sum
     t = torch.where(pinf_row.unsqueeze(cdim) & (t < thr), -_INF, t)
-    t = t.mul_(scale)  # our own buffer (the select above)
-    if weight is not None:
-        t = t * weight.view(class_shape(t.dim(), cdim))
+    t = t.mul_(eps / k)  # our own buffer (the select above)
+    t = t * weight.view(class_shape(t.dim(), cdim))
     return t.sum(cdim)
 
 

@@ -16,7 +16,6 @@ from stablelosses._autograd.linear import (
     LinearLossConfig,
     _LinearLossReduced,
     _LinearLossRows,
-    _no_autocast,
 )
 from stablelosses._compat import forward_ad_active
 from stablelosses._spec import (
@@ -35,6 +34,7 @@ from stablelosses._utils import (
     autocast_to_float32,
     check_floating,
     check_tensor,
+    no_autocast,
     promote_types,
 )
 from stablelosses.functional._cross_entropy import _INDEX_DTYPES
@@ -257,7 +257,7 @@ def _unfused_loss(
     if mask is not None:
         m = check_mask(fn, mask, torch.Size((*batch, *out)), "the per-row loss", device=input.device)
         m = m.expand((*batch, *out)).reshape(rows)
-    with _no_autocast(input.device.type):
+    with no_autocast(input.device.type):
         w2 = weight.reshape(-1, h).to(cd)
         u = torch.nn.functional.linear(x.to(cd), w2, None if bias is None else bias.reshape(-1).to(cd))
         u = u.reshape(*x.shape[:-1], classes, *out)

@@ -34,12 +34,11 @@ from torch import Tensor
 from stablelosses._autograd.linear import (
     LinearLossConfig,
     _input_grad,
-    _no_autocast,
     _scaled,
     logits_of,
 )
 from stablelosses._autograd.rows import focal_rows
-from stablelosses._utils import check_floating, check_tensor, promote_types
+from stablelosses._utils import check_floating, check_tensor, no_autocast, promote_types
 
 _NEG_INF = -math.inf
 
@@ -116,7 +115,7 @@ def _combine(
     ms, rests, lts = [], [], []
     ks, as_, ws = [], [], []
     bc = None if b is None else b.to(cd)
-    with _no_autocast(x.device.type):
+    with no_autocast(x.device.type):
         for s0 in range(0, n, cfg.chunk):
             xc = x[s0 : s0 + cfg.chunk].to(cd)
             lg, _, masked = _capped(logits_of(xc, w, bc), cfg.softcap, eps > 0.0)
@@ -258,7 +257,7 @@ def _grad_pass(
     bc = None if b is None else b.to(cd)
     gxs: list[Tensor] = []
     gw = gb = None
-    with _no_autocast(x.device.type):
+    with no_autocast(x.device.type):
         for s0 in range(0, x.shape[0], cfg.chunk):
             sl = slice(s0, s0 + cfg.chunk)
             xc = x[sl].to(cd)
