@@ -63,16 +63,26 @@ def nested_forward_transforms() -> bool:
     return sum(1 for level in stack if level.key() == jvp) >= 2
 
 
+def _wrapped_check_functions() -> tuple[Any, ...] | None:
+    """functorch's two wrapper checks, looked up once (None where either is missing)."""
+    if _functorch is None:
+        return None
+    names = ("is_functorch_wrapped_tensor", "is_legacy_batchedtensor")
+    checks = tuple(getattr(_functorch, n, None) for n in names)
+    return None if any(c is None for c in checks) else checks
+
+
+_wrapped_checks = _wrapped_check_functions()
+
+
 def is_transform_wrapped(t: Tensor) -> bool:
     """True when ``t`` is a functorch wrapper (a batched or a grad-tracking tensor).
 
     Fallback: True, the conservative answer (in-place fast paths off).
     """
-    if _functorch is None:
+    if _wrapped_checks is None:
         return True
-    names = ("is_functorch_wrapped_tensor", "is_legacy_batchedtensor")
-    checks = [getattr(_functorch, n, None) for n in names]
-    return any(c is None or bool(c(t)) for c in checks)
+    return any(c(t) for c in _wrapped_checks)
 
 
 def forward_ad_active() -> bool:
@@ -144,13 +154,18 @@ def softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
     return _softmax_bwd(grad, output, dim, output.dtype)
 
 
-def log_softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
-    """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel.
+def log_softmax_backward(grad: Tensor, output: Tensor, dim: int, inplace: bool = False) -> Tensor:
+    """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel;
+    with ``inplace``, written over ``grad`` where both are contiguous.
 
     Fallback: the same formula in public ops.
     """
     if _log_softmax_bwd is None:
         return grad - torch.exp(output) * grad.sum(dim, keepdim=True)
+    if inplace and grad.is_contiguous() and output.is_contiguous():
+        # written over ``grad`` (the caller's own buffer); contiguous only: with other
+        # strides the kernel's aliased output comes out wrong
+        return _log_softmax_bwd(grad, output, dim, output.dtype, out=grad)
     return _log_softmax_bwd(grad, output, dim, output.dtype)
 
 

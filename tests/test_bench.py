@@ -73,6 +73,17 @@ def test_broadcast_argument_counts_its_distinct_elements():
     assert moved.read == (N + 10) * 4 and moved.written == N * 4
 
 
+def test_an_out_tensor_is_written_not_read():
+    x, y = torch.ones(N), torch.empty(N)
+    with BytesMoved() as moved:
+        torch.add(x, x, out=y)
+    assert (moved.read, moved.written) == (2 * N * 4, N * 4)
+    # written over its own input (the softmax family's own buffers): one read, one write
+    with BytesMoved() as moved:
+        torch._log_softmax(x, 0, False, out=x)
+    assert (moved.read, moved.written) == (N * 4, N * 4)
+
+
 def test_backward_is_counted():
     x = torch.ones(N, requires_grad=True)
     with BytesMoved() as fwd:

@@ -175,6 +175,8 @@ def test_fallbacks_of_the_transform_probes(monkeypatch):
     monkeypatch.setattr(_compat, "_transforms_active", None)
     assert _compat.functorch_transforms_active() is True  # conservative: fast paths off
     monkeypatch.setattr(_compat, "_functorch", None)
+    assert _compat._wrapped_check_functions() is None  # looked up once, at import
+    monkeypatch.setattr(_compat, "_wrapped_checks", None)
     assert _compat.is_transform_wrapped(torch.zeros(2)) is True
     monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
     assert _compat.forward_ad_active() is True

@@ -158,7 +158,7 @@ class _IndexLoss(torch.autograd.Function):
             t_val = a.neg().unsqueeze(cdim)
             idx_u = idx.unsqueeze(cdim)
             g = put(g, cdim, idx_u, t_val, add=True)
-            gx = log_softmax_backward(g, lsm, cdim)
+            gx = log_softmax_backward(g, lsm, cdim, inplace_ok(g))
         gx = _plus(gx, extra_log_softmax_grad(lsm, grad_lsm, cdim))
         return gx, None, None, gw, None, None, None
 
@@ -281,7 +281,8 @@ class _ProbLoss(torch.autograd.Function):
             q = _target_dist(x, target, weight, eps, cdim)
             if ctx.needs_input_grad[0]:
                 # p·Σq·s − q·s is log-softmax's backward of −q·s: torch's kernel, one pass
-                gx = log_softmax_backward(q * s.neg(), lsm, cdim)
+                g = q * s.neg()
+                gx = log_softmax_backward(g, lsm, cdim, inplace_ok(g))
             if ctx.needs_input_grad[1]:
                 gt = -(1.0 - eps) * lsm * s
                 if weight is not None:

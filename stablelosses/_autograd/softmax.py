@@ -23,9 +23,10 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._autograd.rows import bounded, exact_log_softmax
+from stablelosses._autograd.rows import bounded, exact_log_softmax, softmax_over
 from stablelosses._compat import log_softmax_backward as _log_softmax_kernel_bwd
 from stablelosses._compat import softmax_backward as _softmax_kernel_bwd
+from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
 
@@ -52,7 +53,7 @@ class _Softmax(torch.autograd.Function):
             return torch.softmax(x, dim)
         m = x.amax(dim, keepdim=True)
         # All-(-inf) slices: 1/n · False = 0 (NaN slices are NaN through the kernel)
-        return torch.softmax(bounded(x, m), dim).mul_(m != -_INF)
+        return softmax_over(bounded(x, m), dim).mul_(m != -_INF)
 
     setup_context = staticmethod(_save_output)
 
@@ -106,7 +107,7 @@ class _LogSoftmax(torch.autograd.Function):
         # (e.g. label smoothing's -ε/C on a masked class); its own gradient is then
         # g - exp(-inf)·Σg = 0.
         g = torch.where(torch.isneginf(y), 0.0, grad)
-        return _log_softmax_kernel_bwd(g, y, ctx.dim), None
+        return _log_softmax_kernel_bwd(g, y, ctx.dim, inplace_ok(g)), None
 
     @staticmethod
     def jvp(ctx, x_t: Tensor, _dim_t):
@@ -186,8 +187,9 @@ class _LogSumExp(torch.autograd.Function):
         dim = ctx.dims[0]
         if not ctx.keepdim:
             out, grad = out.unsqueeze(dim), grad.unsqueeze(dim)
-        p = torch.softmax(bounded(x, out), dim)
-        return p * grad.masked_fill(out == -_INF, 0.0), None, None
+        p = softmax_over(bounded(x, out), dim)
+        g = grad.masked_fill(out == -_INF, 0.0)
+        return (p.mul_(g) if inplace_ok(p) else p * g), None, None
 
     @staticmethod
     def jvp(ctx, x_t: Tensor, _dims_t, _keepdim_t):

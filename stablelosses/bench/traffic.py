@@ -14,7 +14,8 @@ as an unfused eager kernel does):
 * view operators (``view``, ``expand``, ``transpose``, ``select``, ``detach``, ...) move
   nothing and count 0; so do the allocators ``empty``/``empty_like``/``empty_strided``;
 * an in-place operator reads its arguments and writes its result (the same memory): ``add_``
-  of two N-element tensors counts 3N elements, as ``add`` does;
+  of two N-element tensors counts 3N elements, as ``add`` does; an ``out=`` tensor counts
+  as written only (the kernel overwrites it), also where it is one of the inputs;
 * Python scalars count nothing; a 0-dimensional tensor counts its one element;
 * indexed reads and writes move what they touch: ``gather`` (and ``nll_loss``'s forward) reads
   its index and the gathered elements (not the whole source), an in-place ``scatter_``/``scatter_add_``/
@@ -123,7 +124,9 @@ def _indexed_bytes(name: str, args: tuple[Any, ...], kwargs: Any, out: Any) -> t
         src = _sum_bytes(args[3:]) if len(args) > 3 else 0
         touched = index.numel() * args[0].element_size()
         return tensor_bytes(index) + src, touched
-    return _sum_bytes((args, kwargs)), _sum_bytes(out)
+    # an out= tensor is written (the result), not read
+    inputs = {k: v for k, v in kwargs.items() if k != "out"} if kwargs else kwargs
+    return _sum_bytes((args, inputs)), _sum_bytes(out)
 
 
 def bytes_moved(call: Callable[[], Any]) -> BytesMoved:
