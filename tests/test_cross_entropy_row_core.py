@@ -44,6 +44,17 @@ def test_bounded_is_the_identity_bit_for_bit_on_rows_with_a_finite_max(dt):
 
 
 @pytest.mark.parametrize("dt", _DTYPES)
+def test_bounded_under_torch_func_is_the_eager_bound_bit_for_bit(dt):
+    # the clamp spelling (torch.func, compiled) against the bit-level minimum, every row of
+    # four special values (NaN rows excepted: NaN through every kernel either way)
+    bits = _BITS[dt][0]
+    rows = torch.tensor(list(itertools.product(_special(dt), repeat=4)), dtype=dt)
+    eager = bounded(rows, rows.amax(1, keepdim=True))
+    viaf = torch.func.vmap(lambda r: bounded(r[None], r.amax()[None, None])[0])(rows)
+    assert torch.equal(eager.view(bits), viaf.view(bits))
+
+
+@pytest.mark.parametrize("dt", _DTYPES)
 def test_bounded_keeps_nan_rows_nan(dt):
     x = torch.tensor([[float("nan"), 1.0, INF], [2.0, float("nan"), -INF]], dtype=dt)
     out = bounded(x, x.amax(1, keepdim=True))
