@@ -84,6 +84,14 @@ def test_an_out_tensor_is_written_not_read():
     assert (moved.read, moved.written) == (N * 4, N * 4)
 
 
+def test_new_zeros_reads_nothing_of_self():
+    x = torch.ones(N)
+    with BytesMoved() as moved:
+        x.new_zeros(())
+        x.new_full((3,), 2.0)
+    assert (moved.read, moved.written) == (0, 4 * 4)
+
+
 def test_backward_is_counted():
     x = torch.ones(N, requires_grad=True)
     with BytesMoved() as fwd:

