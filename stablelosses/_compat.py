@@ -82,7 +82,8 @@ def is_transform_wrapped(t: Tensor) -> bool:
     """
     if _wrapped_checks is None:
         return True
-    return any(c(t) for c in _wrapped_checks)
+    is_wrapped, is_legacy_batched = _wrapped_checks
+    return bool(is_wrapped(t) or is_legacy_batched(t))
 
 
 def forward_ad_active() -> bool:

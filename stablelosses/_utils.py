@@ -138,6 +138,10 @@ def legacy_reduction(size_average: object, reduce: object, reduction: str) -> st
     return "mean" if size_average else "sum"
 
 
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
+
+
 def no_autocast(device_type: str) -> Any:
     """Autocast disabled on this device type (a null context where autocast does not exist: meta)."""
     if torch.amp.is_autocast_available(device_type):
@@ -151,11 +155,12 @@ def inplace_ok(*tensors: Tensor | None) -> bool:
     Under vmap (also the batched-gradient vmap of gradcheck) the row scale may be batched
     while the saved log-probabilities are not; an in-place op cannot grow its target.
     """
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if _grad_enabled() or _compiling() or functorch_transforms_active():
         return False  # compiled: functionalized and fused anyway
-    if functorch_transforms_active():
-        return False
-    return not any(t is not None and is_transform_wrapped(t) for t in tensors)
+    for t in tensors:  # (a loop, not any() over a generator: this runs on every tiny call)
+        if t is not None and is_transform_wrapped(t):
+            return False
+    return True
 
 
 def check_same_device(fn: str, mask: Tensor, device: torch.device, what: str = "input") -> None:
