@@ -261,8 +261,9 @@ def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool) -> In
     """The class-index row in torch's passes: the row max ``m`` (``amax``, no index); the
     Function's own copy ``b`` of the logits, ``+inf → finfo.max`` (``min(x, v)``,
     ``v = clamp(m, ±finfo.max)``) with the target's logit set to ``v``; torch's ``softmax`` on
-    ``b`` (``p'``); ``p'_t`` zeroed and the row summed: ``r = Σ_{j≠t} p'_j``. ``nll``: ``−x_t``
-    (``nll_loss`` of the logits: torch's gather and its out-of-range error).
+    ``b``, written over it (`softmax_over`: ``p'``); ``p'_t`` zeroed and the row summed:
+    ``r = Σ_{j≠t} p'_j``. ``nll``: ``−x_t`` (``nll_loss`` of the logits: torch's gather and its
+    out-of-range error).
 
     Since the target of ``b`` is its row max, ``p'_t = 1/S'`` is never small and
     ``D = r / p'_t = Σ_{j≠t} e^{x_j − v}`` exactly, without the index of the max; `target_nll`
@@ -281,7 +282,7 @@ def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool) -> In
     if fused:
         p, q_t, r = fused_index_row(x, nll.unsqueeze(cdim), v, idx_u, cdim)
     else:
-        p = torch.softmax(put(torch.minimum(x, v), cdim, idx_u, v), cdim)
+        p = softmax_over(put(torch.minimum(x, v), cdim, idx_u, v), cdim)
         q_t = p.gather(cdim, idx_u)
         # a NaN row's rest and gradient are NaN through q_t (also with one class)
         p = put(p, cdim, idx_u, 0.0)
