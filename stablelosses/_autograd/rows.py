@@ -61,18 +61,15 @@ def bounded(x: Tensor, m: Tensor) -> Tensor:
     operands: about 2x slower than this ``minimum`` at 8192x1000.)
     """
     if functorch_transforms_active() or torch.compiler.is_compiling():
-        # The same values as a clamp with per-slice bounds. Under torch.func: torch < 2.7 has
-        # no vmap rule for a dtype view (the slower CPU kernel matters less than working at
-        # all there). Compiled: inductor's CPU code bit-casts through memory, one scalar loop
-        # per vector each way, where the clamp is two vector ops. Measured fwd+bwd at
+        # The same values as a clamp: one constant upper bound (finfo.max moves only +inf
+        # entries) and one per-slice lower bound (-finfo.max on all-(-inf) slices, else -inf).
+        # Under torch.func: torch < 2.7 has no vmap rule for a dtype view (the slower CPU
+        # kernel matters less than working at all there). Compiled: inductor's CPU code
+        # bit-casts through memory, one scalar loop per vector each way. Measured fwd+bwd at
         # 8192x1000, compiled ÷ compiled torch, side by side (2026-12-05): softmax 2.42-2.51x
-        # with the bit-cast, 1.16x with the clamp; logsumexp 2.64-2.77x and 1.44x; label
-        # smoothing 4.07-4.14x and 2.52-2.56x.
-        # One constant upper bound (finfo.max moves only +inf entries) and one per-slice lower
-        # bound (-finfo.max on all-(-inf) slices, else -inf). Two per-slice bounds made of m
-        # cost inductor eight scalar ops per vector of the row: fwd+bwd ÷ compiled torch at
-        # 8192x1000, side by side (2026-12-05), label smoothing 2.60-2.73x → 2.28-2.32x,
-        # softmax 1.17-1.20x → 1.10-1.16x.
+        # with the bit-cast, 1.16x with a clamp by two per-slice bounds, 1.10-1.16x with this
+        # one (inductor recomputed two per-slice bounds, eight scalar ops, for every vector);
+        # label smoothing 4.07-4.14x, 2.52-2.73x and 2.28-2.32x.
         fmax = torch.finfo(x.dtype).max
         return torch.maximum(x.clamp(max=fmax), torch.where(m == -_INF, m.clamp(min=-fmax), -_INF))
     bits, neg_inf = _BITS[x.dtype]
