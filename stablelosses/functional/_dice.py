@@ -10,6 +10,7 @@ from torch import Tensor
 from stablelosses._spec import OPTIONAL_NONEMPTY_DIMS, REDUCTION, SMOOTH, Arg, OpSpec
 from stablelosses._utils import (
     broadcasts_to,
+    cast,
     check_floating,
     check_tensor,
     operand_dtypes,
@@ -160,4 +161,4 @@ def dice_loss(
     empty = denom == 0
     # Double where: a safe divisor, then the defined 0 on both-empty samples.
     loss = torch.where(empty, 0.0, diff / torch.where(empty, 1.0, denom))
-    return reduce_masked(loss, m, reduction).to(out_dtype)
+    return cast(reduce_masked(loss, m, reduction), out_dtype)

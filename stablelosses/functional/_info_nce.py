@@ -8,7 +8,7 @@ from torch import Tensor
 import stablelosses.functional as _functional
 from stablelosses._autograd.vector import _normalize
 from stablelosses._spec import FLAG, REDUCTION, TEMPERATURE, Arg, OpSpec
-from stablelosses._utils import check_floating, operand_dtypes
+from stablelosses._utils import cast, check_floating, operand_dtypes
 from stablelosses.functional._masked import check_mask
 
 _FN = "info_nce_loss"
@@ -128,4 +128,4 @@ def info_nce_loss(
     loss = _functional.cross_entropy(logits, labels, reduction=reduction, mask=m)
     if symmetric:
         loss = (loss + _functional.cross_entropy(logits.T, labels, reduction=reduction, mask=m)) / 2
-    return loss.to(out_dtype)
+    return cast(loss, out_dtype)

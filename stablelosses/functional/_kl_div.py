@@ -154,7 +154,7 @@ def kl_div(
     work, out_dtype = operand_dtypes(input, target)
     x, t = input.to(work), target.to(work)
     if mask is not None:
-        return _kl_div_masked(x, t, log_target, mask, base, reduction).to(out_dtype)
+        return cast(_kl_div_masked(x, t, log_target, mask, base, reduction), out_dtype)
     loss = _kl_div(x, t, log_target)
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:

@@ -32,6 +32,7 @@ from stablelosses._spec import (
 )
 from stablelosses._utils import (
     autocast_to_float32,
+    cast,
     check_floating,
     check_tensor,
     no_autocast,
@@ -276,7 +277,7 @@ def _unfused_loss(
             loss = _add_z_loss(loss, u, tt, cw, ii, reduction, z_loss, m, probabilities)
     if reduction == "none":
         loss = loss.reshape((*batch, *out))
-    return loss.to(out_dtype)
+    return cast(loss, out_dtype)
 
 
 def _add_z_loss(
@@ -354,7 +355,7 @@ def _linear_loss(
         t = torch.where(m, t, int(ignore_index))
         kept = (t != int(ignore_index)).any() if reduction == "mean" else None
     if reduction == "none":
-        return _rows(x, weight, bias, t, cw, cfg, cd).reshape(target.shape).to(out_dtype)
+        return cast(_rows(x, weight, bias, t, cw, cfg, cd).reshape(target.shape), out_dtype)
     grad_on = torch.is_grad_enabled()
     needs = (
         grad_on and input.requires_grad,
@@ -364,7 +365,7 @@ def _linear_loss(
     loss = _reduced(x, weight, bias, t, cw, cfg, reduction == "mean", needs, cd)[0]
     if kept is not None:
         loss = torch.where(kept, loss, 0.0)  # no kept row: 0 (masked_mean), not 0 / 0
-    return loss.to(out_dtype)
+    return cast(loss, out_dtype)
 
 
 def _parallel(

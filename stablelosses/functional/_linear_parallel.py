@@ -38,7 +38,7 @@ from stablelosses._autograd.linear import (
     logits_of,
 )
 from stablelosses._autograd.rows import focal_rows
-from stablelosses._utils import check_floating, check_tensor, no_autocast, promote_types
+from stablelosses._utils import cast, check_floating, check_tensor, no_autocast, promote_types
 
 _NEG_INF = -math.inf
 
@@ -490,7 +490,7 @@ def linear_loss_parallel(
         out_dtype = promote_types(out_dtype, v.dtype)
     if reduction == "none":
         rows = _ParallelRows.apply(xr, w, b, tr, cw_local, cfg, cd, shard, cw_full)
-        return rows.reshape(t.shape).to(out_dtype)
+        return cast(rows.reshape(t.shape), out_dtype)
     grad_on = torch.is_grad_enabled()
     needs = (grad_on and x.requires_grad, grad_on and w.requires_grad,
              grad_on and b is not None and b.requires_grad)
@@ -498,4 +498,4 @@ def linear_loss_parallel(
     loss = _ParallelReduced.apply(xr, w, b, tr, cw_local, cw_full, cfg, mean, needs, cd, shard)[0]
     if kept is not None:
         loss = torch.where(kept, loss, 0.0)
-    return loss.to(out_dtype)
+    return cast(loss, out_dtype)

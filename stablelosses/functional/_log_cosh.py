@@ -96,5 +96,5 @@ def log_cosh_loss(
     x, y = input.to(work), target.to(work)
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
-        return reduce_masked(_log_cosh(r, r.new_zeros(()), NONE)[0], m, reduction).to(out_dtype)
+        return cast(reduce_masked(_log_cosh(r, r.new_zeros(()), NONE)[0], m, reduction), out_dtype)
     return cast(_log_cosh(x, y, REDUCTION_MODE[reduction])[0], out_dtype)

@@ -158,5 +158,5 @@ def rmse_loss(
     _warn_broadcast(x, y)
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
-        return _rmse_masked(r, m, reduction, eps).to(out_dtype)
+        return cast(_rmse_masked(r, m, reduction, eps), out_dtype)
     return cast(_rmse(x, y, REDUCTION_MODE[reduction], eps)[0], out_dtype)

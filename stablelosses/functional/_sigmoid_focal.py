@@ -149,6 +149,6 @@ def sigmoid_focal_loss(
         m = check_mask(fn, mask, input.shape, device=input.device).to(input.device)
         # select, do not multiply: a NaN at a False entry is never read
         x, t = torch.where(m, x, 0.0), torch.where(m, t, 0.0)
-        return reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction).to(out_dtype)
+        return cast(reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction), out_dtype)
     loss = _sigmoid_focal(x, t, alpha_f, gamma_f, REDUCTION_MODE[reduction])
     return cast(loss, out_dtype)

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from stablelosses._autograd.vector import _normalize
 from stablelosses._spec import DIM, EPS, P_NORM, Arg, OpSpec
-from stablelosses._utils import broadcast_shapes, check_floating, compute_dtype, wrap_dim
+from stablelosses._utils import broadcast_shapes, cast, check_floating, compute_dtype, wrap_dim
 from stablelosses.functional._operands import _binary_operands
 
 SPEC = OpSpec(
@@ -107,7 +107,7 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
     xc = x.reshape(1) if x.ndim == 0 else x
     xw = xc.to(compute_dtype(xc))
     y = _normalize(xw, pf, d, e)[0] if pf >= 1.0 else _normalize_below_one(xw, pf, d, e)
-    return y.reshape(x.shape).to(out_dtype)
+    return cast(y.reshape(x.shape), out_dtype)
 
 
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 0.0) -> Tensor:
@@ -171,7 +171,7 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 0.0) ->
     ua, _ = _normalize(a, 2.0, d, e)
     ub, _ = _normalize(b, 2.0, d, e)
     out = (ua * ub).sum(d)
-    return out.to(out_dtype)
+    return cast(out, out_dtype)
 
 
 __all__ = ["normalize", "cosine_similarity"]
