@@ -1,16 +1,17 @@
-"""The public functions' one hook: a count of open ``detect_nonfinite`` contexts.
+"""The public functions' one hook: an observer slot that the NaN doctor fills.
 
 Every function in ``stablelosses.functional.__all__`` (and so every op re-exported at the top
 level, and every module class, which calls these) is the wrapper `public` makes when the
-namespace is built. The wrapper reads one module global, `watchers`. While it is 0 (no
-detector open anywhere in the process) it calls the function and nothing else happens: under
-``torch.compile`` the read becomes a guard on a constant, with no graph break. While a
-detector is open it hands the call to ``stablelosses.debug._boundary.call``, which looks at
-this thread's detector and checks what the function returns.
+namespace is built. The wrapper reads one module global, `observer`. While it is ``None`` (no
+``detect_nonfinite`` context open anywhere in the process) it calls the function and nothing
+else happens: under ``torch.compile`` the read becomes a guard on a constant, with no graph
+break. While a detector is open the slot holds the doctor's ``call(fn, name, args, kwargs)``,
+and the wrapper hands the call to it.
 
-Nothing is ever swapped: the wrapper is the public object from import on, ``functools.wraps``
-keeps its name, docstring and (through ``__wrapped__``) its signature, and the count is changed
-only under a lock by `opened` and `closed`.
+The core never imports the doctor: ``stablelosses.debug`` registers itself here through
+`opened` and leaves through `closed` (the arrows point down only). Nothing is ever swapped:
+the wrapper is the public object from import on, ``functools.wraps`` keeps its name, docstring
+and (through ``__wrapped__``) its signature, and the slot is changed only under a lock.
 """
 
 from __future__ import annotations
@@ -23,34 +24,38 @@ from typing import Any, TypeVar
 __all__ = ["public", "opened", "closed", "is_public"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+Observer = Callable[[Callable[..., Any], str, tuple, dict], Any]
 
-watchers = 0  # detect_nonfinite contexts open in the process (all threads)
+observer: Observer | None = None  # the doctor's call while a detector is open, else None
+_open = 0  # detect_nonfinite contexts open in the process (all threads)
 _lock = threading.Lock()
 
 
-def opened() -> None:
-    """A detector opened: public functions now hand their calls to the boundary check."""
-    global watchers
+def opened(call: Observer) -> None:
+    """A detector opened: public functions now hand their calls to ``call``."""
+    global observer, _open
     with _lock:
-        watchers += 1
+        _open += 1
+        observer = call
 
 
 def closed() -> None:
     """A detector closed; when it was the last one, the wrappers are plain calls again."""
-    global watchers
+    global observer, _open
     with _lock:
-        watchers = max(0, watchers - 1)
+        _open = max(0, _open - 1)
+        if _open == 0:
+            observer = None
 
 
 def public(fn: F, namespace: str) -> F:
-    """``fn`` as the public function ``namespace.<its name>``, with the detector's hook."""
+    """``fn`` as the public function ``namespace.<its name>``, with the observer hook."""
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if watchers:
-            from stablelosses.debug._boundary import call
-
-            return call(fn, hooked.__name__, args, kwargs)
+        watch = observer
+        if watch is not None:
+            return watch(fn, hooked.__name__, args, kwargs)
         return fn(*args, **kwargs)
 
     hooked.__module__ = namespace  # where pickle and repr find the public object

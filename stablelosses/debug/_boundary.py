@@ -8,8 +8,9 @@ What the function does inside (its ATen operators, a ``log 0`` selected away by 
 not looked at, so the check does not depend on how a function is written today.
 
 How: each public function is, from import on, a thin wrapper (``stablelosses/_public.py``) that
-reads one global, the number of open detectors. While it is 0 the wrapper only calls the
-function. Otherwise it calls `call` here, which finds this thread's detector in a thread-local
+reads one global, the observer slot. While it is empty the wrapper only calls the function.
+`install` puts `call` in the slot (the core never imports this module), and the wrapper then
+calls `call` here, which finds this thread's detector in a thread-local
 and checks the outputs. Nothing is swapped or patched, so other threads, signatures and
 ``torch.compile`` see the same objects whether or not a detector is open.
 
@@ -81,7 +82,7 @@ def install(det: Any) -> None:
     det._said = set()
     _local.det = det
     _local.depth = False
-    opened()
+    opened(call)
 
 
 def uninstall(det: Any) -> None:
