@@ -32,11 +32,6 @@ try:
     from torch._subclasses.fake_tensor import is_fake as _is_fake
 except ImportError:  # pragma: no cover - other torch versions
     _is_fake = None
-_unwrap_dead_wrappers: Any
-try:
-    from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
-except ImportError:  # pragma: no cover - other torch versions
-    _unwrap_dead_wrappers = None
 
 
 def functorch_transforms_active() -> bool:
@@ -119,32 +114,6 @@ def foreach_norm(tensors: list[Tensor], ord: float, dtype: torch.dtype | None = 
     return [torch.linalg.vector_norm(t, ord, dtype=dtype) for t in tensors]
 
 
-def direct_apply(cls: Any) -> Any:
-    """``cls.apply`` without its per-call ``inspect`` binding of ``forward``'s signature.
-
-    ``Function.apply`` binds the arguments to ``forward``'s signature on every call (to fill
-    in defaults for ``setup_context``), then, outside functorch transforms, unwraps dead
-    functorch wrappers and calls the C++ ``_FunctionBase.apply``. The returned callable does
-    the last two steps only, so every argument must be given positionally. Call it only when
-    :func:`functorch_transforms_active` is False.
-
-    Why it exists: ``Function.apply``'s binding is a fixed cost of every call. Measured on the
-    8x10 cross-entropy Function with grad (2026-12-05, medians of 5x3000 calls): 74 µs through
-    this, 103-106 µs through ``Function.apply``, with or without a cached ``__signature__``.
-
-    Fallback: ``cls.apply`` itself (the same result, about 30 µs slower on a tiny input).
-    """
-    c_apply = getattr(super(torch.autograd.Function, cls), "apply", None)
-    if c_apply is None or _unwrap_dead_wrappers is None:
-        return cls.apply
-    unwrap = _unwrap_dead_wrappers
-
-    def call(*args: Any) -> Any:
-        return c_apply(*unwrap(args))
-
-    return call
-
-
 def softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
     """``y · (g − Σ g·y)`` along ``dim`` from the softmax output ``y``, in torch's fused kernel.
 
@@ -155,18 +124,13 @@ def softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
     return _softmax_bwd(grad, output, dim, output.dtype)
 
 
-def log_softmax_backward(grad: Tensor, output: Tensor, dim: int, inplace: bool = False) -> Tensor:
-    """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel;
-    with ``inplace``, written over ``grad`` where both are contiguous.
+def log_softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
+    """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel.
 
     Fallback: the same formula in public ops.
     """
     if _log_softmax_bwd is None:
         return grad - torch.exp(output) * grad.sum(dim, keepdim=True)
-    if inplace and grad.is_contiguous() and output.is_contiguous():
-        # written over ``grad`` (the caller's own buffer); contiguous only: with other
-        # strides the kernel's aliased output comes out wrong
-        return _log_softmax_bwd(grad, output, dim, output.dtype, out=grad)
     return _log_softmax_bwd(grad, output, dim, output.dtype)
 
 

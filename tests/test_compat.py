@@ -62,29 +62,6 @@ def test_foreach_norm_equals_per_tensor_norms():
     assert all(t.dtype == torch.float64 for t in wide)
 
 
-def test_direct_apply_equals_function_apply():
-    class Twice(torch.autograd.Function):
-        @staticmethod
-        def forward(x, k=2.0):
-            return x * k
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.k = inputs[1]
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * ctx.k, None
-
-    call = _compat.direct_apply(Twice)
-    assert call is not Twice.apply  # the private path exists on this torch
-    x = torch.tensor([1.0, -3.0], requires_grad=True)
-    y = call(x, 3.0)
-    (g,) = torch.autograd.grad(y.sum(), x)
-    assert torch.equal(y, x.detach() * 3) and torch.equal(g, torch.full((2,), 3.0))
-    assert type(y.grad_fn).__name__ == type(Twice.apply(x, 3.0).grad_fn).__name__
-
-
 def test_forward_ad_active_sees_a_dual_level():
     import torch.autograd.forward_ad as fwAD
 
@@ -205,28 +182,6 @@ def test_fallback_of_foreach_norm(monkeypatch):
     wide = _compat.foreach_norm(ts, 2.0, torch.float64)
     assert all(t.dtype == torch.float64 for t in wide)
     assert torch.equal(torch.stack(wide).float(), torch.stack(want))
-
-
-def test_fallback_of_direct_apply(monkeypatch):
-    class Twice(torch.autograd.Function):
-        @staticmethod
-        def forward(x):
-            return x * 2
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            pass
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2
-
-    monkeypatch.setattr(_compat, "_unwrap_dead_wrappers", None)
-    call = _compat.direct_apply(Twice)
-    assert call == Twice.apply
-    x = torch.ones(2, requires_grad=True)
-    (g,) = torch.autograd.grad(call(x).sum(), x)
-    assert torch.equal(g, torch.full((2,), 2.0))
 
 
 def test_fallbacks_of_the_softmax_backward_kernels(monkeypatch):

@@ -1,12 +1,12 @@
 """The per-call shortcuts that keep the fixed cost low (design: Speed) compute what the general
 code computes.
 
-* ``applier`` calls a Function's ``forward`` directly under ``no_grad`` (no graph, no tangent):
-  same values as with grad, and forward-mode AD inside ``no_grad`` still gets its tangent;
+* a forward under ``no_grad`` gives the same values as with grad, and forward-mode AD inside
+  ``no_grad`` still gets its tangent;
 * ``_utils.broadcast_shapes`` / ``_utils.promote_types`` (built once, plain Python) agree with
   torch's, errors included, and are torch's own under ``torch.compile``;
-* the first-order in-place backwards (``inplace_ok``) equal the differentiable ones that double
-  backward uses.
+* the first-order backwards that run fewer passes (``inplace_ok``: each lowers the bytes moved)
+  equal the differentiable ones that double backward uses.
 """
 
 from __future__ import annotations

@@ -44,7 +44,6 @@ from stablelosses._autograd.rows import (
 )
 from stablelosses._autograd.softmax import _log_softmax
 from stablelosses._compat import log_softmax_backward
-from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
 _NAN = float("nan")
@@ -158,7 +157,7 @@ class _IndexLoss(torch.autograd.Function):
             t_val = a.neg().unsqueeze(cdim)
             idx_u = idx.unsqueeze(cdim)
             g = put(g, cdim, idx_u, t_val, add=True)
-            gx = log_softmax_backward(g, lsm, cdim, inplace_ok(g))
+            gx = log_softmax_backward(g, lsm, cdim)
         gx = _plus(gx, extra_log_softmax_grad(lsm, grad_lsm, cdim))
         return gx, None, None, gw, None, None, None
 
@@ -282,7 +281,7 @@ class _ProbLoss(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 # p·Σq·s − q·s is log-softmax's backward of −q·s: torch's kernel, one pass
                 g = q * s.neg()
-                gx = log_softmax_backward(g, lsm, cdim, inplace_ok(g))
+                gx = log_softmax_backward(g, lsm, cdim)
             if ctx.needs_input_grad[1]:
                 gt = -(1.0 - eps) * lsm * s
                 if weight is not None:
@@ -332,8 +331,7 @@ class _ClassIndexCE(torch.autograd.Function):
     scale for the focal loss) and the unweighted value (for the class weight's gradient). The
     first-order backward is ``p' · a / (p'_t S)``
     (``p = p' S' / S``; the target entry is ``−rest·a``, ``p_t − 1`` without cancellation): one
-    read and one write, in place on the saved ``p'`` in eager first order (a retained graph's
-    second backward makes the row again from ``x``). The focal row scale (`focal_rows`,
+    read of the saved ``p'`` and one write of a fresh gradient. The focal row scale (`focal_rows`,
     N-sized) enters that divisor in the forward. Double backward and the jvp recompute the row
     from the saved input in differentiable ops (`_plain_rows`, same values), so that second
     derivatives and ``torch.func`` nestings reach ``x``.
@@ -395,22 +393,7 @@ class _ClassIndexCE(torch.autograd.Function):
         a = a if weight is None else a * weight[idx]
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            scale_u = a.unsqueeze(cdim)
-            if getattr(ctx, "p_spent", False):
-                # a second backward through a retained graph: the first one scaled the saved
-                # p' in place, so the row is made again from x (the same bits as the forward's)
-                nll = F.nll_loss(x, target, ignore_index=ctx.ignore_index, reduction="none")
-                p = index_row(x, nll, idx, cdim, False).p
-            if inplace_ok(p, scale_u):
-                # eager first order: p' becomes the gradient in place. Measured fwd+bwd ÷ torch
-                # at 8192x1000 / 256x32000 (2026-12-05, side by side): 1.17-1.20x / 1.22-1.32x
-                # writing a fresh gradient, 0.97-0.98x / 1.03-1.07x in place. `.data`: the saved
-                # p' keeps its version, so that a retained graph's second backward reaches the
-                # branch above instead of autograd's in-place error.
-                ctx.p_spent = True
-                gx = p.data.mul_(scale_u)
-            else:
-                gx = p * scale_u
+            gx = p * a.unsqueeze(cdim)
         if ctx.needs_input_grad[4]:
             contrib = (grad_loss * val).masked_fill(invalid, 0.0)
             gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))

@@ -94,21 +94,12 @@ def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
 
 
 def softmax_over(b: Tensor, cdim: int) -> Tensor:
-    """torch's ``softmax`` of ``b``, a Function's own fresh buffer: written over ``b`` as in
-    `log_softmax_over`."""
-    if inplace_ok(b) and b.is_contiguous():
-        return torch._softmax(b, cdim, False, out=b)
+    """torch's ``softmax`` of ``b`` (the bounded row)."""
     return torch.softmax(b, cdim)
 
 
 def log_softmax_over(b: Tensor, cdim: int) -> Tensor:
-    """torch's ``log_softmax`` of ``b``, a Function's own fresh buffer, written over ``b`` in
-    eager first order where ``b`` is contiguous (the kernel's aliased output is wrong with
-    other strides). Measured at 8192x1000 (2026-12-05): a fresh output costs the softmax
-    family about 1 ms more per call on the CPU (fwd+bwd ÷ torch, side by side, label smoothing
-    1.84-1.87x → 1.58-1.64x with both this and the backward written over its buffer)."""
-    if inplace_ok(b) and b.is_contiguous():
-        return torch._log_softmax(b, cdim, False, out=b)
+    """torch's ``log_softmax`` of ``b`` (the bounded row or the exact shift)."""
     return torch.log_softmax(b, cdim)
 
 

@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import fast_apply
 from stablelosses._autograd.linear import (
     LinearLossConfig,
     _LinearLossReduced,
@@ -45,7 +44,7 @@ from stablelosses.functional._masked import check_mask
 # Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
 CHUNK_BYTES = 64 * 2**20
 
-_rows, _reduced = fast_apply(_LinearLossRows), fast_apply(_LinearLossReduced)
+_rows, _reduced = _LinearLossRows.apply, _LinearLossReduced.apply
 
 
 _LINEAR_ARGS = (
