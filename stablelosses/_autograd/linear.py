@@ -569,6 +569,7 @@ class LocalRows(NamedTuple):
 
     e: Tensor  # e^{l - m_safe} (n, V_k), the owned target's entry zeroed (the logits buffer)
     m: Tensor  # the row max, -inf on an all -inf row (and on an empty shard)
+    dead: Tensor  # m == -inf
     m_safe: Tensor  # m, 0 where it is -inf
     lt: Tensor  # the target's logit (0 where not owned)
     d: Tensor  # D = Σ_{j ≠ t} e_j
@@ -596,7 +597,8 @@ def local_rows(
         lt = logits.gather(1, t_safe)
         if owned is not None:
             lt = torch.where(owned, lt, 0.0)
-    m_safe = torch.where(m == _NEG_INF, 0.0, m)
+    dead = m == _NEG_INF
+    m_safe = torch.where(dead, 0.0, m)
     smooth = k = wu = None
     if eps > 0.0:
         assert masked is not None
@@ -612,7 +614,7 @@ def local_rows(
     e = logits.sub_(m_safe).exp_()
     if v > 0:
         e.scatter_(1, t_safe, 0.0 if owned is None else torch.where(owned, 0.0, e.gather(1, t_safe)))
-    return LocalRows(e, m, m_safe, lt, e.sum(1, keepdim=True), masked, th, smooth, k, wu)
+    return LocalRows(e, m, dead, m_safe, lt, e.sum(1, keepdim=True), masked, th, smooth, k, wu)
 
 
 class RowTerms(NamedTuple):
@@ -631,12 +633,15 @@ class RowTerms(NamedTuple):
 
 def row_terms(
     head: IndexHead, shift: Tensor, d: Tensor, m: Tensor, kept: Tensor, wt: Tensor | None,
-    smooth: Tensor | None, k: Tensor | None, wu: Tensor | None,
+    smooth: Tensor | None, k: Tensor | None, wu: Tensor | None, dead: Tensor | None = None,
+    out: Tensor | None = None,
 ) -> RowTerms:
     """The loss of each row from its (combined) statistics: ``shift = l_t - m_safe``, ``D``,
-    the max ``m`` (``-inf``: an all ``-inf`` row), ``kept`` (a target to score)."""
+    the max ``m`` (``-inf``: an all ``-inf`` row; ``dead``: ``m == -inf`` when known), ``kept``
+    (a target to score). ``out`` ``(n, 2)``: where to write the loss and the row weight (the
+    head's output, no concatenation)."""
     eps, zl = head.label_smoothing, head.z_loss
-    dead = m == _NEG_INF
+    dead = m == _NEG_INF if dead is None else dead
     # the row core's formula (rows.target_nll): S - 1 = D + expm1(-w), -log p_t = log S + w;
     # on all -inf rows z = -inf and D = 0: S = 1 there (log p_t = -inf, finite scales)
     sm1, log_s, nll = target_nll(shift.neg(), d, dead=dead)
@@ -660,8 +665,13 @@ def row_terms(
         z_row = zl * lse.square()
         loss = loss + (z_row if wt is None else wt * z_row)
     valid = kept & ~dead
-    loss = torch.where(valid, loss, 0.0)
-    row_w = valid.to(loss.dtype) if wt is None else torch.where(valid, wt, 0.0)
+    if out is None:
+        loss = torch.where(valid, loss, 0.0)
+        row_w = valid.to(loss.dtype) if wt is None else torch.where(valid, wt, 0.0)
+    else:
+        zero = loss.new_zeros(())  # (where's out= takes no Python scalar)
+        loss = torch.where(valid, loss, zero, out=out[:, :1])
+        row_w = out[:, 1:].copy_(valid) if wt is None else torch.where(valid, wt, zero, out=out[:, 1:])
     return RowTerms(loss, row_w, valid, sm1, lse, a_focal, wt, k, wu)
 
 
@@ -746,8 +756,8 @@ class IndexHead(Head):
         loc = local_rows(u, t_safe, None, cw, self.label_smoothing, self.softcap)
         wt = None if cw is None else cw.gather(0, t_safe.squeeze(1)).unsqueeze(1)
         shift = loc.lt - loc.m_safe
-        r = row_terms(self, shift, loc.d, loc.m, kept, wt, loc.smooth, loc.k, loc.wu)
-        out = torch.cat([r.loss, r.row_w], 1)
+        out = u.new_empty((u.shape[0], 2))
+        r = row_terms(self, shift, loc.d, loc.m, kept, wt, loc.smooth, loc.k, loc.wu, loc.dead, out)
         if grad_out is None:
             return out, None
         a_over_s, beta, delta = row_scales(self, r, grad_out[:, :1])
