@@ -501,6 +501,27 @@ def linear_chunks(
     input, weight and bias that requires grad (first order); a stream with nothing requiring
     grad gets no backward work. The backward recomputes each chunk's logits; bf16/fp16 weights
     are never copied to float32 whole.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class NegLogProb(Head):  # -log_softmax(u)[t]
+        ...     def forward(self, logits, rows):
+        ...         return -logits[0].log_softmax(1).gather(1, rows[0][:, None])
+        ...     def backward(self, logits, rows, grad_out):
+        ...         g = logits[0].softmax(1) * grad_out
+        ...         return (g.scatter_add(1, rows[0][:, None], -grad_out),)
+        >>> x, w = torch.randn(5, 3, requires_grad=True), torch.randn(7, 3)
+        >>> t = torch.tensor([0, 6, 2, 2, 5])
+        >>> out = linear_chunks(NegLogProb(), [(x, w, None)], [t], chunk_size=2)
+        >>> out.shape
+        torch.Size([5, 1])
+        >>> ref = torch.nn.functional.cross_entropy(x @ w.T, t, reduction="none")
+        >>> torch.allclose(out[:, 0], ref)
+        True
+        >>> out.sum().backward()
+        >>> x.grad.shape
+        torch.Size([5, 3])
     """
     flat, chunk, cd, _ = _flatten("linear_chunks", streams, rows, chunk_size, dtype)
     # compiled: the head as constants and its numeric values (see Packed)
