@@ -58,7 +58,7 @@ SPEC = OpSpec(
     "torch.nn.functional.linear_cross_entropy",
     reference="cross_entropy of the float64 logits",
     tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
-    elsewhere=("options", "process_group", "vocab_start"),
+    elsewhere=("options", "process_group", "vocab_start", "normalizer"),
 )
 FOCAL_SPEC = OpSpec(
     "linear_focal_loss",
@@ -66,7 +66,7 @@ FOCAL_SPEC = OpSpec(
     replaces="focal_loss(F.linear(input, linear_weight, linear_bias), target)",
     reference="focal_loss of the float64 logits",
     tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
-    elsewhere=("options", "process_group", "vocab_start"),
+    elsewhere=("options", "process_group", "vocab_start", "normalizer"),
 )
 
 # torch >= 2.13's options class (None on older torch, where ``options`` must be None)
