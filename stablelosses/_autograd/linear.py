@@ -13,7 +13,8 @@ Only ``n × Σ V_k`` logits exist at once. A weight narrower than the compute dt
 converted one vocabulary block of ``W_BLOCK_BYTES`` at a time, never whole; its gradient is
 accumulated across chunks in a ``(V, H)`` accumulator in the compute dtype. Eagerly the loop is a
 Python loop; while compiling it runs inside the custom op ``stablelosses::linear_chunks`` (the
-head passed as a registry key), so the compiled graph does not depend on ``N``.
+head passed as the registry key of its class and fields, its ``numeric`` fields as float
+arguments, which may be symbolic), so the compiled graph does not depend on ``N``.
 
 Two Functions: :func:`linear_chunks` returns the per-row outputs and its backward recomputes each
 chunk's logits, where ``grad_out`` is known; :func:`linear_chunks_reduced` (the fast path of a
@@ -49,7 +50,12 @@ class Head:
 
     Subclasses are frozen dataclasses (hashable, constant under ``torch.compile``): the engine
     passes the head itself through ``autograd.Function`` and, while compiling, a registry key to
-    its custom op. ``n_out``: the number of per-row outputs.
+    its custom op. ``n_out``: the number of per-row outputs. ``numeric``: the names of the float
+    fields (``None`` allowed) that a compiled caller may pass as Python floats that vary between
+    calls (``dynamic=True`` makes them symbolic): they travel as arguments of the op, the other
+    fields must be constants. The head is called on the chunk's tensors only (no autograd: its
+    ``backward`` is the gradient, computed by hand); ``rows`` is the chunk's rows of the per-row
+    tensors, then the ``consts`` of the call, whole.
     """
 
     n_out: int = 1
@@ -77,9 +83,6 @@ class Head:
         default runs ``forward`` on a copy; a head overrides it to share its passes."""
         out = self.forward(tuple(u.clone() for u in logits), rows)
         return out, self.backward(logits, rows, grad_out)
-
-
-Stream = tuple[Tensor, Tensor, "Tensor | None"]
 
 
 def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
