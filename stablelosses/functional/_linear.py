@@ -13,11 +13,11 @@ from torch import Tensor
 
 from stablelosses._autograd.linear import (
     CHUNK_BYTES,
-    IndexHead,
     default_chunk_size,
     linear_chunks,
     linear_chunks_reduced,
 )
+from stablelosses._autograd.linear_index import IndexHead
 from stablelosses._compat import forward_ad_active
 from stablelosses._spec import (
     CHUNK_SIZE,

@@ -36,16 +36,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.linear import (
+from stablelosses._autograd.linear import _returned, default_chunk_size, run_chunks
+from stablelosses._autograd.linear_index import (
     IndexHead,
     RowTerms,
     ShardGrad,
     ShardStats,
-    _returned,
-    default_chunk_size,
     row_scales,
     row_terms,
-    run_chunks,
 )
 from stablelosses._utils import cast, check_floating, check_tensor, promote_types
 
