@@ -124,6 +124,18 @@ def softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
     return _softmax_bwd(grad, output, dim, output.dtype)
 
 
+def assume_constant_result(fn: Any) -> Any:
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo``.
+
+    torch's decorator imports Dynamo (and with it inductor and triton, about a second) only to
+    set one attribute that Dynamo reads when it traces a call of ``fn``; setting it here keeps
+    ``import stablelosses`` light. ``tests/test_compat.py`` checks that torch's decorator sets
+    the same attribute. Fallback: none needed (an attribute Dynamo does not read is harmless).
+    """
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def log_softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
     """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel.
 

@@ -200,3 +200,18 @@ def test_fallback_of_is_zero_tensor():
         pass
 
     assert _compat.is_zero_tensor(NoProbe()) is False  # type: ignore[arg-type]
+
+
+def test_assume_constant_result_marks_what_torch_marks():
+    import torch._dynamo
+
+    def f():
+        return 1
+
+    def g():
+        return 1
+
+    torch._dynamo.assume_constant_result(f)
+    _compat.assume_constant_result(g)
+    marked = {k for k in vars(f) if "dynamo" in k}
+    assert marked and marked == {k for k in vars(g) if "dynamo" in k}
