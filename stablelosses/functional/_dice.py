@@ -7,26 +7,26 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stablelosses._spec import OPTIONAL_NONEMPTY_DIMS, REDUCTION, SMOOTH, Arg, OpSpec
+from stablelosses._spec import check_dims, check_finite_nonnegative, check_reduction
 from stablelosses._utils import (
     broadcasts_to,
     cast,
     check_floating,
     check_tensor,
     operand_dtypes,
+    reduce,
     wrap_dims,
 )
-from stablelosses.functional._masked import check_mask, reduce_masked
+from stablelosses.functional._masked import check_mask
 
 _FN = "dice_loss"
 
-SPEC = OpSpec(
-    "dice_loss",
-    (Arg("dims", OPTIONAL_NONEMPTY_DIMS), Arg("reduction", REDUCTION), Arg("smooth", SMOOTH)),
-    replaces="the soft Dice snippet (smp's and MONAI's DiceLoss)",
-    reference="1 − (2 Σ p·t + smooth) / (Σ p + Σ t + smooth) per sample, in float64",
-    tensors=("input", "target", "mask"),
-)
+
+def check_dice_args(fn: str, dims: object, reduction: object, smooth: object) -> tuple[str, float]:
+    """``(reduction, smooth)`` checked, and what of ``dims`` needs no input (ints, not an empty
+    list; its range is checked against the input): also by ``DiceLoss`` at construction."""
+    check_dims(fn, "dims", dims, empty=False, optional=True)
+    return check_reduction(fn, reduction), check_finite_nonnegative(fn, "smooth", smooth)
 
 
 def _dice_dims(dims: object, ndim: int) -> tuple[int, ...]:
@@ -142,7 +142,7 @@ def dice_loss(
     """
     x = check_floating(_FN, "input", input)
     t = check_tensor(_FN, "target", target)
-    reduction, s = SPEC.check(reduction, smooth)
+    reduction, s = check_dice_args(_FN, dims, reduction, smooth)
     reduce_dims = _dice_dims(dims, x.ndim)
     if not broadcasts_to(t.shape, x.shape):
         raise ValueError(
@@ -161,4 +161,4 @@ def dice_loss(
     empty = denom == 0
     # Double where: a safe divisor, then the defined 0 on both-empty samples.
     loss = torch.where(empty, 0.0, diff / torch.where(empty, 1.0, denom))
-    return cast(reduce_masked(loss, m, reduction), out_dtype)
+    return cast(reduce(loss, reduction, m), out_dtype)
