@@ -265,10 +265,10 @@ def test_reduce_with_a_mask_each_reduction():
 
 
 def test_reduce_weighted_mean_is_zero_over_nothing_only_when_masked():
+    ignored = torch.zeros(2)  # every row ignored: loss 0, weight 0
+    assert reduce(ignored, "mean", weight=ignored).isnan()  # torch's 0 / 0 for an unmasked mean
+    assert reduce(ignored, "mean", weight=ignored, masked=True).item() == 0.0
     loss = torch.tensor([1.0, 2.0])
-    w = torch.zeros(2)
-    assert reduce(loss, "mean", weight=w).isnan()  # torch's 0 / 0 for an unmasked mean
-    assert reduce(loss, "mean", weight=w, masked=True).item() == 0.0
     assert reduce(loss, "mean", weight=torch.tensor([1.0, 3.0])).item() == 3.0 / 4.0
 
 
