@@ -25,7 +25,7 @@ from stablelosses._spec import (
     check_label_smoothing,
     check_reduction,
 )
-from stablelosses._utils import legacy_reduction
+from stablelosses._utils import check_floating, legacy_reduction
 from stablelosses.functional._cross_entropy import check_cross_entropy_args
 from stablelosses.functional._dice import check_dice_args
 from stablelosses.functional._focal import check_focal_loss_args
@@ -78,6 +78,8 @@ class _WeightedLoss(_Loss, _TorchWeightedLoss):
     weight: Tensor | None
 
     def __init__(self, weight: Tensor | None, **config: object) -> None:
+        if weight is not None:  # its shape needs the input's classes: the function checks it
+            check_floating(type(self).__name__, "weight", weight)
         super().__init__(**config)
         self.register_buffer("weight", weight)
 

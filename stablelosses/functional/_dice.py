@@ -81,10 +81,22 @@ def dice_loss(
     are both empty ($\sum p + \sum t = 0$) gives **0**: both are the empty set, a perfect match
     (``1 − 0/0`` is NaN in the hand-written formula). With ``smooth > 0`` it is the smoothed
     formula above everywhere (both empty: $s/s$, loss 0), MONAI's convention (``smooth_nr =
-    smooth_dr = s``). It is not segmentation_models_pytorch's: smp ≥ 0.4's ``smooth=s`` equals
-    ``smooth=2s`` here, and smp's ``DiceLoss`` scores each class over the whole batch, where
-    this scores each sample (move the class dimension first and pass ``dims`` to get smp's
-    grouping).
+    smooth_dr = s``).
+
+    **segmentation_models_pytorch.** smp's ``DiceLoss`` differs in three ways. It scores each
+    *class over the whole batch* (sums over the batch and the pixels, ``dims=(0, 2)`` on
+    ``(N, C, H·W)``), where this scores each sample. Its ``smooth`` enters as
+    $(I + s)/(\tfrac12(\sum p + \sum t) + s)$ since smp 0.4 (a Tversky score with
+    $\alpha = \beta = \tfrac12$), which is ``smooth=2s`` here ($I = \sum p\,t$ for a 0/1
+    target). And it zeroes the loss of a class with no target pixel, then averages over all the
+    classes. With probabilities ``p`` and a 0/1 target ``t`` of shape $(N, C, *)$, smp's
+    ``DiceLoss(mode, from_logits=False, smooth=s)(p, t)`` is (up to its ``eps = 1e-7``
+    floor on the denominator):
+
+    ```python
+    (dice_loss(p.movedim(1, 0), t.movedim(1, 0), smooth=2 * s, reduction="none")
+     * (t.movedim(1, 0).flatten(1).sum(1) > 0)).mean()
+    ```
 
     **Gradient.** $\partial\ell/\partial p_i = \big((1 - 2t_i) - \ell\big)/D$ with
     $D = \sum p + \sum t + s$ (and the same with $p$ and $t$ swapped for ``target``), autograd
