@@ -84,7 +84,7 @@ def dice_loss(
     smooth_dr = s``).
 
     **segmentation_models_pytorch.** smp's ``DiceLoss`` differs in three ways. It scores each
-    *class over the whole batch* (sums over the batch and the pixels, ``dims=(0, 2)`` on
+    class over the whole batch (sums over the batch and the pixels, ``dims=(0, 2)`` on
     ``(N, C, H·W)``), where this scores each sample. Its ``smooth`` enters as
     $(I + s)/(\tfrac12(\sum p + \sum t) + s)$ since smp 0.4 (a Tversky score with
     $\alpha = \beta = \tfrac12$), which is ``smooth=2s`` here ($I = \sum p\,t$ for a 0/1
