@@ -83,8 +83,8 @@ def dice_loss(
     formula above everywhere (both empty: $s/s$, loss 0), MONAI's convention (``smooth_nr =
     smooth_dr = s``).
 
-    **segmentation_models_pytorch.** smp's ``DiceLoss`` differs in three ways. It scores each
-    class over the whole batch (sums over the batch and the pixels, ``dims=(0, 2)`` on
+    **segmentation_models_pytorch.** smp's ``DiceLoss`` differs in three ways. It scores
+    each class over the whole batch (sums over the batch and the pixels, ``dims=(0, 2)`` on
     ``(N, C, H·W)``), where this scores each sample. Its ``smooth`` enters as
     $(I + s)/(\tfrac12(\sum p + \sum t) + s)$ since smp 0.4 (a Tversky score with
     $\alpha = \beta = \tfrac12$), which is ``smooth=2s`` here ($I = \sum p\,t$ for a 0/1
