@@ -52,10 +52,11 @@ class _Loss(_TorchLoss):
     _function: Callable[..., Tensor]
 
     def __init__(self, **config: object) -> None:
-        config["reduction"] = check_reduction(type(self).__name__, config["reduction"], self._reductions)
+        reduction = config["reduction"] = check_reduction(type(self).__name__, config["reduction"],
+                                                          self._reductions)
         # torch's _Loss (and _WeightedLoss, with weight None until ours registers it) keeps the
         # reduction, as torch's own modules do
-        super().__init__(reduction=config["reduction"])
+        super().__init__(reduction=reduction)
         for name in self._config:
             setattr(self, name, config[name])
 

@@ -165,7 +165,7 @@ def _module_cases():
     from test_specs import ARGS, DIM_KINDS
 
     for cls, (fn, _, _) in MODULES.items():
-        for name, (good, bad) in ARGS[fn].items():
+        for name, (_, bad) in ARGS[fn].items():
             for value, error in bad:
                 if id(bad) in DIM_KINDS and error is not TypeError and value != ():
                     continue

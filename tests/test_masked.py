@@ -272,6 +272,34 @@ def test_reduce_weighted_mean_is_zero_over_nothing_only_when_masked():
     assert reduce(loss, "mean", weight=torch.tensor([1.0, 3.0])).item() == 3.0 / 4.0
 
 
+def test_errors_name_function_and_argument():
+    x = torch.randn(2, 3)
+    with pytest.raises(TypeError, match="masked_mean: input must be a floating-point tensor"):
+        SF.masked_mean(torch.ones(2, dtype=torch.long), torch.ones(2, dtype=torch.bool))
+    with pytest.raises(TypeError, match="masked_mean: mask must have dtype torch.bool"):
+        SF.masked_mean(x, torch.ones(2, 3))
+    with pytest.raises(TypeError, match="masked_mean: mask must be a bool torch.Tensor"):
+        SF.masked_mean(x, [True, False])
+    with pytest.raises(ValueError, match=r"masked_mean: mask of shape \(4, 2, 3\) does not broadcast"):
+        SF.masked_mean(x, torch.ones(4, 2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="masked_mean: dim has repeated dimensions"):
+        SF.masked_mean(x, torch.ones(2, 3, dtype=torch.bool), (0, -2))
+    with pytest.raises(IndexError, match="masked_mean: dim out of range"):
+        SF.masked_mean(x, torch.ones(2, 3, dtype=torch.bool), 2)
+    with pytest.raises(TypeError, match="masked_mean: keepdim must be a bool"):
+        SF.masked_mean(x, torch.ones(2, 3, dtype=torch.bool), 0, 1)
+    with pytest.raises(TypeError, match="entropy: logits must be a floating-point tensor"):
+        SF.entropy(torch.ones(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"entropy: mask of shape \(3, 1\) does not broadcast to logits"):
+        SF.entropy(x, mask=torch.ones(3, dtype=torch.bool).reshape(3, 1))
+    with pytest.raises(IndexError, match="entropy: dim out of range"):
+        SF.entropy(x, 2)
+    with pytest.raises(ValueError, match="my_loss: mask of shape"):
+        check_mask("my_loss", torch.ones(3, dtype=torch.bool), torch.Size([2]), "the unreduced loss")
+    assert sl.masked_mean is SF.masked_mean and sl.entropy is SF.entropy
+
+
+@pytest.mark.slow
 def test_compile_fullgraph():
     x = torch.tensor([[0.5, -INF, 2.0], [-INF, -INF, -INF]])
     mask = torch.tensor([[True, True, False], [False, False, False]])
