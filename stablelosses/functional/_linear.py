@@ -128,7 +128,7 @@ def _check_args(
                 f"{fn}: target must have shape {list((*x.shape[:-1], *out))} (input's without H"
                 f"{', then d_1, ..., d_K' if out else ''}), got {list(t.shape)}"
             )
-    ii = -100 if ignore_index is None else ignore_index  # None: torch's default, -100
+    ii = -100 if ignore_index is None else check_int(fn, "ignore_index", ignore_index)  # None: torch's -100
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     assert isinstance(ii, int)  # checked there
     return ii, z, cap, chunk, _Shapes(probabilities, bool(out))
@@ -349,7 +349,7 @@ def _parallel(
 ) -> Tensor:
     """The vocabulary-parallel call, its scalar arguments checked as in the one-process one."""
     check_reduction(fn, reduction)
-    ii = -100 if ignore_index is None else ignore_index
+    ii = -100 if ignore_index is None else check_int(fn, "ignore_index", ignore_index)
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     eps = check_label_smoothing(fn, label_smoothing)
     if forward_ad_active():
