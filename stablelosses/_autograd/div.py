@@ -54,10 +54,9 @@ class _SafeDiv(torch.autograd.Function):
     """``a / b``, with ``fill`` where ``b == 0`` (a NaN ``a`` stays NaN there).
 
     Gradients where ``b == 0`` are 0 for both operands (for a finite incoming gradient);
-    elsewhere ``g / b`` for ``a`` and ``-(g · (a / b)) / b`` for ``b``, from the quotient
-    (``a / b²`` would overflow first), recomputed from the saved operands: the output is the
-    caller's and may be edited in place, as ``a / b``'s may. The forward-mode
-    derivative is ``ta / b - tb · (a / b) / b``, 0 where ``b == 0``.
+    elsewhere ``g / b`` for ``a`` and ``-(g · (a / b)) / b`` for ``b``, the quotient taken from
+    the saved output (``a / b²`` would overflow first). The forward-mode derivative is
+    ``ta / b - tb · (a / b) / b``, 0 where ``b == 0``.
     """
 
     generate_vmap_rule = True
@@ -69,16 +68,14 @@ class _SafeDiv(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         a, b, fill = inputs
-        ctx.save_for_backward(a, b)
-        ctx.save_for_forward(a, b)
+        ctx.save_for_backward(b, output)
+        ctx.save_for_forward(b, output)
         ctx.a_shape = a.shape
-        ctx.fill = fill
         ctx.fill_finite = math.isfinite(fill)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        a, b = ctx.saved_tensors
-        out = _safe_div(a, b, ctx.fill)  # the Function again: its own gradient in a double backward
+        b, out = ctx.saved_tensors
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         b_inf, zero = _inf_where_zero(b)
         d_a, d_b = _partials(b_inf, zero, out, grad, ctx.fill_finite, need)
@@ -88,8 +85,7 @@ class _SafeDiv(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, ta: Tensor, tb: Tensor, _: None) -> Tensor:
-        a, b = ctx.saved_tensors
-        out = _quotient(a, b, ctx.fill)
+        b, out = ctx.saved_tensors
         b_inf, zero = _inf_where_zero(b)
         d_a = _partials(b_inf, zero, out, ta, ctx.fill_finite, (True, False))[0]
         d_b = _partials(b_inf, zero, out, tb, ctx.fill_finite, (False, True), backward=False)[1]

@@ -48,10 +48,6 @@ class _Normalize(torch.autograd.Function):
 
     Backward: ``(g_y − c·⟨g_y, y⟩·w) / d + g_n·w`` with ``w = ∂n/∂x`` and ``c = 0`` where the
     ``eps`` clamp is active; defined 0 where ``d == 0`` (zero vector with ``eps = 0``).
-
-    Saves ``x`` and ``n``, not ``y``: ``y`` is the caller's and may be edited in place (as the
-    result of ``F.normalize`` may), so backward recomputes it with the forward's ops (the same
-    bits, and differentiable for the double backward).
     """
 
     generate_vmap_rule = True
@@ -77,15 +73,14 @@ class _Normalize(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, p, dim, eps = inputs
-        _, n = output
+        y, n = output
         ctx.p, ctx.dim, ctx.eps = p, dim, eps
-        ctx.save_for_backward(x, n)
-        ctx.save_for_forward(x, n)
+        ctx.save_for_backward(x, y, n)
+        ctx.save_for_forward(x, y, n)
 
     @staticmethod
     def backward(ctx, grad_y: Tensor, grad_n: Tensor):
-        x, n = ctx.saved_tensors
-        y = _normalize(x, ctx.p, ctx.dim, ctx.eps)[0]  # the Function again: its own double backward
+        x, y, n = ctx.saved_tensors
         w = _norm_direction(x, y, n, ctx.p, ctx.dim, ctx.eps)
         d, c = _denominator(n, ctx.eps)
         zero = d == 0
@@ -96,8 +91,7 @@ class _Normalize(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tx: Tensor, _p, _dim, _eps):
-        x, n = ctx.saved_tensors
-        y = _Normalize.forward(x, ctx.p, ctx.dim, ctx.eps)[0]
+        x, y, n = ctx.saved_tensors
         w = _norm_direction(x, y, n, ctx.p, ctx.dim, ctx.eps)
         d, c = _denominator(n, ctx.eps)
         zero = d == 0

@@ -68,4 +68,7 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0,
         )
     fill = check_fill("safe_div", fill)
     a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
-    return cast(_safe_div(a, b, float(fill)), out_dtype)
+    q = _safe_div(a, b, float(fill))
+    if q.requires_grad and q.dtype == out_dtype:
+        q = q.clone()  # backward saved q: the caller edits a copy in place, as a / b's result
+    return cast(q, out_dtype)

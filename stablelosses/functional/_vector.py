@@ -94,7 +94,14 @@ def normalize(
     out_dtype = x.dtype
     xc = x.reshape(1) if x.ndim == 0 else x
     xw = xc.to(compute_dtype(xc))
-    y = _normalize(xw, pf, d, e)[0] if pf >= 1.0 else _normalize_below_one(xw, pf, d, e)
+    if pf >= 1.0:
+        y = _normalize(xw, pf, d, e)[0]
+        if y.requires_grad and y.dtype == out_dtype:
+            # backward saved y: the caller edits a copy in place, as F.normalize's result (one
+            # pass here; recomputing y in backward would cost four)
+            y = y.clone()
+    else:
+        y = _normalize_below_one(xw, pf, d, e)
     if out is not None:
         return write_out("normalize", cast(y.reshape(x.shape), out_dtype), out, input)
     return cast(y.reshape(x.shape), out_dtype)
