@@ -5,10 +5,12 @@ value's type name for a ``TypeError``).
 
 The scalar types are those torch's argument parser takes for the same kind of argument:
 
-- an int: a Python ``int`` (an ``IntEnum`` too), a NumPy integer, or a 0-d integer tensor;
-  never a ``bool``, a float or a bool tensor;
-- a float: a Python ``int`` or ``float``, a NumPy number, or a 0-d real tensor that does not
-  require grad; a ``bool`` only where torch's parser takes one (``label_smoothing``);
+- an int: a Python ``int`` (an ``IntEnum`` too), a NumPy integer, or (where the torch twin
+  takes an int: ``ignore_index``, ``dim``) a 0-d integer tensor; never a ``bool``, a float or a
+  bool tensor;
+- a float: a Python ``int`` or ``float``, a NumPy number, or (where the torch twin takes a
+  float: ``label_smoothing``, ``eps``, ``p``) a 0-d real tensor that does not require grad; a
+  ``bool`` only where torch's parser takes one and it means something (``label_smoothing``);
 - a reduction: a ``str`` (a ``str`` subclass too: ``enum.StrEnum``, ``np.str_``);
 - a flag: a Python ``bool`` only (torch refuses an int, a NumPy bool and a tensor).
 

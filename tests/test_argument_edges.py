@@ -225,7 +225,7 @@ X = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
 T = torch.tensor([0, 2, 1, 2])
 
 
-class _Reduction(enum.StrEnum):
+class _Reduction(getattr(enum, "StrEnum", str), enum.Enum):  # 3.11+: enum.StrEnum
     SUM = "sum"
 
 
@@ -280,7 +280,7 @@ def test_scalar_types_as_torchs_parser(name, value, theirs, ours):
 
 
 def test_a_str_subclass_message_does_not_contradict_itself():
-    class R(enum.StrEnum):
+    class R(getattr(enum, "StrEnum", str), enum.Enum):
         AVG = "avg"
 
     with pytest.raises(ValueError, match=r"reduction must be 'none', 'mean' or 'sum', got 'avg' \(R\)$"):

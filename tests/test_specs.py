@@ -25,7 +25,7 @@ MASK = torch.tensor([[True, False, True]] * 4)
 INF, NAN = float("inf"), float("nan")
 
 
-class Reduction(enum.StrEnum):  # a typed config's reduction
+class Reduction(getattr(enum, "StrEnum", str), enum.Enum):  # a typed config's reduction (3.11+: StrEnum)
     SUM = "sum"
     AVG = "avg"
 
