@@ -164,16 +164,22 @@ def check_float_dtype(fn: str, name: str, value: object) -> Any:
 def check_dims(fn: str, name: str, value: object, *, empty: bool = True, optional: bool = False,
                tensor: bool = True) -> Any:
     """What a module can check of a dimension argument before it sees the input: ints (or a
-    list/tuple of them), not an empty list unless ``empty``. The range and repeats need the
-    input's ndim: the function checks them (``wrap_dims``)."""
+    list/tuple of them), not an empty list unless ``empty``, no dimension named twice the same
+    way. The range (and a repeat such as ``(1, -1)``) needs the input's ndim: the function
+    checks it (``wrap_dims``, with the same messages)."""
     if value is None and optional:
         return None
     seq = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if not seq and not empty:
         raise ValueError(f"{fn}: {name} must name at least one dimension, got ()")
+    ints = []
     for d in seq:
-        if _as_int(d, tensor) is None:
+        i = _as_int(d, tensor)
+        if i is None:
             raise TypeError(f"{fn}: {name} must be an int, got {type(d).__name__}")
+        ints.append(i)
+    if len(set(ints)) != len(ints):
+        raise ValueError(f"{fn}: {name} has repeated dimensions, got {seq}")
     return value
 
 

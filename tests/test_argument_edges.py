@@ -204,8 +204,8 @@ def test_module_constructor_raises_the_functions_error(cls, fn, name, value, err
 @pytest.mark.parametrize("make", [
     lambda: sl.CrossEntropyLoss(ignore_index=1.5), lambda: sl.CrossEntropyLoss(ignore_index=True),
     lambda: sl.FocalLoss(ignore_index=True), lambda: sl.DiceLoss(dims=()),
-    lambda: sl.CrossEntropyLoss(weight=torch.tensor([1, 2, 3])),
-], ids=["ce-float", "ce-bool", "focal-bool", "dice-empty-dims", "ce-int-weight"])
+    lambda: sl.CrossEntropyLoss(weight=torch.tensor([1, 2, 3])), lambda: sl.DiceLoss(dims=(1, 1)),
+], ids=["ce-float", "ce-bool", "focal-bool", "dice-empty-dims", "ce-int-weight", "dice-repeated-dims"])
 def test_issue_examples_raise_at_construction(make):
     with pytest.raises((TypeError, ValueError), match=r"^(CrossEntropyLoss|FocalLoss|DiceLoss): "):
         make()
