@@ -15,15 +15,16 @@ The scalar types are those torch's argument parser takes for the same kind of ar
 - a flag: a Python ``bool`` only (torch refuses an int, a NumPy bool and a tensor).
 
 A tensor given for an int or a float is read on the host, as torch's parser reads it: pass a
-Python number where the call must not sync. Every other check reads Python attributes only
-(``type``, comparisons of Python numbers), never a tensor's values: no host sync, and it traces
-under ``torch.compile``. The values each check allows and refuses are tried in
-``tests/test_specs.py``.
+Python number where the call must not sync. Under ``torch.compile`` Dynamo traces a NumPy
+scalar as a tensor, so a checked NumPy value can break the graph (``fullgraph=True`` refuses it
+where its value is compared, as for ``label_smoothing`` or ``dim``): pass Python numbers there.
+Every other check reads Python attributes only (``type``, comparisons of Python numbers), never
+a tensor's values: no host sync, and it traces under ``torch.compile``. The values each check
+allows and refuses are tried in ``tests/test_specs.py``.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -80,15 +81,29 @@ def check_flag(fn: str, name: str, value: object) -> bool:
     raise TypeError(f"{fn}: {name} must be a bool, got {type(value).__name__}")
 
 
+def _numpy_item(value: object) -> object:
+    """A NumPy scalar as the Python scalar it holds (``item``: Dynamo traces it, where it
+    traces neither ``int()`` of one nor its ``dtype``); anything else as it is."""
+    # an array is no scalar, as for torch's parser (a 0-d one too: refused); Dynamo traces a
+    # NumPy scalar as an array, so a compiled call cannot tell them apart
+    if _numpy(value) and hasattr(value, "item") and (
+            type(value).__name__ != "ndarray" or torch.compiler.is_compiling()):
+        return value.item()  # type: ignore[union-attr]
+    return value
+
+
 def _as_int(value: object, tensor: bool = True) -> int | None:
     """``value`` as an int where torch's parser takes it as one (a tensor only when
     ``tensor``), else ``None``."""
     t = type(value)
     if t is int:
         return value  # type: ignore[return-value]
-    if t is bool or (_numpy(value) and not isinstance(value, numbers.Integral)):
-        return None  # a NumPy bool is not Integral
-    if isinstance(value, (int, numbers.Integral)):
+    if _numpy(value):
+        value = _numpy_item(value)  # a NumPy integer holds an int, a NumPy bool a bool
+        t = type(value)
+    if t is bool:
+        return None
+    if isinstance(value, int):
         return int(value)  # an int subclass (IntEnum), a NumPy integer
     if tensor and isinstance(value, torch.Tensor) and value.dim() == 0 and not (
             value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
@@ -117,12 +132,11 @@ def _as_real(value: object, bools: bool, tensor: bool) -> float | None:
     t = type(value)
     if t is float or t is int:
         return float(value)  # type: ignore[arg-type]
+    if _numpy(value):
+        value = _numpy_item(value)  # a NumPy number holds an int or a float, a NumPy bool a bool
+        t = type(value)
     if t is bool:
         return float(value) if bools else None  # type: ignore[arg-type]
-    if _numpy(value):
-        if isinstance(value, numbers.Real):
-            return float(value)  # type: ignore[arg-type]
-        return float(value) if bools and t.__name__ in ("bool", "bool_") else None  # type: ignore[arg-type]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if tensor and isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad and not (
