@@ -446,3 +446,18 @@ def test_safe_div_rounding_mode_refused_with_the_reason():
     for mode in ("floor", "trunc"):
         with pytest.raises(NotImplementedError, match="safe_div: rounding_mode=.* gradient 0 everywhere"):
             SF.safe_div(X, X, rounding_mode=mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("call", [
+    lambda x: SF.log_softmax(x, 1, 3, torch.float64),
+    lambda x: SF.kl_div(x.log_softmax(1), x.detach().flip(0).softmax(1), None, None, "sum"),
+    lambda x: SF.cross_entropy(x, T, reduction=_Reduction.SUM),
+    lambda x: SF.normalize(x) * 2,
+    lambda x: SF.safe_div(x, x.detach() + 1),
+], ids=["log_softmax-legacy", "kl_div-legacy", "str-subclass-reduction", "normalize-copy", "safe_div-copy"])
+def test_call_forms_compile_fullgraph(call):
+    x = X.clone().requires_grad_()
+    torch._dynamo.reset()
+    got = torch.compile(call, fullgraph=True)(x)
+    torch.testing.assert_close(got, call(x))
