@@ -1,30 +1,46 @@
-r"""One declarative spec per public op: its Python-level arguments, what each allows, the torch
-function it replaces and its reference.
+r"""The argument checks of the public functions and the module classes: one plain function per
+kind of argument, each ``check_<kind>(fn, name, value, ...)`` returning the value to compute
+with or raising with one message form, ``"<fn>: <name> must be <allowed>, got <value>"`` (the
+value's type name for a ``TypeError``).
 
-A spec drives the op's argument checks and its generated tests (``tests/test_specs.py``):
-the wrapper in ``functional/_<op>.py`` calls ``SPEC.check(...)`` once with its scalar arguments,
-and every message has one form, ``"<fn>: <arg> must be <allowed>, got <value>"`` (the value's
-type name for a ``TypeError``). The kinds (`OneOf`, `Flag`, `Int`, `Real`, `Dim`) carry sample
-values that pass and that fail, so a new argument is one `Arg` line with a kind, and it gets
-its check, its message and its tests.
+The scalar types are those torch's argument parser takes for the same kind of argument:
 
-The checks read Python attributes only (``type``, ``isinstance``, comparisons of Python
-numbers), never a tensor's values: no host sync, and they trace under ``torch.compile``.
+- an int: a Python ``int`` (an ``IntEnum`` too), a NumPy integer, or (where the torch twin
+  takes an int: ``ignore_index``, ``dim``) a 0-d integer tensor; never a ``bool``, a float or a
+  bool tensor;
+- a float: a Python ``int`` or ``float``, a NumPy number, or (where the torch twin takes a
+  float: ``label_smoothing``, ``eps``, ``p``) a 0-d real tensor that does not require grad; a
+  ``bool`` only where torch's parser takes one and it means something (``label_smoothing``);
+- a reduction: a ``str`` (a ``str`` subclass too: ``enum.StrEnum``, ``np.str_``);
+- a flag: a Python ``bool`` only (torch refuses an int, a NumPy bool and a tensor).
+
+A tensor given for an int or a float is read on the host, as torch's parser reads it: pass a
+Python number where the call must not sync. Under ``torch.compile`` Dynamo traces a NumPy
+scalar as a tensor, so a checked NumPy value can break the graph (``fullgraph=True`` refuses it
+where its value is compared, as for ``label_smoothing`` or ``dim``): pass Python numbers there.
+Every other check reads Python attributes only (``type``, comparisons of Python numbers), never
+a tensor's values: no host sync, and it traces under ``torch.compile``. The values each check
+allows and refuses are tried in ``tests/test_specs.py``.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Arg", "OpSpec", "OneOf", "Flag", "Int", "Real", "FloatDtype", "Dim", "SPECS", "spec"]
+__all__ = [
+    "REDUCTIONS", "KL_REDUCTIONS", "quoted", "check_reduction", "check_flag", "check_int",
+    "check_real", "check_float_dtype", "check_dims",
+    "check_nonnegative", "check_finite_nonnegative", "check_label_smoothing", "check_temperature",
+    "check_alpha", "check_p_norm", "check_z_loss", "check_softcap", "check_chunk_size", "check_fill",
+]
 
+REDUCTIONS = ("none", "mean", "sum")
+KL_REDUCTIONS = ("none", "batchmean", "mean", "sum")  # F.kl_div's
 _F32_MAX = torch.finfo(torch.float32).max
-Bad = tuple[tuple[Any, type[Exception]], ...]  # (value, the exception it raises)
+Rule = tuple[str, Callable[[float], bool]]  # (the allowed values in words, the test)
 
 
 def quoted(values: Sequence[str]) -> str:
@@ -33,219 +49,156 @@ def quoted(values: Sequence[str]) -> str:
     return q[0] if len(q) == 1 else ", ".join(q[:-1]) + " or " + q[-1]
 
 
-def _real(v: object, bools: bool) -> bool:
-    """Whether ``v`` is a real Python or NumPy number (a bool only when ``bools``); a tensor is not."""
-    t = type(v)
-    if t is float or t is int:
-        return True
-    if t is bool:
-        return bools
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+def _shown(value: object) -> str:
+    """``value`` as a message shows it: a ``str`` subclass (``StrEnum``) as its text and type,
+    so the message never reads "must be 'sum', got <R.SUM: 'sum'>"."""
+    if isinstance(value, str) and type(value) is not str:
+        return f"{str.__str__(value)!r} ({type(value).__name__})"
+    return repr(value)
 
 
-class Kind:
-    """What one argument allows. ``check`` returns the value to compute with or raises."""
-
-    good: tuple[Any, ...] = ()
-    bad: Bad = ()
-    shape_dependent = False  # checked against the input's ndim by its wrapper (``wrap_dim``)
-
-    def check(self, fn: str, name: str, value: object) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
+def _numpy(value: object) -> bool:
+    return type(value).__module__ == "numpy"
 
 
-@dataclass(frozen=True)
-class OneOf(Kind):
-    """A string out of ``values`` (``ValueError``). ``prefix``: words before the argument's name
-    (torchvision's ``Invalid reduction:``)."""
-
-    values: tuple[str, ...]
-    prefix: str = ""
-    good: tuple[Any, ...] = ()
-    bad: Bad = (("avg", ValueError), (None, ValueError), (1, ValueError))
-
-    def __post_init__(self) -> None:
-        if not self.good:
-            object.__setattr__(self, "good", self.values)
-
-    def check(self, fn: str, name: str, value: object) -> str:
-        if type(value) is str and value in self.values:
-            return value
-        raise ValueError(f"{fn}: {self.prefix}{name} must be {quoted(self.values)}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class Flag(Kind):
-    """A bool, and nothing else (``TypeError``): not an int, a string or a tensor."""
-
-    good: tuple[Any, ...] = (True, False)
-    bad: Bad = ((1, TypeError), ("yes", TypeError), (None, TypeError))
-
-    def check(self, fn: str, name: str, value: object) -> bool:
-        if type(value) is bool:
-            return value
-        raise TypeError(f"{fn}: {name} must be a bool, got {type(value).__name__}")
-
-
-@dataclass(frozen=True)
-class Int(Kind):
-    """An int, not a bool (``TypeError``: ``True`` would silently be 1); ``None`` when
-    ``optional``; at least ``minimum`` when given (``ValueError``)."""
-
-    minimum: int | None = None
-    optional: bool = False
-    good: tuple[Any, ...] = (0, 5, -100)
-    bad: Bad = ((True, TypeError), (False, TypeError), (1.0, TypeError), ("1", TypeError))
-
-    def check(self, fn: str, name: str, value: object) -> int | None:
-        if value is None and self.optional:
-            return None
-        if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
-            words = "an int or None" if self.optional else "an int"
-            raise TypeError(f"{fn}: {name} must be {words}, got {type(value).__name__}")
-        if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"{fn}: {name} must be >= {self.minimum}, got {value}")
-        return int(value)
-
-
-Rule = tuple[str, Callable[[float], bool]]  # (the allowed values in words, the test)
-
-
-@dataclass(frozen=True)
-class Real(Kind):
-    """A real number (Python or NumPy; a bool only with ``bools``, as torch's float arguments
-    take one), returned as a float. ``rules``: ``(words, test)`` pairs tried in order; the first
-    that fails raises ``error`` with its words. ``optional``: ``None`` passes; ``tensor0d``: a
-    0-dim tensor passes unchecked (a learnable value; reading it would sync)."""
-
-    rules: tuple[Rule, ...] = ()
-    type_words: str = "a float"
-    bools: bool = False
-    optional: bool = False
-    tensor0d: bool = False
-    error: type[Exception] = ValueError
-    good: tuple[Any, ...] = ()
-    bad: Bad = ()
-
-    def check(self, fn: str, name: str, value: object) -> Any:
-        if value is None and self.optional:
-            return None
-        if self.tensor0d and isinstance(value, torch.Tensor):
-            if value.ndim != 0:
-                raise ValueError(f"{fn}: {name} must be a number or a 0-dim tensor, got shape "
-                                 f"{tuple(value.shape)}")
-            return value
-        if not _real(value, self.bools):
-            raise TypeError(f"{fn}: {name} must be {self.type_words}, got {type(value).__name__}")
-        v = float(value)  # type: ignore[arg-type]
-        for words, ok in self.rules:
-            if not ok(v):
-                raise self.error(f"{fn}: {name} must be {words}, got {value}")  # as given: -1, not -1.0
-        return v
-
-
-@dataclass(frozen=True)
-class FloatDtype(Kind):
-    """A floating-point ``torch.dtype`` or ``None`` (``TypeError``)."""
-
-    good: tuple[Any, ...] = (None, torch.float32, torch.float64, torch.float16)
-    bad: Bad = ((torch.int64, TypeError), ("float32", TypeError), (float, TypeError))
-
-    def check(self, fn: str, name: str, value: object) -> Any:
-        if value is None or (isinstance(value, torch.dtype) and value.is_floating_point):
-            return value
-        raise TypeError(f"{fn}: {name} must be a floating-point torch.dtype or None, got {value!r}")
-
-
-@dataclass(frozen=True)
-class Dim(Kind):
-    """A dimension of the input (``many``: or a list/tuple of them), checked by the wrapper
-    with ``wrap_dim``/``wrap_dims`` against the input's ndim: ``TypeError`` for a non-int,
-    ``IndexError`` out of range, ``ValueError`` for a repeat (and an empty list unless
-    ``empty``). Samples are for a 2-d input."""
-
-    many: bool = False
-    empty: bool = True
-    optional: bool = False  # None: every dimension
-    shape_dependent = True
-    good: tuple[Any, ...] = (0, 1, -1)
-    bad: Bad = ((2, IndexError), (-3, IndexError), (1.0, TypeError), (True, TypeError))
-
-    def __post_init__(self) -> None:
-        if self.many:
-            good = (*self.good, (0, 1), [1]) + (((),) if self.empty else ())
-            bad = (*self.bad, ((1, -1), ValueError)) + ((((), ValueError),) if not self.empty else ())
-            object.__setattr__(self, "good", good)
-            object.__setattr__(self, "bad", bad)
-        if self.optional:
-            object.__setattr__(self, "good", (None, *self.good))
-
-    def check(self, fn: str, name: str, value: object) -> Any:  # by wrap_dim(s), with the ndim
+def check_reduction(fn: str, value: object, allowed: Sequence[str] = REDUCTIONS, prefix: str = "",
+                    name: str = "reduction") -> str:
+    """One of ``allowed`` as a plain ``str`` (``ValueError`` otherwise, as torch's). ``prefix``:
+    words before the argument's name (torchvision's ``Invalid reduction:``)."""
+    if type(value) is str and value in allowed:
         return value
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One Python-level argument of an op and what it allows."""
-
-    name: str
-    kind: Kind
-
-    def check(self, fn: str, value: object) -> Any:
-        return self.kind.check(fn, self.name, value)
-
-
-SPECS: dict[str, OpSpec] = {}
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """The spec of the public function ``name``.
-
-    ``args``: its scalar arguments in the order ``check`` takes them (every parameter that is
-    not a tensor); ``tensors``: its tensor arguments, checked on dtype and shape by the wrapper;
-    ``elsewhere``: the parameters the spec does not cover: torch's deprecated
-    ``size_average``/``reduce`` (accepted as torch does) and objects with their own checks
-    (``options``, ``process_group``, ``vocab_start``). ``replaces``: the torch (or
-    ecosystem) function it stands in for; ``reference``: what its values and tests are held to.
-    Creating a spec registers it in `SPECS`.
-    """
-
-    name: str
-    args: tuple[Arg, ...]
-    replaces: str
-    reference: str
-    tensors: tuple[str, ...] = ()
-    elsewhere: tuple[str, ...] = ()
-    _checked: tuple[Arg, ...] = field(default=(), repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_checked", tuple(a for a in self.args if not a.kind.shape_dependent))
-        SPECS[self.name] = self
-
-    def arg(self, name: str) -> Arg:
-        for a in self.args:
-            if a.name == name:
+    if isinstance(value, str):
+        for a in allowed:
+            if value == a:
                 return a
-        raise KeyError(f"{self.name} has no argument {name!r}")
-
-    def check(self, *values: object) -> list[Any]:
-        """The checked values of the non-dimension ``args``, given in their order."""
-        return self.check_as(self.name, *values)
-
-    def check_as(self, fn: str, *values: object) -> list[Any]:
-        """`check`, with ``fn`` naming the caller in the messages (a module class)."""
-        return [a.kind.check(fn, a.name, v) for a, v in zip(self._checked, values)]
+    raise ValueError(f"{fn}: {prefix}{name} must be {quoted(allowed)}, got {_shown(value)}")
 
 
-def spec(name: str) -> OpSpec:
-    """The spec of the public function ``name``."""
-    return SPECS[name]
+def check_flag(fn: str, name: str, value: object) -> bool:
+    """A Python ``bool``, and nothing else (``TypeError``), as torch's bool arguments."""
+    if type(value) is bool:
+        return value
+    raise TypeError(f"{fn}: {name} must be a bool, got {type(value).__name__}")
 
 
-# ---------------------------------------------------------------------------------- the kinds
-# The arguments several ops share, defined once: the same values pass and the same message
-# fails everywhere.
+def _numpy_item(value: object) -> object:
+    """A NumPy scalar as the Python scalar it holds (``item``: Dynamo traces it, where it
+    traces neither ``int()`` of one nor its ``dtype``); anything else as it is."""
+    # an array is no scalar, as for torch's parser (a 0-d one too: refused); Dynamo traces a
+    # NumPy scalar as an array, so a compiled call cannot tell them apart
+    if _numpy(value) and hasattr(value, "item") and (
+            type(value).__name__ != "ndarray" or torch.compiler.is_compiling()):
+        return value.item()  # type: ignore[union-attr]
+    return value
+
+
+def _as_int(value: object, tensor: bool = True) -> int | None:
+    """``value`` as an int where torch's parser takes it as one (a tensor only when
+    ``tensor``), else ``None``."""
+    t = type(value)
+    if t is int:
+        return value  # type: ignore[return-value]
+    if _numpy(value):
+        value = _numpy_item(value)  # a NumPy integer holds an int, a NumPy bool a bool
+        t = type(value)
+    if t is bool:
+        return None
+    if isinstance(value, int):
+        return int(value)  # an int subclass (IntEnum), a NumPy integer
+    if tensor and isinstance(value, torch.Tensor) and value.dim() == 0 and not (
+            value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+        return int(value)  # a host read, as torch's parser's
+    return None
+
+
+def check_int(fn: str, name: str, value: object, *, minimum: int | None = None,
+              optional: bool = False, tensor: bool = False) -> Any:
+    """An int (see the module's list; ``TypeError`` for a bool: ``True`` would silently be 1);
+    ``None`` when ``optional``; at least ``minimum`` when given (``ValueError``); a 0-d integer
+    tensor only with ``tensor`` (where the torch twin takes one)."""
+    if value is None and optional:
+        return None
+    v = _as_int(value, tensor)
+    if v is None:
+        words = "an int or None" if optional else "an int"
+        raise TypeError(f"{fn}: {name} must be {words}, got {type(value).__name__}")
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
+    return v
+
+
+def _as_real(value: object, bools: bool, tensor: bool) -> float | None:
+    """``value`` as a float where torch's parser takes it as one (a bool only when ``bools``)."""
+    t = type(value)
+    if t is float or t is int:
+        return float(value)  # type: ignore[arg-type]
+    if _numpy(value):
+        value = _numpy_item(value)  # a NumPy number holds an int or a float, a NumPy bool a bool
+        t = type(value)
+    if t is bool:
+        return float(value) if bools else None  # type: ignore[arg-type]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tensor and isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad and not (
+            value.is_complex() or (value.dtype == torch.bool and not bools)):
+        return float(value)  # a host read, as torch's parser's
+    return None
+
+
+def check_real(fn: str, name: str, value: object, rules: Sequence[Rule] = (), *,
+               type_words: str = "a float", bools: bool = False, optional: bool = False,
+               tensor: bool = False, error: type[Exception] = ValueError) -> Any:
+    """A real number as a float (see the module's list). ``rules``: ``(words, test)`` pairs tried
+    in order; the first that fails raises ``error`` with its words. ``optional``: ``None``
+    passes; ``tensor``: a 0-d tensor that does not require grad passes (where the torch twin
+    takes one)."""
+    if value is None and optional:
+        return None
+    v = _as_real(value, bools, tensor)
+    if v is None:
+        if tensor and isinstance(value, torch.Tensor) and (value.dim() != 0 or value.requires_grad):
+            raise TypeError(f"{fn}: {name} must be {type_words} (a tensor only 0-d, not requiring grad), "
+                            f"got a tensor of shape {tuple(value.shape)}"
+                            + (" that requires grad" if value.requires_grad else ""))
+        raise TypeError(f"{fn}: {name} must be {type_words}, got {type(value).__name__}")
+    for words, ok in rules:
+        if not ok(v):
+            shown = value if isinstance(value, (int, float)) else v  # as given: -1, not -1.0
+            raise error(f"{fn}: {name} must be {words}, got {shown}")
+    return v
+
+
+def check_float_dtype(fn: str, name: str, value: object) -> Any:
+    """A floating-point ``torch.dtype`` or ``None`` (``TypeError``)."""
+    if value is None or (isinstance(value, torch.dtype) and value.is_floating_point):
+        return value
+    raise TypeError(f"{fn}: {name} must be a floating-point torch.dtype or None, got {value!r}")
+
+
+def check_dims(fn: str, name: str, value: object, *, empty: bool = True, optional: bool = False,
+               tensor: bool = True) -> Any:
+    """What a module can check of a dimension argument before it sees the input: ints (or a
+    list/tuple of them), not an empty list unless ``empty``, no dimension named twice the same
+    way. The range (and a repeat such as ``(1, -1)``) needs the input's ndim: the function
+    checks it (``wrap_dims``, with the same messages)."""
+    if value is None and optional:
+        return None
+    seq = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not seq and not empty:
+        raise ValueError(f"{fn}: {name} must name at least one dimension, got ()")
+    ints = []
+    for d in seq:
+        i = _as_int(d, tensor)
+        if i is None:
+            raise TypeError(f"{fn}: {name} must be an int, got {type(d).__name__}")
+        ints.append(i)
+    if len(set(ints)) != len(ints):
+        raise ValueError(f"{fn}: {name} has repeated dimensions, got {seq}")
+    return value
+
+
+# ------------------------------------------------------------------- the arguments ops share
+# Defined once: the same values pass and the same message fails everywhere.
 
 
 def _nonneg(v: float) -> bool:
@@ -256,87 +209,63 @@ def _finite(v: float) -> bool:
     return v != float("inf")  # a comparison, not math.isinf: Dynamo traces it on a SymFloat
 
 
-REDUCTIONS = ("none", "mean", "sum")
-REDUCTION = OneOf(REDUCTIONS)
-REAL = Real(good=(0.0, 1, -2.5, float("inf"), float("nan")),
-            bad=(("0", TypeError), (True, TypeError), (None, TypeError), (1j, TypeError)))
-NONNEGATIVE = Real(
-    ((">= 0", _nonneg),),
-    good=(0.0, 0, 0.5, 1e30, float("inf")),
-    bad=((-1, ValueError), (-0.1, ValueError), (float("nan"), ValueError), ("0", TypeError),
-         (True, TypeError), (None, TypeError)),
-)
-FINITE_NONNEGATIVE = Real(
-    ((">= 0", _nonneg), ("finite and >= 0", _finite)),
-    good=(0.0, 0, 0.5, 2, 1e30),
-    bad=((-1, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
-         (1e309, ValueError), ("2", TypeError), (True, TypeError), (None, TypeError),
-         (torch.tensor(2.0), TypeError)),
-)
-GAMMA = FINITE_NONNEGATIVE
-# torch's cross_entropy parses label_smoothing as a float: a bool or a NumPy float passes, and a
-# value outside [0, 1] is its RuntimeError
-LABEL_SMOOTHING = Real(
-    (("between 0.0 and 1.0", lambda v: 0.0 <= v <= 1.0),),
-    bools=True, error=RuntimeError,
-    good=(0.0, 0, 0.1, 1.0, 1, True),
-    bad=((-0.1, RuntimeError), (1.5, RuntimeError), (float("nan"), RuntimeError), ("0.1", TypeError),
-         (None, TypeError)),
-)
-IGNORE_INDEX = Int()  # torch: a bool is refused, as every non-int
-# torch's linear_cross_entropy: None means -100
-OPTIONAL_IGNORE_INDEX = Int(optional=True, good=(None, 0, 5, -100))
-DIM = Dim()
-DIMS = Dim(many=True)
-NONEMPTY_DIMS = Dim(many=True, empty=False)
-KEEPDIM = Flag()
-# F.kl_div's reductions; torchvision's reduction message starts with "Invalid reduction:"
-KL_REDUCTION = OneOf(("none", "batchmean", "mean", "sum"))
-TORCHVISION_REDUCTION = OneOf(REDUCTIONS, prefix="Invalid reduction: ")
-FLAG = Flag()
-EPS = NONNEGATIVE
-SMOOTH = FINITE_NONNEGATIVE
-FILL = Real(type_words="a real number", good=(0.0, 1, -2.5, float("inf"), float("nan")),
-            bad=(("0", TypeError), (True, TypeError), (None, TypeError)))
-FLOAT_DTYPE = FloatDtype()
-OPTIONAL_DIMS = Dim(many=True, optional=True)
-OPTIONAL_NONEMPTY_DIMS = Dim(many=True, optional=True, empty=False)
-TEMPERATURE = Real(
-    (("a finite float > 0", lambda v: 0 < v < float("inf")),),
-    type_words="a float > 0", tensor0d=True,
-    good=(0.07, 1, 2.5, torch.tensor(0.5)),
-    bad=((0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), (float("nan"), ValueError),
-         ("0.1", TypeError), (True, TypeError), (None, TypeError), (torch.ones(2), ValueError)),
-)
-# [0, 1] (also rejects inf and NaN), or torchvision's -1 for no weighting: any other value
-# (1.5, -0.5, 1e300) would weight one class negatively or by a huge factor
-ALPHA = Real(
-    (("in [0, 1], or -1 for no weighting", lambda v: 0.0 <= v <= 1.0 or v == -1.0),),
-    good=(0.25, 0, 1.0, -1),
-    bad=((1.5, ValueError), (-0.5, ValueError), (float("nan"), ValueError), ("0.25", TypeError),
-         (True, TypeError), (None, TypeError)),
-)
-P_NORM = Real(
-    (("a number or inf", lambda v: v == v),),
-    type_words="a float (inf allowed)",
-    good=(2.0, 1, 0.5, float("inf")),
-    bad=((float("nan"), ValueError), ("2", TypeError), (True, TypeError), (None, TypeError)),
-)
-Z_LOSS = Real(
-    ((">= 0", _nonneg), ("finite", _finite)),
-    good=(0.0, 0, 1e-4, 1),
-    bad=((-1e-4, ValueError), (float("inf"), ValueError), (float("nan"), ValueError), ("0", TypeError),
-         (True, TypeError), (None, TypeError)),
-)
-# applied in float32 (or the input's wider dtype): above float32's max the cap becomes inf there
-# and c·tanh(u/c) is inf·0 = NaN
-SOFTCAP = Real(
-    ((f"None or a finite number > 0 and at most float32's max ({_F32_MAX:.4g})",
-      lambda v: 0 < v <= _F32_MAX),),
-    optional=True,
-    good=(None, 30.0, 1, 1e38),
-    bad=((0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), (float("nan"), ValueError),
-         ("30", TypeError), (True, TypeError)),
-)
-CHUNK_SIZE = Int(minimum=1, optional=True, good=(None, 1, 7, 4096),
-                 bad=((0, ValueError), (-1, ValueError), (True, TypeError), (2.0, TypeError)))
+def check_nonnegative(fn: str, name: str, value: object) -> float:
+    """``eps``: a float >= 0 (inf allowed; a 0-d tensor as torch's ``eps``)."""
+    return check_real(fn, name, value, ((">= 0", _nonneg),), tensor=True)
+
+
+def check_finite_nonnegative(fn: str, name: str, value: object) -> float:
+    """``gamma``, ``smooth``: a finite float >= 0."""
+    return check_real(fn, name, value, ((">= 0", _nonneg), ("finite and >= 0", _finite)))
+
+
+def check_label_smoothing(fn: str, value: object, name: str = "label_smoothing") -> float:
+    """torch's ``cross_entropy`` parses it as a float (a bool passes) and raises its
+    ``RuntimeError`` outside [0, 1]."""
+    return check_real(fn, name, value, (("between 0.0 and 1.0", lambda v: 0.0 <= v <= 1.0),),
+                      bools=True, tensor=True, error=RuntimeError)
+
+
+def check_temperature(fn: str, value: object, name: str = "temperature") -> Any:
+    """A finite float > 0, or any 0-dim tensor unchecked (a learnable temperature: reading it
+    would sync)."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0:
+            raise ValueError(f"{fn}: {name} must be a number or a 0-dim tensor, got shape "
+                             f"{tuple(value.shape)}")
+        return value
+    return check_real(fn, name, value, (("a finite float > 0", lambda v: 0 < v < float("inf")),),
+                      type_words="a float > 0")
+
+
+def check_alpha(fn: str, value: object, name: str = "alpha") -> float:
+    """[0, 1] (also rejects inf and NaN), or torchvision's -1 for no weighting: any other value
+    (1.5, -0.5, 1e300) would weight one class negatively or by a huge factor."""
+    return check_real(fn, name, value,
+                      (("in [0, 1], or -1 for no weighting", lambda v: 0.0 <= v <= 1.0 or v == -1.0),))
+
+
+def check_p_norm(fn: str, value: object, name: str = "p") -> float:
+    return check_real(fn, name, value, (("a number or inf", lambda v: v == v),),
+                      type_words="a float (inf allowed)", tensor=True)
+
+
+def check_z_loss(fn: str, value: object, name: str = "z_loss") -> float:
+    return check_real(fn, name, value, ((">= 0", _nonneg), ("finite", _finite)))
+
+
+def check_softcap(fn: str, value: object, name: str = "softcap") -> Any:
+    """Applied in float32 (or the input's wider dtype): above float32's max the cap becomes inf
+    there and c·tanh(u/c) is inf·0 = NaN."""
+    return check_real(
+        fn, name, value,
+        ((f"None or a finite number > 0 and at most float32's max ({_F32_MAX:.4g})",
+          lambda v: 0 < v <= _F32_MAX),), optional=True)
+
+
+def check_chunk_size(fn: str, value: object, name: str = "chunk_size") -> Any:
+    return check_int(fn, name, value, minimum=1, optional=True)
+
+
+def check_fill(fn: str, value: object, name: str = "fill") -> float:
+    return check_real(fn, name, value, type_words="a real number")

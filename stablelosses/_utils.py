@@ -14,11 +14,9 @@ import torch
 from torch import Tensor
 
 from stablelosses._compat import functorch_transforms_active, is_transform_wrapped
+from stablelosses._spec import _as_int
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-# The same reductions as the ints the autograd Functions take.
-NONE, MEAN, SUM = 0, 1, 2
-REDUCTION_MODE = {"none": NONE, "mean": MEAN, "sum": SUM}
 
 
 def check_tensor(fn: str, name: str, value: object) -> Tensor:
@@ -40,9 +38,12 @@ def check_floating(fn: str, name: str, value: object) -> Tensor:
 
 
 def wrap_dim(fn: str, dim: object, ndim: int, name: str = "dim") -> int:
-    """Wrap a possibly negative ``dim`` into ``[0, max(ndim, 1))`` or raise ``IndexError``."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
+    """Wrap a possibly negative ``dim`` into ``[0, max(ndim, 1))`` or raise ``IndexError``.
+    ``dim``: an int as torch's parser takes one (a NumPy integer, a 0-d integer tensor)."""
+    d = dim if type(dim) is int else _as_int(dim)
+    if d is None:
         raise TypeError(f"{fn}: {name} must be an int, got {type(dim).__name__}")
+    dim = d
     rank = max(ndim, 1)
     if not -rank <= dim < rank:
         raise IndexError(
@@ -112,13 +113,63 @@ def operand_dtypes(a: Tensor, b: Tensor) -> tuple[torch.dtype, torch.dtype]:
     return torch.float32, torch.float32 if autocast_to_float32(a) else dtype
 
 
-def reduce(loss: Tensor, reduction) -> Tensor:
-    """Apply a checked reduction, given as ``'none'``/``'mean'``/``'sum'`` or as its code."""
-    if reduction in ("mean", MEAN):
-        return loss.mean()
-    if reduction in ("sum", SUM):
+def reduce(
+    loss: Tensor, reduction: str, mask: Tensor | None = None, *, weight: Tensor | None = None,
+    masked: bool = False, overflow_safe: bool = False,
+) -> Tensor:
+    """The one reduction of every loss: a checked ``'none'``, ``'mean'`` or ``'sum'``.
+
+    ``mask`` (bool, True = counts, broadcastable to ``loss``): its False entries are 0 in
+    ``'none'`` and left out of ``'sum'`` and ``'mean'`` (selected, not multiplied: a NaN there
+    is never read). ``weight``: the ``'mean'``'s weight per entry instead of 1 (the class
+    losses' ``w_t``, 0 on ignored rows), so ``'mean'`` is ``Σ ℓ / Σ weight``. ``masked`` (a
+    mask was applied before, as the class losses' ignored rows): a ``'mean'`` over nothing is 0,
+    as with ``mask``, where torch's own gives NaN. ``overflow_safe``: where ``Σ ℓ`` overflows
+    but the mean does not (label smoothing near ``±1e37``), the mean is ``Σ (ℓ / Σ weight)``
+    (N-sized, no sync)."""
+    if mask is not None:
+        m = mask.to(loss.device)
+        loss = torch.where(m, loss, 0.0)
+        masked = True
+        if reduction == "mean" and weight is None:
+            weight = m.expand(loss.shape)
+    if reduction == "sum":
         return loss.sum()
-    return loss
+    if reduction != "mean":
+        return loss
+    if weight is None:
+        return loss.mean()
+    total = weight.sum()
+    if masked:
+        total = torch.where(total == 0, 1.0, total)  # the mean over nothing: 0
+    out = loss.sum() / total
+    if not overflow_safe:
+        return out
+    scaled = (loss / torch.where(total == 0, 1.0, total)).sum()
+    return torch.where(torch.isinf(out) & (total != 0), scaled, out)
+
+
+def masked_mean_over(x: Tensor, mask: Tensor, dims: tuple[int, ...], keepdim: bool) -> Tensor:
+    """The mean of ``x`` over its ``mask`` (True = counts) along ``dims``; 0 (gradient 0) where
+    no entry counts."""
+    total = torch.where(mask, x, 0.0).sum(dims, keepdim=keepdim)
+    count = mask.expand(x.shape).sum(dims, keepdim=keepdim)
+    return total / count.clamp_min(1)
+
+
+def write_out(fn: str, result: Tensor, out: object, *inputs: object) -> Tensor:
+    """torch's ``out=``: ``result`` written into ``out`` (resized, with torch's warning and its
+    casting rule, by an aten op that takes ``out=``), and ``out`` returned. As in torch, no
+    gradient flows through ``out=``: ``RuntimeError`` when grad mode is on and an input
+    requires grad."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{fn}: out must be a torch.Tensor or None, got {type(out).__name__}")
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (*inputs, out)):
+        raise RuntimeError(
+            f"{fn}(): functions with out=... arguments don't support automatic differentiation, "
+            "but one of the arguments requires grad."
+        )
+    return torch.mul(result.detach(), 1, out=out)  # × 1 keeps -0.0 and NaN bits (+ 0 would not)
 
 
 def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:

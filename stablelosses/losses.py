@@ -19,18 +19,20 @@ from torch.nn.modules.loss import _WeightedLoss as _TorchWeightedLoss
 
 from stablelosses import functional as SF
 from stablelosses._spec import (
-    EPS,
-    FLAG,
-    GAMMA,
-    KL_REDUCTION,
-    LABEL_SMOOTHING,
-    REDUCTION,
-    SMOOTH,
-    TEMPERATURE,
-    OneOf,
+    KL_REDUCTIONS,
+    REDUCTIONS,
+    check_finite_nonnegative,
+    check_label_smoothing,
+    check_reduction,
 )
-from stablelosses._utils import legacy_reduction
+from stablelosses._utils import check_floating, legacy_reduction
+from stablelosses.functional._cross_entropy import check_cross_entropy_args
+from stablelosses.functional._dice import check_dice_args
+from stablelosses.functional._focal import check_focal_loss_args
+from stablelosses.functional._info_nce import check_info_nce_args
+from stablelosses.functional._kl_div import check_kl_div_args
 from stablelosses.functional._linear import check_linear_options
+from stablelosses.functional._rmse import check_rmse_args
 from stablelosses.functional._sigmoid_focal import check_focal_args
 
 
@@ -39,19 +41,22 @@ class _Loss(_TorchLoss):
 
     A subclass names its function (``_function``) and its configuration (``_config``): the
     keyword arguments it passes to the function, kept as plain attributes that ``repr`` shows.
-    ``__init__`` checks ``reduction`` against ``_reductions``; ``forward`` is one call of the
+    ``__init__`` checks ``reduction`` against ``_reductions``; a subclass checks every other
+    argument at construction with its function's check (``check_<op>_args``), so a module
+    raises what its function would raise, naming the class. ``forward`` is one call of the
     function.
     """
 
     _config: tuple[str, ...] = ()
-    _reductions: OneOf = REDUCTION
+    _reductions: tuple[str, ...] = REDUCTIONS
     _function: Callable[..., Tensor]
 
     def __init__(self, **config: object) -> None:
-        self._reductions.check(type(self).__name__, "reduction", config["reduction"])
+        reduction = config["reduction"] = check_reduction(type(self).__name__, config["reduction"],
+                                                          self._reductions)
         # torch's _Loss (and _WeightedLoss, with weight None until ours registers it) keeps the
         # reduction, as torch's own modules do
-        super().__init__(reduction=str(config["reduction"]))
+        super().__init__(reduction=reduction)
         for name in self._config:
             setattr(self, name, config[name])
 
@@ -74,6 +79,8 @@ class _WeightedLoss(_Loss, _TorchWeightedLoss):
     weight: Tensor | None
 
     def __init__(self, weight: Tensor | None, **config: object) -> None:
+        if weight is not None:  # its shape needs the input's classes: the function checks it
+            check_floating(type(self).__name__, "weight", weight)
         super().__init__(**config)
         self.register_buffer("weight", weight)
 
@@ -103,8 +110,8 @@ class RMSELoss(_Loss):
     _function = staticmethod(SF.rmse_loss)
 
     def __init__(self, reduction: str = "mean", eps: float = 0.0) -> None:
+        reduction, eps = check_rmse_args("RMSELoss", reduction, eps)
         super().__init__(reduction=reduction, eps=eps)
-        EPS.check("RMSELoss", "eps", eps)
 
 
 class CrossEntropyLoss(_WeightedLoss):
@@ -134,11 +141,12 @@ class CrossEntropyLoss(_WeightedLoss):
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
                  ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> None:
+        reduction, label_smoothing, ignore_index = check_cross_entropy_args(
+            "CrossEntropyLoss", legacy_reduction(size_average, reduce, reduction), label_smoothing,
+            ignore_index)
         super().__init__(
-            weight, ignore_index=ignore_index, reduction=legacy_reduction(size_average, reduce, reduction),
-            label_smoothing=label_smoothing,
+            weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
         )
-        LABEL_SMOOTHING.check("CrossEntropyLoss", "label_smoothing", label_smoothing)
 
 
 class FocalLoss(_WeightedLoss):
@@ -166,8 +174,8 @@ class FocalLoss(_WeightedLoss):
 
     def __init__(self, gamma: float = 2.0, weight: Tensor | None = None, ignore_index: int = -100,
                  reduction: str = "mean") -> None:
+        reduction, gamma, ignore_index = check_focal_loss_args("FocalLoss", reduction, gamma, ignore_index)
         super().__init__(weight, gamma=gamma, ignore_index=ignore_index, reduction=reduction)
-        GAMMA.check("FocalLoss", "gamma", gamma)
 
 
 class SigmoidFocalLoss(_Loss):
@@ -194,7 +202,8 @@ class SigmoidFocalLoss(_Loss):
     _function = staticmethod(SF.sigmoid_focal_loss)
 
     def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "mean") -> None:
-        check_focal_args("SigmoidFocalLoss", alpha, gamma, reduction)  # torchvision's messages
+        # torchvision's messages
+        reduction, alpha, gamma = check_focal_args("SigmoidFocalLoss", alpha, gamma, reduction)
         super().__init__(alpha=alpha, gamma=gamma, reduction=reduction)
 
 
@@ -217,13 +226,14 @@ class KLDivLoss(_Loss):
     """
 
     _config = ("reduction", "log_target")
-    _reductions = KL_REDUCTION
+    _reductions = KL_REDUCTIONS
     _function = staticmethod(SF.kl_div)
 
     def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
                  log_target: bool = False) -> None:
-        super().__init__(reduction=legacy_reduction(size_average, reduce, reduction), log_target=log_target)
-        FLAG.check("KLDivLoss", "log_target", log_target)
+        reduction, log_target = check_kl_div_args(
+            "KLDivLoss", legacy_reduction(size_average, reduce, reduction), log_target)
+        super().__init__(reduction=reduction, log_target=log_target)
 
 
 class LogCoshLoss(_Loss):
@@ -270,9 +280,9 @@ class InfoNCELoss(_Loss):
     _function = staticmethod(SF.info_nce_loss)
 
     def __init__(self, temperature: float = 0.07, reduction: str = "mean", symmetric: bool = False) -> None:
+        temperature, reduction, symmetric = check_info_nce_args(
+            "InfoNCELoss", temperature, reduction, symmetric)
         super().__init__(temperature=temperature, reduction=reduction, symmetric=symmetric)
-        TEMPERATURE.check("InfoNCELoss", "temperature", temperature)
-        FLAG.check("InfoNCELoss", "symmetric", symmetric)
 
     def forward(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor:
         return self._function(query, key, mask=mask, **self._options())
@@ -300,8 +310,8 @@ class DiceLoss(_Loss):
 
     def __init__(self, dims: int | tuple[int, ...] | list[int] | None = None, smooth: float = 0.0,
                  reduction: str = "mean") -> None:
+        reduction, smooth = check_dice_args("DiceLoss", dims, reduction, smooth)
         super().__init__(dims=dims, smooth=smooth, reduction=reduction)
-        SMOOTH.check("DiceLoss", "smooth", smooth)
 
 
 _OLD_MODULE = (
@@ -437,7 +447,7 @@ class LinearCrossEntropyLoss(_LinearLoss):
             label_smoothing=label_smoothing, options=options, z_loss=z_loss, softcap=softcap,
             chunk_size=chunk_size,
         )
-        LABEL_SMOOTHING.check("LinearCrossEntropyLoss", "label_smoothing", self.label_smoothing)
+        check_label_smoothing("LinearCrossEntropyLoss", self.label_smoothing)
         check_linear_options("LinearCrossEntropyLoss", self.ignore_index, self.z_loss, self.softcap,
                              self.chunk_size)
 
@@ -484,5 +494,5 @@ class LinearFocalLoss(_LinearLoss):
             dtype=dtype, weight=weight, reduction=reduction, ignore_index=ignore_index, options=options,
             gamma=gamma, z_loss=z_loss, softcap=softcap, chunk_size=chunk_size,
         )
-        GAMMA.check("LinearFocalLoss", "gamma", self.gamma)
+        check_finite_nonnegative("LinearFocalLoss", "gamma", self.gamma)
         check_linear_options("LinearFocalLoss", self.ignore_index, self.z_loss, self.softcap, self.chunk_size)

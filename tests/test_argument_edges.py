@@ -1,8 +1,15 @@
-"""Arguments that used to be accepted and silently changed the result: a bool ``ignore_index``
-(True is class 1 in Python) and a ``mask`` on another device (moved without a word)."""
+"""Argument edges: a bool ``ignore_index`` (True is class 1 in Python) and a ``mask`` on another
+device (moved without a word) are refused; module constructors check every argument as their
+function does; the scalar types and call forms torch takes; an output edited in place."""
 
+import enum
+import inspect
+import warnings
+
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import stablelosses as sl
 import stablelosses.functional as SF
@@ -129,3 +136,328 @@ def test_meta_tensors_give_the_shape_without_computing(name):
     # torch's counterparts all run on meta tensors (shape inference, FSDP's deferred init)
     out = META_CALLS[name]()
     assert out.device.type == "meta"
+
+
+# ------------------------------------------------------------------------------------------
+# Module constructors check every argument with their function's check and message
+# ------------------------------------------------------------------------------------------
+
+# module -> (its function, positional arguments that build it, constructor arguments the
+# function does not take: the layer's own, torch's deprecated aliases, the class weight)
+MODULES = {
+    sl.RMSELoss: ("rmse_loss", (), ()),
+    sl.CrossEntropyLoss: ("cross_entropy", (), ("weight", "size_average", "reduce")),
+    sl.FocalLoss: ("focal_loss", (), ("weight",)),
+    sl.SigmoidFocalLoss: ("sigmoid_focal_loss", (), ()),
+    sl.KLDivLoss: ("kl_div", (), ("size_average", "reduce")),
+    sl.LogCoshLoss: ("log_cosh_loss", (), ()),
+    sl.InfoNCELoss: ("info_nce_loss", (), ()),
+    sl.DiceLoss: ("dice_loss", (), ()),
+    sl.LinearCrossEntropyLoss: ("linear_cross_entropy", (5, 3), (
+        "in_features", "num_classes", "legacy", "out_features", "bias", "device", "dtype", "weight", "options")),
+    sl.LinearFocalLoss: ("linear_focal_loss", (5, 3), (
+        "in_features", "num_classes", "legacy", "out_features", "bias", "device", "dtype", "weight", "options")),
+}
+_SHAPE_FREE = (TypeError, RuntimeError)  # a dimension's range and repeats need the input
+
+
+def _module_cases():
+    from test_specs import ARGS, DIM_KINDS
+
+    for cls, (fn, _, _) in MODULES.items():
+        for name, (_, bad) in ARGS[fn].items():
+            for value, error in bad:
+                if id(bad) in DIM_KINDS and error is not TypeError and value != ():
+                    continue
+                yield pytest.param(cls, fn, name, value, error, id=f"{cls.__name__}-{name}-{value!r}")
+
+
+def test_every_module_in_losses_is_listed():
+    import stablelosses.losses as losses
+
+    found = {c for c in vars(losses).values() if isinstance(c, type) and issubclass(c, losses._Loss)
+             and c.__module__ == losses.__name__ and not c.__name__.startswith("_")}
+    assert found == set(MODULES)
+
+
+@pytest.mark.parametrize("cls", list(MODULES), ids=lambda c: c.__name__)
+def test_every_constructor_argument_is_checked(cls):
+    from test_specs import ARGS
+
+    fn, _, other = MODULES[cls]
+    params = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    assert params - set(other) <= set(ARGS[fn])
+
+
+@pytest.mark.parametrize("cls, fn, name, value, error", list(_module_cases()))
+def test_module_constructor_raises_the_functions_error(cls, fn, name, value, error):
+    from test_specs import CALLS
+
+    with pytest.raises(error) as built:
+        cls(*MODULES[cls][1], **{name: value})
+    with pytest.raises(error) as called:
+        CALLS[fn](**{name: value})
+    assert str(built.value).startswith(f"{cls.__name__}: ")
+    assert str(built.value).replace(cls.__name__, fn, 1) == str(called.value)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: sl.CrossEntropyLoss(ignore_index=1.5), lambda: sl.CrossEntropyLoss(ignore_index=True),
+    lambda: sl.FocalLoss(ignore_index=True), lambda: sl.DiceLoss(dims=()),
+    lambda: sl.CrossEntropyLoss(weight=torch.tensor([1, 2, 3])), lambda: sl.DiceLoss(dims=(1, 1)),
+], ids=["ce-float", "ce-bool", "focal-bool", "dice-empty-dims", "ce-int-weight", "dice-repeated-dims"])
+def test_issue_examples_raise_at_construction(make):
+    with pytest.raises((TypeError, ValueError), match=r"^(CrossEntropyLoss|FocalLoss|DiceLoss): "):
+        make()
+
+
+def test_modules_store_the_checked_values():
+    ce = sl.CrossEntropyLoss(ignore_index=np.int64(3), reduction=np.str_("sum"), label_smoothing=torch.tensor(0.25))
+    assert (type(ce.ignore_index), type(ce.reduction), type(ce.label_smoothing)) == (int, str, float)
+    assert repr(ce) == "CrossEntropyLoss(ignore_index=3, reduction='sum', label_smoothing=0.25)"
+
+
+# ------------------------------------------------------------------------------------------
+# The scalar types torch's argument parser takes, and what it refuses (torch 2.13, tried)
+# ------------------------------------------------------------------------------------------
+
+X = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
+T = torch.tensor([0, 2, 1, 2])
+
+
+class _Reduction(getattr(enum, "StrEnum", str), enum.Enum):  # 3.11+: enum.StrEnum
+    SUM = "sum"
+
+
+def _accepts(call):
+    try:
+        call()
+    except (TypeError, RuntimeError):  # torch's parser: TypeError (RuntimeError for a bool tensor)
+        return False
+    return True
+
+
+# (argument, value, torch's call, ours); each row's torch outcome is asserted, not assumed
+PARSER = [
+    *[("reduction", v, lambda v: F.cross_entropy(X, T, reduction=v), lambda v: SF.cross_entropy(X, T, reduction=v))
+      for v in (_Reduction.SUM, np.str_("sum"))],
+    *[("ignore_index", v, lambda v: F.cross_entropy(X, T, ignore_index=v),
+       lambda v: SF.cross_entropy(X, T, ignore_index=v))
+      for v in (np.int64(1), np.int32(1), np.uint8(1), torch.tensor(1), torch.tensor(1, dtype=torch.uint8),
+                True, np.bool_(True), 1.0, np.float64(1), torch.tensor(1.0), torch.tensor(True),
+                torch.tensor([1, 2]))],
+    *[("label_smoothing", v, lambda v: F.cross_entropy(X, T, label_smoothing=v),
+       lambda v: SF.cross_entropy(X, T, label_smoothing=v))
+      for v in (np.float32(0.1), np.int64(0), np.bool_(False), True, torch.tensor(0.1), torch.tensor(0),
+                torch.tensor([0.1]), torch.tensor(0.1, requires_grad=True), "0.1", 1j)],
+    *[("dim", v, lambda v: F.softmax(X, v), lambda v: SF.softmax(X, v))
+      for v in (np.int64(1), torch.tensor(1), torch.tensor(1, dtype=torch.uint8), True, np.bool_(True),
+                torch.tensor(1.0), torch.tensor(True), torch.tensor([1]), 1.0)],
+    *[("dim", v, lambda v: torch.logsumexp(X, v), lambda v: SF.logsumexp(X, v))
+      for v in (np.int64(1), torch.tensor(1), [np.int64(1)], (torch.tensor(1),), True)],
+    *[("eps", v, lambda v: F.cosine_similarity(X, X, eps=v), lambda v: SF.cosine_similarity(X, X, eps=v))
+      for v in (np.float32(1e-3), torch.tensor(1e-3), torch.tensor([1e-3]), torch.tensor(1e-3, requires_grad=True),
+                "1e-3")],
+    *[("eps", v, lambda v: F.normalize(X, eps=v), lambda v: SF.normalize(X, eps=v))
+      for v in (np.float32(1e-3), torch.tensor(1e-3))],
+]
+
+
+@pytest.mark.parametrize("name, value, theirs, ours", PARSER,
+                         ids=[f"{r[0]}-{type(r[1]).__name__}-{r[1]!r}" for r in PARSER])
+def test_scalar_types_as_torchs_parser(name, value, theirs, ours):
+    accepted = _accepts(lambda: theirs(value))
+    if accepted:
+        out = ours(value)
+        if name in ("reduction", "ignore_index", "label_smoothing"):
+            plain = {"reduction": "sum", "ignore_index": 1}.get(name) or float(value)
+            assert torch.equal(out, SF.cross_entropy(X, T, **{name: plain}))
+        else:
+            assert torch.equal(out, ours(1 if name == "dim" else 1e-3))
+    else:
+        with pytest.raises((TypeError, RuntimeError), match=name):
+            ours(value)
+
+
+def test_a_str_subclass_message_does_not_contradict_itself():
+    class R(getattr(enum, "StrEnum", str), enum.Enum):
+        AVG = "avg"
+
+    with pytest.raises(ValueError, match=r"reduction must be 'none', 'mean' or 'sum', got 'avg' \(R\)$"):
+        SF.rmse_loss(X, X, reduction=R.AVG)
+
+
+# ------------------------------------------------------------------------------------------
+# An output edited in place: works where torch's twin works (or raises torch's own error)
+# ------------------------------------------------------------------------------------------
+
+_Y = torch.randn(4, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+
+def _plain_focal(x, reduction):
+    lp = F.log_softmax(x, 1).gather(1, T[:, None])[:, 0]
+    loss = -((1 - lp.exp()) ** 2) * lp
+    return loss if reduction == "none" else getattr(loss, reduction)()
+
+
+def _plain_reduce(loss, reduction):
+    return loss if reduction == "none" else getattr(loss, reduction)()
+
+
+# public function -> (ours, the torch twin or its plain formula), both of (x, reduction)
+TWINS = {
+    "cross_entropy": (lambda x, r: SF.cross_entropy(x, T, reduction=r), lambda x, r: F.cross_entropy(x, T, reduction=r)),
+    "focal_loss": (lambda x, r: SF.focal_loss(x, T, reduction=r), _plain_focal),
+    "kl_div": (lambda x, r: SF.kl_div(x, _Y.softmax(1), reduction=r), lambda x, r: F.kl_div(x, _Y.softmax(1), reduction=r)),
+    "info_nce_loss": (lambda x, r: SF.info_nce_loss(x, _Y, reduction=r),
+                      lambda x, r: F.cross_entropy(F.normalize(x) @ F.normalize(_Y.to(x.dtype)).T / 0.07,
+                                                   torch.arange(4), reduction=r)),
+    "dice_loss": (lambda x, r: SF.dice_loss(x.sigmoid(), (_Y > 0).double(), reduction=r),
+                  lambda x, r: _plain_reduce(1 - 2 * (x.sigmoid() * (_Y > 0)).sum(1)
+                                             / (x.sigmoid().sum(1) + (_Y > 0).sum(1)), r)),
+    "rmse_loss": (lambda x, r: SF.rmse_loss(x, _Y, reduction=r), lambda x, r: torch.sqrt(F.mse_loss(x, _Y, reduction=r))),
+    "log_cosh_loss": (lambda x, r: SF.log_cosh_loss(x, _Y, reduction=r),
+                      lambda x, r: _plain_reduce(torch.log(torch.cosh(x - _Y)), r)),
+    "sigmoid_focal_loss": (lambda x, r: SF.sigmoid_focal_loss(x, (_Y > 0).double(), reduction=r),
+                           lambda x, r: _plain_reduce(F.binary_cross_entropy_with_logits(
+                               x, (_Y > 0).double(), reduction="none"), r)),
+    "normalize": (lambda x, r: SF.normalize(x), lambda x, r: F.normalize(x)),
+    "cosine_similarity": (lambda x, r: SF.cosine_similarity(x, _Y), lambda x, r: F.cosine_similarity(x, _Y)),
+    "linear_cross_entropy": (lambda x, r: SF.linear_cross_entropy(x, _Y[:3].to(x.dtype), T, reduction=r),
+                             lambda x, r: F.cross_entropy(x @ _Y[:3].to(x.dtype).T, T, reduction=r)),
+    "linear_focal_loss": (lambda x, r: SF.linear_focal_loss(x, _Y[:3].to(x.dtype), T, reduction=r),
+                          lambda x, r: _plain_focal(x @ _Y[:3].to(x.dtype).T, r)),
+    "softmax": (lambda x, r: SF.softmax(x, 1), lambda x, r: torch.softmax(x, 1)),
+    "log_softmax": (lambda x, r: SF.log_softmax(x, 1), lambda x, r: torch.log_softmax(x, 1)),
+    "logsumexp": (lambda x, r: SF.logsumexp(x, 1), lambda x, r: torch.logsumexp(x, 1)),
+    "masked_mean": (lambda x, r: SF.masked_mean(x, _Y > 0), lambda x, r: (x * (_Y > 0)).sum() / (_Y > 0).sum()),
+    "entropy": (lambda x, r: SF.entropy(x), lambda x, r: -(x.softmax(1) * x.log_softmax(1)).sum(1)),
+    "safe_div": (lambda x, r: SF.safe_div(x, _Y), lambda x, r: x / _Y),
+    "safe_sqrt": (lambda x, r: SF.safe_sqrt(x.abs()), lambda x, r: torch.sqrt(x.abs())),
+    "xlogy": (lambda x, r: SF.xlogy(x, _Y.abs()), lambda x, r: torch.special.xlogy(x, _Y.abs())),
+    "logaddexp": (lambda x, r: SF.logaddexp(x, _Y), lambda x, r: torch.logaddexp(x, _Y)),
+}
+
+
+def _edited_backward(f, reduction, dtype):
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(dtype)
+    x.requires_grad_()
+    y = f(x, reduction)
+    y.mul_(2)
+    try:
+        y.sum().backward()
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e)  # torch's own error, nothing else
+        return "torch's in-place error"
+    return "works"
+
+
+def test_every_public_function_has_a_twin():
+    assert set(TWINS) == set(SF.__all__)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("op", sorted(TWINS))
+def test_an_output_edited_in_place_behaves_as_torchs(op, reduction, dtype):
+    ours, theirs = TWINS[op]
+    assert _edited_backward(ours, reduction, dtype) == _edited_backward(theirs, reduction, dtype)
+
+
+def test_normalize_edited_in_place_gives_the_gradient_of_the_edit():
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    for f, v in ((SF.normalize, x), (F.normalize, x2)):
+        y = f(v)
+        y.mul_(torch.arange(4.0, dtype=torch.float64))
+        y.sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+# ------------------------------------------------------------------------------------------
+# torch's call forms
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_legacy_positional_stacklevel_and_dtype(name):
+    ours, theirs = getattr(SF, name), getattr(F, name)
+    torch.testing.assert_close(ours(X, 1, 3, torch.float64), theirs(X, 1, 3, torch.float64), rtol=0, atol=0)
+    assert ours(X, 1, 3, torch.float64).dtype == torch.float64
+    # torch.softmax's own third positional is the dtype
+    torch.testing.assert_close(ours(X, 1, torch.float64), getattr(torch, name)(X, 1, torch.float64),
+                               rtol=0, atol=0)
+    with pytest.raises(TypeError, match=f"{name}: _stacklevel must be an int"):
+        ours(X, 1, "3")
+    with pytest.raises(TypeError, match=f"{name}: dtype given twice"):
+        ours(X, 1, torch.float64, torch.float32)
+
+
+@pytest.mark.parametrize("legacy", [(None, None, "sum"), (None, None, "batchmean", True), (True, False),
+                                    (False, None), (False, True, "none"), (None, True)])
+def test_kl_div_legacy_positionals_as_torch(legacy):
+    x, t = F.log_softmax(X, 1), F.softmax(X.flip(0), 1)
+    if len(legacy) > 3 and legacy[3]:
+        t = t.log()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = F.kl_div(x, t, *legacy)
+        got = SF.kl_div(x, t, *legacy)
+    torch.testing.assert_close(got, expected)
+
+
+def test_kl_div_legacy_positionals_refused_where_ambiguous():
+    x, t = F.log_softmax(X, 1), F.softmax(X, 1)
+    with pytest.raises(ValueError, match="kl_div: reduction must be"):
+        SF.kl_div(x, t, None)  # torch's size_average=None, or a reduction of None: say which
+    with pytest.raises(TypeError, match="kl_div: size_average or reduce given twice"):
+        SF.kl_div(x, t, None, None, "sum", size_average=False)
+    with pytest.raises(TypeError, match="kl_div: takes at most 4 positional"):
+        SF.kl_div(x, t, "sum", False, "mean")
+
+
+@pytest.mark.parametrize("op, ours, theirs", [
+    ("logsumexp", lambda out: SF.logsumexp(X, 1, out=out), lambda out: torch.logsumexp(X, 1, out=out)),
+    ("logaddexp", lambda out: SF.logaddexp(X, X.flip(0), out=out), lambda out: torch.logaddexp(X, X.flip(0), out=out)),
+    ("normalize", lambda out: SF.normalize(X, out=out), lambda out: F.normalize(X, out=out)),
+])
+def test_out_as_torch(op, ours, theirs):
+    for shape in ((4,), (4, 3), (0,)):
+        a, b = torch.full(shape, 7.0), torch.full(shape, 7.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns when it resizes a non-empty out
+            assert ours(a) is a and theirs(b) is b
+        torch.testing.assert_close(a, b)
+    with pytest.raises(RuntimeError, match="result type Float can't be cast"):
+        ours(torch.empty(0, dtype=torch.long))
+    xg = X.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match=f"{op}\\(\\): functions with out=... arguments don't support automatic"):
+        {"logsumexp": lambda: SF.logsumexp(xg, 1, out=torch.empty(4)),
+         "logaddexp": lambda: SF.logaddexp(xg, X, out=torch.empty(4, 3)),
+         "normalize": lambda: SF.normalize(xg, out=torch.empty(4, 3))}[op]()
+    with torch.no_grad():
+        assert torch.isfinite({"logsumexp": lambda: SF.logsumexp(xg, 1, out=torch.empty(4)),
+                               "logaddexp": lambda: SF.logaddexp(xg, X, out=torch.empty(4, 3)),
+                               "normalize": lambda: SF.normalize(xg, out=torch.empty(4, 3))}[op]()).all()
+
+
+def test_safe_div_rounding_mode_refused_with_the_reason():
+    assert torch.equal(SF.safe_div(X, X.flip(0), rounding_mode=None), SF.safe_div(X, X.flip(0)))
+    for mode in ("floor", "trunc"):
+        with pytest.raises(NotImplementedError, match="safe_div: rounding_mode=.* gradient 0 everywhere"):
+            SF.safe_div(X, X, rounding_mode=mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("call", [
+    lambda x: SF.log_softmax(x, 1, 3, torch.float64),
+    lambda x: SF.kl_div(x.log_softmax(1), x.detach().flip(0).softmax(1), None, None, "sum"),
+    lambda x: SF.cross_entropy(x, T, reduction=_Reduction.SUM),
+    lambda x: SF.normalize(x) * 2,
+    lambda x: SF.safe_div(x, x.detach() + 1),
+], ids=["log_softmax-legacy", "kl_div-legacy", "str-subclass-reduction", "normalize-copy", "safe_div-copy"])
+def test_call_forms_compile_fullgraph(call):
+    x = X.clone().requires_grad_()
+    torch._dynamo.reset()
+    got = torch.compile(call, fullgraph=True)(x)
+    torch.testing.assert_close(got, call(x))

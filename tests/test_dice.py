@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -254,3 +256,38 @@ def test_dice_mask_with_dims_and_all_false():
     torch.testing.assert_close(got, want)
     z = SF.dice_loss(p, tgt, mask=torch.zeros(2, dtype=torch.bool))
     assert z.item() == 0.0 and torch.equal(_grad(z, p)[0], torch.zeros_like(p))
+
+
+def _smp_dice_loss(p, t, smooth, eps=1e-7):
+    """segmentation_models_pytorch >= 0.4's ``DiceLoss(mode="multilabel", from_logits=False,
+    smooth=smooth)``, transcribed: each class over the whole batch, a Tversky score with
+    alpha = beta = 1/2 whose intersection is (Σp + Σt − ‖p − t‖₁) / 2, a class without target
+    pixels contributing 0, the mean over the classes."""
+    n, c = p.shape[:2]
+    p, t = p.reshape(n, c, -1), t.reshape(n, c, -1)
+    dims = (0, 2)
+    ps, ts = p.sum(dims), t.sum(dims)
+    inter = (ps + ts - torch.linalg.vector_norm(p - t, ord=1, dim=dims)) / 2
+    fp, fn = ps - inter, ts - inter
+    score = (inter + smooth) / (inter + 0.5 * fp + 0.5 * fn + smooth).clamp_min(eps)
+    return ((1.0 - score) * (ts > 0).to(score.dtype)).mean()
+
+
+def _docstring_recipe() -> str:
+    doc = SF.dice_loss.__doc__
+    return textwrap.dedent(doc.split("```python")[1].split("```")[0]).strip()
+
+
+@pytest.mark.parametrize("smooth", [0.0, 0.5, 1.0, 3.0])
+def test_the_docstrings_smp_recipe_gives_smps_loss(smooth):
+    g = torch.Generator().manual_seed(4)
+    p = torch.rand(3, 4, 5, 6, generator=g, dtype=torch.float64)
+    t = (torch.rand(3, 4, 5, 6, generator=g) > 0.6).double()
+    t[:, 2] = 0  # a class without target pixels: smp drops it from its mean's numerator
+    recipe = _docstring_recipe()
+    got = eval(recipe, {"dice_loss": SF.dice_loss, "p": p, "t": t, "s": smooth})  # noqa: S307
+    torch.testing.assert_close(got, _smp_dice_loss(p, t, smooth), rtol=1e-12, atol=0)
+    # smp's smooth is not ours: the same number without the factor 2 differs
+    if smooth > 0:
+        ours_as_is = eval(recipe.replace("2 * s", "s"), {"dice_loss": SF.dice_loss, "p": p, "t": t, "s": smooth})
+        assert not torch.allclose(ours_as_is, _smp_dice_loss(p, t, smooth))

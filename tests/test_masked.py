@@ -1,4 +1,4 @@
-"""masked_mean, entropy and reduce_masked: empty masks give 0 with gradient 0."""
+"""masked_mean, entropy and the masked reduction: empty masks give 0 with gradient 0."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from torch.autograd import gradcheck, gradgradcheck
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from stablelosses._utils import MEAN, NONE, SUM
-from stablelosses.functional._masked import check_mask, reduce_masked
+from stablelosses._utils import reduce
+from stablelosses.functional._masked import check_mask
 
 INF = float("inf")
 NAN = float("nan")
@@ -239,26 +239,37 @@ def test_entropy_vmap_grad():
 
 
 # ----------------------------------------------------------------------------------------
-# reduce_masked (the shared reduction behind the losses' mask= argument)
+# reduce (the one reduction of every loss, behind the losses' mask= argument)
 # ----------------------------------------------------------------------------------------
 
 
-def test_reduce_masked_each_reduction():
+def _reduce_masked(loss, mask, reduction):
+    return reduce(loss, reduction, mask)
+
+
+def test_reduce_with_a_mask_each_reduction():
     loss = torch.tensor([[1.0, 2.0, NAN], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[True, True, False], [False, True, True]])
-    for red, expected in (("mean", 14.0 / 4), (MEAN, 14.0 / 4), ("sum", 14.0), (SUM, 14.0)):
-        out, g = _grad(reduce_masked, loss, mask, red)
+    for red, expected in (("mean", 14.0 / 4), ("sum", 14.0)):
+        out, g = _grad(_reduce_masked, loss, mask, red)
         assert out.item() == expected
         assert (g[~mask] == 0).all() and torch.isfinite(g).all()
-    for red in ("none", NONE):
-        out, g = _grad(reduce_masked, loss, mask, red)
-        assert out.tolist() == [[1.0, 2.0, 0.0], [0.0, 5.0, 6.0]]
-        assert g.tolist() == mask.float().tolist()
-    out, g = _grad(reduce_masked, loss, torch.zeros(3, dtype=torch.bool), "mean")
+    out, g = _grad(_reduce_masked, loss, mask, "none")
+    assert out.tolist() == [[1.0, 2.0, 0.0], [0.0, 5.0, 6.0]]
+    assert g.tolist() == mask.float().tolist()
+    out, g = _grad(_reduce_masked, loss, torch.zeros(3, dtype=torch.bool), "mean")
     assert out.item() == 0.0 and (g == 0).all()
     x = torch.randn(2, 3)
-    assert reduce_masked(x, None, "mean") == x.mean()
-    assert reduce_masked(x, None, "sum") == x.sum()
+    assert reduce(x, "mean") == x.mean()
+    assert reduce(x, "sum") == x.sum()
+
+
+def test_reduce_weighted_mean_is_zero_over_nothing_only_when_masked():
+    ignored = torch.zeros(2)  # every row ignored: loss 0, weight 0
+    assert reduce(ignored, "mean", weight=ignored).isnan()  # torch's 0 / 0 for an unmasked mean
+    assert reduce(ignored, "mean", weight=ignored, masked=True).item() == 0.0
+    loss = torch.tensor([1.0, 2.0])
+    assert reduce(loss, "mean", weight=torch.tensor([1.0, 3.0])).item() == 3.0 / 4.0
 
 
 def test_errors_name_function_and_argument():
@@ -295,6 +306,6 @@ def test_compile_fullgraph():
 
     def f(t):
         return SF.entropy(t).sum() + SF.masked_mean(t.nan_to_num(0.0, 0.0, 0.0), mask) \
-            + reduce_masked(t.clamp(-5, 5), mask, "sum")
+            + reduce(t.clamp(-5, 5), "sum", mask)
 
     assert torch.isfinite(assert_compiled_matches_eager(f, x)).all()

@@ -221,7 +221,8 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match=r"eps"):
         SF.rmse_loss(x, x, eps=float("nan"))
     with pytest.raises(TypeError, match=r"rmse_loss: eps"):
-        SF.rmse_loss(x, x, eps=torch.tensor(1.0))
+        SF.rmse_loss(x, x, eps=torch.tensor([1.0]))  # a 0-d tensor is a float, as torch's eps
+    assert torch.equal(SF.rmse_loss(x, x, eps=torch.tensor(1.0)), SF.rmse_loss(x, x, eps=1.0))
     with pytest.raises(TypeError, match=r"rmse_loss: input must be a torch.Tensor, got list"):
         SF.rmse_loss([0.0, 1.0, 2.0], x)
     with pytest.raises(TypeError, match=r"rmse_loss: target must be a torch.Tensor, got float"):

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from stablelosses._autograd._base import applier
 from stablelosses._autograd._residual import residual_grads, residual_tangent
-from stablelosses._utils import MEAN, reduce
+from stablelosses._utils import reduce
 
 # Above it log cosh r = |r| - log 2 to every digit (e^{-2r} is below half an ulp of it in float32
 # and float64), so the accurate form runs on |r| clamped to it and the rest is added back.
@@ -31,14 +31,14 @@ def _log_cosh_values(r: Tensor) -> Tensor:
     return c.mul_(0.5).sinh_().pow_(2).mul_(2.0).log1p_().add_(a)
 
 
-def _slope(r: Tensor, mode: int, g: Tensor) -> Tensor:
+def _slope(r: Tensor, mode: str, g: Tensor) -> Tensor:
     """``g · tanh(r)`` (times ``1/N`` for the mean): d log cosh r / d r = tanh r, bounded by 1."""
-    return torch.tanh(r) * (g / r.numel() if mode == MEAN else g)
+    return torch.tanh(r) * (g / r.numel() if mode == "mean" else g)
 
 
 class _LogCosh(torch.autograd.Function):
-    """``(log(cosh(input - target)) reduced by mode, input - target)``; ``mode`` 0 none, 1 mean,
-    2 sum.
+    """``(log(cosh(input - target)) reduced by mode, input - target)``; ``mode`` 'none', 'mean'
+    or 'sum'.
 
     The residual is a second output, so that backward reuses the pass that made it instead of
     subtracting again. Backward and forward mode use ``tanh(r)``, never the ``inf/inf`` of
@@ -49,7 +49,7 @@ class _LogCosh(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(input: Tensor, target: Tensor, mode: int) -> tuple[Tensor, Tensor]:
+    def forward(input: Tensor, target: Tensor, mode: str) -> tuple[Tensor, Tensor]:
         r = input - target
         return reduce(_log_cosh_values(r), mode), r
 

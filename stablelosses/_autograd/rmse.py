@@ -10,7 +10,6 @@ from torch import Tensor
 
 from stablelosses._autograd._base import applier
 from stablelosses._autograd._residual import residual_grads, residual_tangent
-from stablelosses._utils import MEAN, NONE
 
 # 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
 _DOWN, _UP = 2.0**-600, 2.0**600
@@ -30,7 +29,7 @@ def _norm(r: Tensor) -> Tensor:
     return torch.where(direct == math.inf, torch.linalg.vector_norm(r * _DOWN) * _UP, direct)
 
 
-def _sensitivity(r: Tensor, value: Tensor, mode: int, g: Tensor) -> Tensor:
+def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor) -> Tensor:
     """``g · r / (D·rmse)`` elementwise, 0 where ``rmse == 0``.
 
     ``r_i / rmse`` is bounded by ``sqrt(D)``; dividing ``r`` by ``rmse · D / g`` keeps that
@@ -38,14 +37,14 @@ def _sensitivity(r: Tensor, value: Tensor, mode: int, g: Tensor) -> Tensor:
     ``r_i`` is 0 and the safe divisor 1 gives the defined value 0.
     """
     safe = value.masked_fill(value == 0, 1)
-    if mode == NONE:
+    if mode == "none":
         return r / safe * g
-    return r / (safe * (r.numel() if mode == MEAN else 1) / g)
+    return r / (safe * (r.numel() if mode == "mean" else 1) / g)
 
 
 class _RMSE(torch.autograd.Function):
-    """``(sqrt(reduce((input - target)**2) + eps), input - target)``; ``mode`` 0 = none, 1 = mean,
-    2 = sum.
+    """``(sqrt(reduce((input - target)**2) + eps), input - target)``; ``mode`` 'none', 'mean'
+    or 'sum'.
 
     Forward: the residual ``r`` (returned as a second output, so that backward reuses the pass
     that made it instead of subtracting again), its norm in float64 (``_norm``), then
@@ -57,13 +56,13 @@ class _RMSE(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(input: Tensor, target: Tensor, mode: int, eps: float) -> tuple[Tensor, Tensor]:
+    def forward(input: Tensor, target: Tensor, mode: str, eps: float) -> tuple[Tensor, Tensor]:
         r = input - target
-        if mode == NONE:
+        if mode == "none":
             # sqrt(r² + eps) = hypot(r, sqrt(eps)), which never forms r².
             return (r.abs() if eps == 0.0 else torch.hypot(r, r.new_full((), math.sqrt(eps)))), r
         value = _norm(r)
-        if mode == MEAN:
+        if mode == "mean":
             value = value / r.numel() ** 0.5  # 0 / 0 = NaN for an empty input, as torch
         if eps != 0.0:
             value = torch.hypot(value, value.new_full((), math.sqrt(eps)))
@@ -92,7 +91,7 @@ class _RMSE(torch.autograd.Function):
         r, value = ctx.saved_tensors
         t_r = residual_tangent(r, t_input, t_target)
         g = _sensitivity(r, value, ctx.mode, torch.ones_like(value))
-        return (g * t_r if ctx.mode == NONE else (g * t_r).sum()), t_r
+        return (g * t_r if ctx.mode == "none" else (g * t_r).sum()), t_r
 
 
 _rmse = applier(_RMSE)

@@ -13,7 +13,7 @@ from stablelosses._autograd.cross_entropy import (
     _index_loss,
     _prob_loss,
 )
-from stablelosses._spec import IGNORE_INDEX, LABEL_SMOOTHING, REDUCTION, Arg, OpSpec
+from stablelosses._spec import check_int, check_label_smoothing, check_reduction
 from stablelosses._utils import (
     cast,
     check_floating,
@@ -23,20 +23,20 @@ from stablelosses._utils import (
     operand_dtypes,
     upcast,
 )
+from stablelosses._utils import reduce as _reduce  # cross_entropy has a parameter named reduce
 from stablelosses.functional._masked import check_mask
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
-SPEC = OpSpec(
-    "cross_entropy",
-    (Arg("reduction", REDUCTION), Arg("label_smoothing", LABEL_SMOOTHING), Arg("ignore_index", IGNORE_INDEX)),
-    replaces="torch.nn.functional.cross_entropy",
-    reference=(
-        "torch.nn.functional.cross_entropy in float64 where torch is finite; mpmath for the exact tails"
-    ),
-    tensors=("input", "target", "weight", "mask"),
-    elsewhere=("size_average", "reduce"),
-)
+
+
+def check_cross_entropy_args(
+    fn: str, reduction: object, label_smoothing: object, ignore_index: object
+) -> tuple[str, float, int]:
+    """``(reduction, label_smoothing, ignore_index)`` checked (also by ``CrossEntropyLoss`` at
+    construction)."""
+    return (check_reduction(fn, reduction), check_label_smoothing(fn, label_smoothing),
+            check_int(fn, "ignore_index", ignore_index, tensor=True))
 
 
 def _class_dim(fn: str, input: Tensor) -> int:
@@ -80,28 +80,6 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
 
 
 
-def _reduce(
-    loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool, empty_zero: bool = False
-) -> Tensor:
-    """The one place the class losses reduce: ``Σ ℓ`` or ``Σ ℓ / Σ denom`` as torch.
-
-    ``overflow_safe`` (label smoothing): where ``Σ ℓ`` overflows but the mean does not
-    (logits near ``±1e37``), the mean is ``Σ (ℓ / Σ denom)`` instead (N-sized, no sync).
-    ``empty_zero`` (a ``mask`` was given): a zero denominator gives 0, as ``masked_mean``."""
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "mean":
-        total = denom.sum()
-        if empty_zero:
-            total = torch.where(total == 0, 1.0, total)
-        out = loss.sum() / total
-        if not overflow_safe:
-            return out
-        scaled = (loss / torch.where(total == 0, 1.0, total)).sum()
-        return torch.where(torch.isinf(out) & (total != 0), scaled, out)
-    return loss
-
-
 def _index_loss_reduced(
     x: Tensor, target: Tensor, w: Tensor | None, ignore_index: int, gamma: float, eps: float,
     cdim: int, reduction: str, mask: Tensor | None = None,
@@ -119,16 +97,16 @@ def _index_loss_reduced(
         idx = target.clamp(0, x.shape[cdim] - 1)
         loss, invalid = _class_index_ce(x, target, idx, ignored, w, ignore_index, gamma, cdim)[:2]
         if reduction != "mean":
-            return _reduce(loss, invalid, reduction, False)
+            return _reduce(loss, reduction)
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
-        return _reduce(loss, denom, reduction, False, mask is not None)
+        return _reduce(loss, reduction, weight=denom, masked=mask is not None)
     idx = torch.where(target != ignore_index, target, 0)
     assert gamma == 0.0  # the focal loss has no smoothing
     res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, eps, cdim))
     if reduction != "mean":
-        return _reduce(res.loss, res.valid, reduction, False)
+        return _reduce(res.loss, reduction)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
-    return _reduce(res.loss, denom, reduction, True, mask is not None)
+    return _reduce(res.loss, reduction, weight=denom, masked=mask is not None, overflow_safe=True)
 
 
 def _no_classes(
@@ -305,7 +283,7 @@ def cross_entropy(
         return out
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce, reduction)
-    reduction, eps, ignore_index = SPEC.check(reduction, label_smoothing, ignore_index)
+    reduction, eps, ignore_index = check_cross_entropy_args(fn, reduction, label_smoothing, ignore_index)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
@@ -329,13 +307,13 @@ def cross_entropy(
         y = target.to(x.dtype)
         if mask is None:
             res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
-            out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0)
+            out = _reduce(res.loss, reduction, weight=res.valid.to(x.dtype), overflow_safe=eps > 0.0)
         else:
             m, x = _mask_rows(fn, mask, x, cdim)
             y = torch.where(m.unsqueeze(cdim), y, 0.0)
             res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
             kept = res.valid & m
             loss = torch.where(m, res.loss, 0.0)
-            out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True)
+            out = _reduce(loss, reduction, weight=kept.to(x.dtype), masked=True, overflow_safe=eps > 0.0)
         return cast(out, out_dtype)
     return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction)

@@ -7,26 +7,26 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stablelosses._spec import OPTIONAL_NONEMPTY_DIMS, REDUCTION, SMOOTH, Arg, OpSpec
+from stablelosses._spec import check_dims, check_finite_nonnegative, check_reduction
 from stablelosses._utils import (
     broadcasts_to,
     cast,
     check_floating,
     check_tensor,
     operand_dtypes,
+    reduce,
     wrap_dims,
 )
-from stablelosses.functional._masked import check_mask, reduce_masked
+from stablelosses.functional._masked import check_mask
 
 _FN = "dice_loss"
 
-SPEC = OpSpec(
-    "dice_loss",
-    (Arg("dims", OPTIONAL_NONEMPTY_DIMS), Arg("reduction", REDUCTION), Arg("smooth", SMOOTH)),
-    replaces="the soft Dice snippet (smp's and MONAI's DiceLoss)",
-    reference="1 − (2 Σ p·t + smooth) / (Σ p + Σ t + smooth) per sample, in float64",
-    tensors=("input", "target", "mask"),
-)
+
+def check_dice_args(fn: str, dims: object, reduction: object, smooth: object) -> tuple[str, float]:
+    """``(reduction, smooth)`` checked, and what of ``dims`` needs no input (ints, not an empty
+    list; its range is checked against the input): also by ``DiceLoss`` at construction."""
+    check_dims(fn, "dims", dims, empty=False, optional=True)
+    return check_reduction(fn, reduction), check_finite_nonnegative(fn, "smooth", smooth)
 
 
 def _dice_dims(dims: object, ndim: int) -> tuple[int, ...]:
@@ -81,10 +81,22 @@ def dice_loss(
     are both empty ($\sum p + \sum t = 0$) gives **0**: both are the empty set, a perfect match
     (``1 − 0/0`` is NaN in the hand-written formula). With ``smooth > 0`` it is the smoothed
     formula above everywhere (both empty: $s/s$, loss 0), MONAI's convention (``smooth_nr =
-    smooth_dr = s``). It is not segmentation_models_pytorch's: smp ≥ 0.4's ``smooth=s`` equals
-    ``smooth=2s`` here, and smp's ``DiceLoss`` scores each class over the whole batch, where
-    this scores each sample (move the class dimension first and pass ``dims`` to get smp's
-    grouping).
+    smooth_dr = s``).
+
+    **segmentation_models_pytorch.** smp's ``DiceLoss`` differs in three ways. It scores
+    each class over the whole batch (sums over the batch and the pixels, ``dims=(0, 2)`` on
+    ``(N, C, H·W)``), where this scores each sample. Its ``smooth`` enters as
+    $(I + s)/(\tfrac12(\sum p + \sum t) + s)$ since smp 0.4 (a Tversky score with
+    $\alpha = \beta = \tfrac12$), which is ``smooth=2s`` here ($I = \sum p\,t$ for a 0/1
+    target). And it zeroes the loss of a class with no target pixel, then averages over all the
+    classes. With probabilities ``p`` and a 0/1 target ``t`` of shape $(N, C, *)$, smp's
+    ``DiceLoss(mode, from_logits=False, smooth=s)(p, t)`` is (up to its ``eps = 1e-7``
+    floor on the denominator):
+
+    ```python
+    (dice_loss(p.movedim(1, 0), t.movedim(1, 0), smooth=2 * s, reduction="none")
+     * (t.movedim(1, 0).flatten(1).sum(1) > 0)).mean()
+    ```
 
     **Gradient.** $\partial\ell/\partial p_i = \big((1 - 2t_i) - \ell\big)/D$ with
     $D = \sum p + \sum t + s$ (and the same with $p$ and $t$ swapped for ``target``), autograd
@@ -142,7 +154,7 @@ def dice_loss(
     """
     x = check_floating(_FN, "input", input)
     t = check_tensor(_FN, "target", target)
-    reduction, s = SPEC.check(reduction, smooth)
+    reduction, s = check_dice_args(_FN, dims, reduction, smooth)
     reduce_dims = _dice_dims(dims, x.ndim)
     if not broadcasts_to(t.shape, x.shape):
         raise ValueError(
@@ -161,4 +173,4 @@ def dice_loss(
     empty = denom == 0
     # Double where: a safe divisor, then the defined 0 on both-empty samples.
     loss = torch.where(empty, 0.0, diff / torch.where(empty, 1.0, denom))
-    return cast(reduce_masked(loss, m, reduction), out_dtype)
+    return cast(reduce(loss, reduction, m), out_dtype)

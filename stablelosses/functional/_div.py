@@ -5,20 +5,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.div import _safe_div
-from stablelosses._spec import FILL, Arg, OpSpec
+from stablelosses._spec import check_fill
 from stablelosses._utils import cast
 from stablelosses.functional._operands import _binary_operands
 
-SPEC = OpSpec(
-    "safe_div",
-    (Arg("fill", FILL),),
-    replaces="torch.div, torch.where(other != 0, input / other, fill)",
-    reference="input / other in float64 where other != 0",
-    tensors=("input", "other"),
-)
 
-
-def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0) -> Tensor:
+def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0,
+             rounding_mode: str | None = None) -> Tensor:
     r"""Division that returns ``fill`` where the divisor is 0, with zero gradients there.
 
     $$ \operatorname{safe\_div}(a, b) = \begin{cases} a / b & b \ne 0 \\ \text{fill} & b = 0 \end{cases} $$
@@ -39,6 +32,10 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0)
         input: dividend (tensor or number).
         other: divisor (tensor or number), broadcastable with ``input``.
         fill: value where ``other == 0``. Default: ``0.0``.
+        rounding_mode: only ``None`` (true division). ``torch.div``'s ``'trunc'`` and
+            ``'floor'`` are refused: a rounded quotient has gradient 0 everywhere in torch, so
+            it has no unsafe gradient to replace; write
+            ``torch.div(a, b.masked_fill(b == 0, 1), rounding_mode=...).masked_fill(b == 0, fill)``.
 
     Returns:
         Tensor of the broadcast shape, in the dtype ``torch.div`` returns; two Python numbers
@@ -47,6 +44,7 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0)
     Raises:
         TypeError: an operand is neither a tensor nor a real number, or ``fill`` is not a real
             number.
+        NotImplementedError: ``rounding_mode`` is not ``None``.
         RuntimeError: the shapes do not broadcast.
 
     Example:
@@ -62,6 +60,15 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0)
 
     Replaces ``torch.div`` and ``torch.where(b != 0, a / b, fill)``.
     """
-    (fill,) = SPEC.check(fill)
+    if rounding_mode is not None:
+        raise NotImplementedError(
+            f"safe_div: rounding_mode={rounding_mode!r} is not supported: a rounded quotient has "
+            "gradient 0 everywhere (torch's), so there is no unsafe gradient to replace; use "
+            "torch.div(a, b.masked_fill(b == 0, 1), rounding_mode=...).masked_fill(b == 0, fill)"
+        )
+    fill = check_fill("safe_div", fill)
     a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
-    return cast(_safe_div(a, b, float(fill)), out_dtype)
+    q = _safe_div(a, b, float(fill))
+    if q.requires_grad and q.dtype == out_dtype:
+        q = q.clone()  # backward saved q: the caller edits a copy in place, as a / b's result
+    return cast(q, out_dtype)

@@ -6,18 +6,17 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses import _triton
-from stablelosses._spec import GAMMA, IGNORE_INDEX, REDUCTION, Arg, OpSpec
+from stablelosses._spec import check_finite_nonnegative, check_int, check_reduction
 from stablelosses._utils import check_floating, check_tensor
 from stablelosses.functional._cross_entropy import _class_dim, _index_targets, _no_classes
 
-SPEC = OpSpec(
-    "focal_loss",
-    (Arg("reduction", REDUCTION), Arg("gamma", GAMMA), Arg("ignore_index", IGNORE_INDEX)),
-    replaces="the softmax-then-log FocalLoss snippet, kornia.losses.focal_loss",
-    reference="Lin et al., Focal Loss for Dense Object Detection (2017); a float64 torch formula "
-    "with 1 - p_t from the other classes, mpmath for the tails",
-    tensors=("input", "target", "weight", "mask"),
-)
+
+def check_focal_loss_args(
+    fn: str, reduction: object, gamma: object, ignore_index: object
+) -> tuple[str, float, int]:
+    """``(reduction, gamma, ignore_index)`` checked (also by ``FocalLoss`` at construction)."""
+    return (check_reduction(fn, reduction), check_finite_nonnegative(fn, "gamma", gamma),
+            check_int(fn, "ignore_index", ignore_index, tensor=True))
 
 
 def focal_loss(
@@ -116,7 +115,7 @@ def focal_loss(
     out = _triton.class_index_loss(input, target, weight, ignore_index, reduction, 0.0, gamma, mask)
     if out is not None:  # the kernels when selected (stablelosses.set_backend)
         return out
-    reduction, gamma, ignore_index = SPEC.check(reduction, gamma, ignore_index)
+    reduction, gamma, ignore_index = check_focal_loss_args(fn, reduction, gamma, ignore_index)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)

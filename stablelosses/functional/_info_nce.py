@@ -7,23 +7,17 @@ from torch import Tensor
 
 import stablelosses.functional as _functional
 from stablelosses._autograd.vector import _normalize
-from stablelosses._spec import FLAG, REDUCTION, TEMPERATURE, Arg, OpSpec
+from stablelosses._spec import check_flag, check_reduction, check_temperature
 from stablelosses._utils import cast, check_floating, operand_dtypes
 from stablelosses.functional._masked import check_mask
 
 _FN = "info_nce_loss"
 
-SPEC = OpSpec(
-    "info_nce_loss",
-    (Arg("temperature", TEMPERATURE), Arg("reduction", REDUCTION), Arg("symmetric", FLAG)),
-    replaces="the cross-entropy-over-similarities InfoNCE snippet (CLIP, SimCLR)",
-    reference="cross_entropy over the float64 similarity matrix divided by the temperature",
-    tensors=("query", "key", "mask"),
-)
 
-
-
-
+def check_info_nce_args(fn: str, temperature: object, reduction: object, symmetric: object) -> tuple:
+    """``(temperature, reduction, symmetric)`` checked (also by ``InfoNCELoss`` at construction)."""
+    return (check_temperature(fn, temperature), check_reduction(fn, reduction),
+            check_flag(fn, "symmetric", symmetric))
 
 
 def info_nce_loss(
@@ -110,7 +104,7 @@ def info_nce_loss(
         raise ValueError(
             f"{_FN}: query and key must both have shape (N, D), got {tuple(q.shape)} and {tuple(k.shape)}"
         )
-    tau, reduction, symmetric = SPEC.check(temperature, reduction, symmetric)
+    tau, reduction, symmetric = check_info_nce_args(_FN, temperature, reduction, symmetric)
     work, out_dtype = operand_dtypes(q, k)
     qw, kw = q.to(work), k.to(device=q.device, dtype=work)
     m = None

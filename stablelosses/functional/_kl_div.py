@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.kl_div import _kl_div
-from stablelosses._spec import FLAG, KL_REDUCTION, Arg, OpSpec
+from stablelosses._spec import KL_REDUCTIONS, check_flag, check_reduction
 from stablelosses._utils import (
     broadcast_shapes,
     cast,
@@ -17,16 +17,46 @@ from stablelosses._utils import (
     operand_dtypes,
 )
 from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
-from stablelosses.functional._masked import check_mask, reduce_masked
+from stablelosses.functional._masked import check_mask
 
-SPEC = OpSpec(
-    "kl_div",
-    (Arg("reduction", KL_REDUCTION), Arg("log_target", FLAG)),
-    replaces="torch.nn.functional.kl_div",
-    reference="torch.nn.functional.kl_div in float64 where torch is finite; 0·log 0 = 0 elsewhere",
-    tensors=("input", "target", "mask"),
-    elsewhere=("size_average", "reduce"),
-)
+
+def check_kl_div_args(fn: str, reduction: object, log_target: object) -> tuple[str, bool]:
+    """``(reduction, log_target)`` checked (also by ``KLDivLoss`` at construction)."""
+    return check_reduction(fn, reduction, KL_REDUCTIONS), check_flag(fn, "log_target", log_target)
+
+
+class _FalseByDefault:
+    """``log_target``'s default: ``False``, told apart from an explicit ``False``, which in
+    torch's positional order is ``reduce=False``."""
+
+    def __repr__(self) -> str:
+        return "False"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+_FALSE = _FalseByDefault()
+
+
+def _legacy_positional(
+    fn: str, reduction: object, log_target: object, legacy: tuple[object, ...],
+    size_average: object, reduce: object,
+) -> tuple[object, object, object, object]:
+    """torch's positional order ``(input, target, size_average, reduce, reduction, log_target)``:
+    a ``None`` or a bool where ``reduction`` stands, with a fourth argument, is torch's
+    ``size_average``. Gives ``(reduction, log_target, size_average, reduce)``."""
+    if not (reduction is None or type(reduction) is bool):
+        if legacy:
+            raise TypeError(f"{fn}: takes at most 4 positional arguments (input, target, reduction, "
+                            f"log_target), or torch's 6 with size_average and reduce first")
+        return reduction, log_target, size_average, reduce
+    if len(legacy) > 2:
+        raise TypeError(f"{fn}: takes at most 6 positional arguments, got {4 + len(legacy)}")
+    if size_average is not None or reduce is not None:
+        raise TypeError(f"{fn}: size_average or reduce given twice, by position and by keyword")
+    rest = (*legacy, *("mean", False)[len(legacy):])
+    return rest[0], rest[1], reduction, None if log_target is _FALSE else log_target
 
 
 def _kl_div_masked(
@@ -39,7 +69,7 @@ def _kl_div_masked(
     # select, do not multiply: a NaN at a False entry is never read (0 · log 0 terms give 0)
     x = torch.where(m, input, 0.0)
     t = torch.where(m, target, 0.0)
-    loss = reduce_masked(_kl_div(x, t, log_target), m, base)
+    loss = _reduce(_kl_div(x, t, log_target), base, m)
     if reduction == "batchmean" and len(shape) != 0:
         rows = m.expand(shape).reshape(shape[0], -1).any(1).sum().clamp_min(1)
         loss = loss / rows
@@ -52,8 +82,8 @@ def kl_div(
     input: Tensor,
     target: Tensor,
     reduction: str = "mean",
-    log_target: bool = False,
-    *,
+    log_target: bool = _FALSE,  # type: ignore[assignment]
+    *legacy: object,
     size_average: bool | None = None,
     reduce: bool | None = None,
     mask: Tensor | None = None,
@@ -102,6 +132,11 @@ def kl_div(
         size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``
             (``'batchmean'`` still divides by ``input.size(0)`` afterwards, as torch does).
         reduce: deprecated (as in torch), see ``size_average``.
+        *legacy: torch's positional order, ``kl_div(input, target, size_average, reduce,
+            reduction, log_target)``: a ``None`` or bool third argument is ``size_average``, the
+            fourth ``reduce`` and the next two ``reduction`` and ``log_target``, as in torch
+            (``kl_div(input, target, None, None, 'sum')``). A lone ``None`` or bool third
+            argument is refused: pass ``size_average=`` by keyword.
         mask: bool tensor, True = counts, broadcastable to the broadcast shape of ``input``
             and ``target`` (keyword-only); ``None``: every entry counts. Default: ``None``.
 
@@ -139,7 +174,12 @@ def kl_div(
     fn = "kl_div"
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
-    reduction, log_target = SPEC.check(reduction, log_target)
+    if legacy or ((reduction is None or type(reduction) is bool) and log_target is not _FALSE):
+        reduction, log_target, size_average, reduce = _legacy_positional(  # type: ignore[assignment]
+            fn, reduction, log_target, legacy, size_average, reduce)
+    if log_target is _FALSE:
+        log_target = False
+    reduction, log_target = check_kl_div_args(fn, reduction, log_target)
     # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
     # the result by input.size(0) afterwards (torch keeps that quirk).
     base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)

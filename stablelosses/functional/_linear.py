@@ -20,16 +20,13 @@ from stablelosses._autograd.linear import (
 from stablelosses._autograd.linear_index import IndexHead
 from stablelosses._compat import forward_ad_active
 from stablelosses._spec import (
-    CHUNK_SIZE,
-    GAMMA,
-    IGNORE_INDEX,
-    LABEL_SMOOTHING,
-    OPTIONAL_IGNORE_INDEX,
-    REDUCTION,
-    SOFTCAP,
-    Z_LOSS,
-    Arg,
-    OpSpec,
+    check_chunk_size,
+    check_finite_nonnegative,
+    check_int,
+    check_label_smoothing,
+    check_reduction,
+    check_softcap,
+    check_z_loss,
 )
 from stablelosses._utils import (
     autocast_to_float32,
@@ -45,29 +42,6 @@ from stablelosses.functional._masked import check_mask
 
 __all__ = ["CHUNK_BYTES", "default_chunk_size", "linear_cross_entropy", "linear_focal_loss"]
 
-
-_LINEAR_ARGS = (
-    Arg("ignore_index", OPTIONAL_IGNORE_INDEX), Arg("reduction", REDUCTION),
-    Arg("label_smoothing", LABEL_SMOOTHING), Arg("z_loss", Z_LOSS), Arg("softcap", SOFTCAP),
-    Arg("chunk_size", CHUNK_SIZE),
-)
-SPEC = OpSpec(
-    "linear_cross_entropy",
-    _LINEAR_ARGS,
-    replaces="F.cross_entropy(F.linear(input, linear_weight, linear_bias), target), "
-    "torch.nn.functional.linear_cross_entropy",
-    reference="cross_entropy of the float64 logits",
-    tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
-    elsewhere=("options", "process_group", "vocab_start", "normalizer"),
-)
-FOCAL_SPEC = OpSpec(
-    "linear_focal_loss",
-    (_LINEAR_ARGS[0], _LINEAR_ARGS[1], Arg("gamma", GAMMA), *_LINEAR_ARGS[3:]),
-    replaces="focal_loss(F.linear(input, linear_weight, linear_bias), target)",
-    reference="focal_loss of the float64 logits",
-    tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
-    elsewhere=("options", "process_group", "vocab_start", "normalizer"),
-)
 
 # torch >= 2.13's options class (None on older torch, where ``options`` must be None)
 _OPTIONS_CLASS = getattr(torch.nn, "LinearCrossEntropyOptions", None)
@@ -89,7 +63,7 @@ def _check_args(
     focal: bool = False,
 ) -> tuple[int, float, float | None, int, _Shapes]:
     """``(ignore_index, z_loss, softcap, chunk, shapes)`` checked, with every tensor argument."""
-    REDUCTION.check(fn, "reduction", reduction)
+    check_reduction(fn, reduction)
     x = check_floating(fn, "input", input)
     w = check_floating(fn, "linear_weight", linear_weight)
     t = check_tensor(fn, "target", target)
@@ -142,7 +116,7 @@ def _check_args(
                 f"{fn}: target must have shape {list((*x.shape[:-1], *out))} (input's without H"
                 f"{', then d_1, ..., d_K' if out else ''}), got {list(t.shape)}"
             )
-    ii = -100 if ignore_index is None else ignore_index  # None: torch's default, -100
+    ii = -100 if ignore_index is None else check_int(fn, "ignore_index", ignore_index)  # None: torch's -100
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     assert isinstance(ii, int)  # checked there
     return ii, z, cap, chunk, _Shapes(probabilities, bool(out))
@@ -155,10 +129,10 @@ def check_linear_options(
 ) -> tuple[float, float | None, int]:
     """``(z_loss, softcap, chunk)`` checked (``chunk`` -1 for automatic): the arguments that
     need no tensor, also checked by the modules at construction."""
-    IGNORE_INDEX.check(fn, "ignore_index", ignore_index)
-    z = Z_LOSS.check(fn, "z_loss", z_loss)
-    cap = SOFTCAP.check(fn, "softcap", softcap)
-    chunk = CHUNK_SIZE.check(fn, "chunk_size", chunk_size)
+    check_int(fn, "ignore_index", ignore_index)
+    z = check_z_loss(fn, z_loss)
+    cap = check_softcap(fn, softcap)
+    chunk = check_chunk_size(fn, chunk_size)
     return z, cap, -1 if chunk is None else chunk
 
 
@@ -405,11 +379,11 @@ def _parallel(
     normalizer: object = None,
 ) -> Tensor:
     """The vocabulary-parallel call, its scalar arguments checked as in the one-process one."""
-    REDUCTION.check(fn, "reduction", reduction)
+    check_reduction(fn, reduction)
     norm = check_normalizer(fn, normalizer, reduction)
-    ii = -100 if ignore_index is None else ignore_index
+    ii = -100 if ignore_index is None else check_int(fn, "ignore_index", ignore_index)
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
-    eps = LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)
+    eps = check_label_smoothing(fn, label_smoothing)
     if forward_ad_active():
         raise NotImplementedError(f"{fn}: forward-mode AD is not supported with a sharded vocabulary")
     assert isinstance(ii, int) and isinstance(reduction, str)
@@ -654,7 +628,7 @@ def linear_cross_entropy(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
         chunk_size,
     )
-    eps = LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)  # cross_entropy's kind
+    eps = check_label_smoothing(fn, label_smoothing)  # cross_entropy's check
     norm = check_normalizer(fn, normalizer, reduction)
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, None, chunk,
@@ -747,8 +721,8 @@ def linear_focal_loss(
     if process_group is not None or is_dtensor(linear_weight):
         return _parallel(
             fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, 0.0,
-            z_loss, softcap, GAMMA.check(fn, "gamma", gamma), chunk_size, mask, options, process_group,
-            vocab_start, normalizer,
+            z_loss, softcap, check_finite_nonnegative(fn, "gamma", gamma), chunk_size, mask, options,
+            process_group, vocab_start, normalizer,
         )
     if vocab_start is not None:
         raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
@@ -756,7 +730,7 @@ def linear_focal_loss(
         fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, z_loss, softcap,
         chunk_size, focal=True,
     )
-    g = GAMMA.check(fn, "gamma", gamma)
+    g = check_finite_nonnegative(fn, "gamma", gamma)
     norm = check_normalizer(fn, normalizer, reduction)
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, 0.0, z, cap, g, chunk, mask,

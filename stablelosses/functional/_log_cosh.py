@@ -5,17 +5,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.log_cosh import _log_cosh
-from stablelosses._spec import REDUCTION, Arg, OpSpec
-from stablelosses._utils import NONE, REDUCTION_MODE, cast, check_floating, operand_dtypes
-from stablelosses.functional._masked import masked_residual, reduce_masked
-
-SPEC = OpSpec(
-    "log_cosh_loss",
-    (Arg("reduction", REDUCTION),),
-    replaces="torch.log(torch.cosh(input - target)).mean()",
-    reference="|r| + log1p(exp(−2|r|)) − log 2 in float64",
-    tensors=("input", "target", "mask"),
-)
+from stablelosses._spec import check_reduction
+from stablelosses._utils import cast, check_floating, operand_dtypes, reduce
+from stablelosses.functional._masked import masked_residual
 
 
 def log_cosh_loss(
@@ -90,11 +82,11 @@ def log_cosh_loss(
     fn = "log_cosh_loss"
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
-    (reduction,) = SPEC.check(reduction)
+    reduction = check_reduction(fn, reduction)
     # type promotion as torch.log(torch.cosh(input - target)): (float16, float32) is float32
     work, out_dtype = operand_dtypes(input, target)
     x, y = input.to(work), target.to(work)
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
-        return cast(reduce_masked(_log_cosh(r, r.new_zeros(()), NONE)[0], m, reduction), out_dtype)
-    return cast(_log_cosh(x, y, REDUCTION_MODE[reduction])[0], out_dtype)
+        return cast(reduce(_log_cosh(r, r.new_zeros(()), "none")[0], reduction, m), out_dtype)
+    return cast(_log_cosh(x, y, reduction)[0], out_dtype)

@@ -5,20 +5,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.logaddexp import _logaddexp
-from stablelosses._spec import OpSpec
-from stablelosses._utils import cast
+from stablelosses._utils import cast, write_out
 from stablelosses.functional._operands import _binary_operands
 
-SPEC = OpSpec(
-    "logaddexp",
-    (),
-    replaces="torch.logaddexp",
-    reference="torch.logaddexp in float64; defined gradients at ±inf",
-    tensors=("input", "other"),
-)
 
-
-def logaddexp(input: Tensor, other: Tensor) -> Tensor:
+def logaddexp(input: Tensor, other: Tensor, *, out: Tensor | None = None) -> Tensor:
     r"""``log(exp(input) + exp(other))``, with gradients 0 when both are ``-inf``.
 
     $$ \operatorname{logaddexp}(a, b) = \max(a, b) + \log\!\big(1 + e^{-|a - b|}\big) $$
@@ -36,6 +27,9 @@ def logaddexp(input: Tensor, other: Tensor) -> Tensor:
     Args:
         input: tensor or number.
         other: tensor or number, broadcastable with ``input``.
+        out: the output tensor, as in ``torch.logaddexp``: the result is written into it and
+            it is returned; not differentiable (torch's ``RuntimeError`` when an input
+            requires grad). Default: ``None``.
 
     Returns:
         Tensor of the broadcast shape in the promoted floating dtype (float16/bfloat16
@@ -65,4 +59,6 @@ def logaddexp(input: Tensor, other: Tensor) -> Tensor:
         if not isinstance(v, Tensor):  # torch.logaddexp takes no Python number either
             raise TypeError(f"logaddexp: {name} must be a torch.Tensor, got {type(v).__name__}")
     a, b, out_dtype = _binary_operands("logaddexp", input, other, ("input", "other"))
+    if out is not None:
+        return write_out("logaddexp", cast(_logaddexp(a, b), out_dtype), out, input, other)
     return cast(_logaddexp(a, b), out_dtype)

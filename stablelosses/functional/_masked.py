@@ -8,32 +8,15 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.masked import _entropy
-from stablelosses._spec import DIM, KEEPDIM, OPTIONAL_DIMS, Arg, OpSpec
+from stablelosses._spec import check_flag
 from stablelosses._utils import (
-    MEAN,
-    SUM,
     broadcasts_to,
     check_floating,
     check_same_device,
-    reduce,
+    masked_mean_over,
     upcast,
     wrap_dim,
     wrap_dims,
-)
-
-MASKED_MEAN_SPEC = OpSpec(
-    "masked_mean",
-    (Arg("dim", OPTIONAL_DIMS), Arg("keepdim", KEEPDIM)),
-    replaces="(input * mask).sum() / mask.sum()",
-    reference="the float64 masked mean; 0 (gradient 0) where nothing takes part",
-    tensors=("input", "mask"),
-)
-ENTROPY_SPEC = OpSpec(
-    "entropy",
-    (Arg("dim", DIM),),
-    replaces="-(softmax(logits) * log_softmax(logits)).sum(dim)",
-    reference="the float64 entropy with 0·log 0 = 0",
-    tensors=("logits", "mask"),
 )
 
 
@@ -58,13 +41,6 @@ def check_mask(
 
 def _dims(fn: str, dim: object, ndim: int) -> tuple[int, ...]:
     return tuple(range(ndim)) if dim is None else wrap_dims(fn, dim, ndim)
-
-
-def _masked_mean(x: Tensor, mask: Tensor, dims: tuple[int, ...], keepdim: bool) -> Tensor:
-    """Σ over True entries / their count (clamped to 1): 0 with gradient 0 on an empty slice."""
-    total = torch.where(mask, x, 0.0).sum(dims, keepdim=keepdim)
-    count = mask.expand(x.shape).sum(dims, keepdim=keepdim)
-    return total / count.clamp_min(1)
 
 
 def masked_mean(input: Tensor, mask: Tensor, dim: int | Sequence[int] | None = None,
@@ -114,8 +90,8 @@ def masked_mean(input: Tensor, mask: Tensor, dim: int | Sequence[int] | None = N
     x = check_floating("masked_mean", "input", input)
     m = check_mask("masked_mean", mask, x.shape, device=x.device).to(x.device)
     dims = _dims("masked_mean", dim, x.ndim)
-    MASKED_MEAN_SPEC.check(keepdim)
-    return _masked_mean(upcast(x), m, dims, keepdim).to(x.dtype)
+    check_flag("masked_mean", "keepdim", keepdim)
+    return masked_mean_over(upcast(x), m, dims, keepdim).to(x.dtype)
 
 
 def entropy(logits: Tensor, dim: int = -1, *, mask: Tensor | None = None) -> Tensor:
@@ -176,7 +152,8 @@ def entropy(logits: Tensor, dim: int = -1, *, mask: Tensor | None = None) -> Ten
     if xc.ndim == 0:
         xc = xc.reshape(1)
     h, _ = _entropy(xc, d)
-    return h.to(x.dtype)
+    # a copy: backward saved h, and the caller may edit the result in place (N values)
+    return h.clone() if h.dtype == x.dtype else h.to(x.dtype)
 
 
 def masked_residual(fn: str, x: Tensor, y: Tensor, mask: object) -> tuple[Tensor, Tensor]:
@@ -184,23 +161,3 @@ def masked_residual(fn: str, x: Tensor, y: Tensor, mask: object) -> tuple[Tensor
     r = x - y
     m = check_mask(fn, mask, r.shape, device=r.device).to(r.device)
     return torch.where(m, r, 0.0), m
-
-
-def reduce_masked(loss: Tensor, mask: Tensor | None, reduction: str | int) -> Tensor:
-    r"""Reduce an unreduced loss over the entries where ``mask`` is True.
-
-    ``'mean'`` is [`masked_mean`][stablelosses.functional.masked_mean] over all entries (0 for
-    an all-False mask), ``'sum'`` sums the True entries, ``'none'`` returns ``loss`` with 0
-    (gradient 0) at False entries. ``mask=None`` is the plain reduction. ``mask`` must have been
-    checked with `check_mask` against ``loss.shape``; ``reduction`` may be the string or its
-    code from `stablelosses._utils`.
-    """
-    if mask is None:
-        return reduce(loss, reduction)
-    m = mask.to(loss.device)
-    if reduction in ("mean", MEAN):
-        return _masked_mean(loss, m, tuple(range(loss.ndim)), False)
-    kept = torch.where(m, loss, 0.0)
-    if reduction in ("sum", SUM):
-        return kept.sum()
-    return kept  # 'none'

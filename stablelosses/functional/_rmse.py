@@ -8,24 +8,14 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.rmse import _rmse
-from stablelosses._spec import EPS, REDUCTION, Arg, OpSpec
-from stablelosses._utils import (
-    NONE,
-    REDUCTION_MODE,
-    SUM,
-    cast,
-    check_tensor,
-    operand_dtypes,
-)
-from stablelosses.functional._masked import masked_residual, reduce_masked
+from stablelosses._spec import check_nonnegative, check_reduction
+from stablelosses._utils import cast, check_tensor, operand_dtypes, reduce
+from stablelosses.functional._masked import masked_residual
 
-SPEC = OpSpec(
-    "rmse_loss",
-    (Arg("reduction", REDUCTION), Arg("eps", EPS)),
-    replaces="torch.sqrt(F.mse_loss(input, target))",
-    reference="sqrt of the float64 mean of squares (scaled: no overflow)",
-    tensors=("input", "target", "mask"),
-)
+
+def check_rmse_args(fn: str, reduction: object, eps: object) -> tuple[str, float]:
+    """``(reduction, eps)`` checked: the arguments ``RMSELoss`` also checks at construction."""
+    return check_reduction(fn, reduction), check_nonnegative(fn, "eps", eps)
 
 
 def _warn_broadcast(input: Tensor, target: Tensor) -> None:
@@ -58,12 +48,12 @@ def _rmse_masked(r: Tensor, m: Tensor, reduction: str, eps: float) -> Tensor:
     """rmse of the selected residuals ``r`` (0 at False entries of ``m``)."""
     zero = r.new_zeros(())
     if reduction == "none":
-        return reduce_masked(_rmse(r, zero, NONE, eps)[0], m, reduction)
+        return reduce(_rmse(r, zero, "none", eps)[0], reduction, m)
     if reduction == "mean":
         # sqrt(Σ r² / n + eps) = the 'sum' rmse of r / sqrt(n), n = number of True entries (≥ 1)
         n = m.expand(r.shape).sum().clamp_min(1).to(r.dtype)
         r = r * n.rsqrt()
-    return _rmse(r, zero, SUM, eps)[0]
+    return _rmse(r, zero, "sum", eps)[0]
 
 
 def rmse_loss(
@@ -153,10 +143,10 @@ def rmse_loss(
     Replaces ``torch.sqrt(F.mse_loss(input, target, reduction=reduction) + eps)``.
     """
     fn = "rmse_loss"
-    reduction, eps = SPEC.check(reduction, eps)
+    reduction, eps = check_rmse_args(fn, reduction, eps)
     x, y, out_dtype = _mse_operands(fn, input, target)
     _warn_broadcast(x, y)
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
         return cast(_rmse_masked(r, m, reduction, eps), out_dtype)
-    return cast(_rmse(x, y, REDUCTION_MODE[reduction], eps)[0], out_dtype)
+    return cast(_rmse(x, y, reduction, eps)[0], out_dtype)

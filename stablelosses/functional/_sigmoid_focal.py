@@ -7,32 +7,19 @@ from torch import Tensor
 
 from stablelosses import _triton
 from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
-from stablelosses._spec import ALPHA, GAMMA, TORCHVISION_REDUCTION, Arg, OpSpec
-from stablelosses._utils import (
-    NONE,
-    REDUCTION_MODE,
-    cast,
-    check_floating,
-    operand_dtypes,
-)
-from stablelosses.functional._masked import check_mask, reduce_masked
-
-SPEC = OpSpec(
-    "sigmoid_focal_loss",
-    (Arg("reduction", TORCHVISION_REDUCTION), Arg("alpha", ALPHA), Arg("gamma", GAMMA)),
-    replaces="torchvision.ops.sigmoid_focal_loss",
-    reference="mpmath at 50 digits (tests/test_sigmoid_focal.py), torchvision's formula where finite",
-    tensors=("input", "target", "mask"),
-)
+from stablelosses._spec import check_alpha, check_finite_nonnegative, check_reduction
+from stablelosses._utils import cast, check_floating, operand_dtypes, reduce
+from stablelosses.functional._masked import check_mask
 
 
-def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -> tuple[float, float]:
-    """``(alpha, gamma)`` as floats, or ``TypeError``/``ValueError`` naming ``fn`` and the argument.
+def check_focal_args(fn: str, alpha: object, gamma: object, reduction: object) -> tuple[str, float, float]:
+    """``(reduction, alpha, gamma)`` checked, or ``TypeError``/``ValueError`` naming ``fn`` and the
+    argument (also by ``SigmoidFocalLoss`` at construction).
 
     The reduction message carries the word ``Invalid`` as torchvision's does (its tests match it).
     """
-    _reduction, alpha_f, gamma_f = SPEC.check_as(fn, reduction, alpha, gamma)
-    return alpha_f, gamma_f
+    r = check_reduction(fn, reduction, prefix="Invalid reduction: ")
+    return r, check_alpha(fn, alpha), check_finite_nonnegative(fn, "gamma", gamma)
 
 
 def sigmoid_focal_loss(
@@ -136,7 +123,7 @@ def sigmoid_focal_loss(
         return out
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
-    alpha_f, gamma_f = check_focal_args(fn, alpha, gamma, reduction)
+    reduction, alpha_f, gamma_f = check_focal_args(fn, alpha, gamma, reduction)
     if target.size() != input.size():
         # as torchvision, whose binary_cross_entropy_with_logits refuses to broadcast
         raise ValueError(
@@ -149,6 +136,6 @@ def sigmoid_focal_loss(
         m = check_mask(fn, mask, input.shape, device=input.device).to(input.device)
         # select, do not multiply: a NaN at a False entry is never read
         x, t = torch.where(m, x, 0.0), torch.where(m, t, 0.0)
-        return cast(reduce_masked(_sigmoid_focal(x, t, alpha_f, gamma_f, NONE), m, reduction), out_dtype)
-    loss = _sigmoid_focal(x, t, alpha_f, gamma_f, REDUCTION_MODE[reduction])
+        return cast(reduce(_sigmoid_focal(x, t, alpha_f, gamma_f, "none"), reduction, m), out_dtype)
+    loss = _sigmoid_focal(x, t, alpha_f, gamma_f, reduction)
     return cast(loss, out_dtype)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from stablelosses import _triton
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
-from stablelosses._spec import DIM, FLOAT_DTYPE, KEEPDIM, NONEMPTY_DIMS, Arg, OpSpec
+from stablelosses._spec import check_flag, check_float_dtype, check_int
 from stablelosses._utils import (
     broadcasts_to,
     cast,
@@ -21,30 +21,20 @@ from stablelosses._utils import (
     compute_dtype,
     wrap_dim,
     wrap_dims,
+    write_out,
 )
 from stablelosses.functional._operands import _LOW, _float_result
 
 
-def _softmax_spec(name: str, limits: str) -> OpSpec:
-    """softmax and log_softmax take the same arguments."""
-    return OpSpec(
-        name,
-        (Arg("dim", DIM), Arg("dtype", FLOAT_DTYPE)),
-        replaces=f"torch.{name}, torch.nn.functional.{name}",
-        reference=f"torch.{name} in float64; {limits}",
-        tensors=("input", "mask"),
-    )
-
-
-SOFTMAX_SPEC = _softmax_spec("softmax", "0 on fully masked slices, uniform over +inf entries")
-LOG_SOFTMAX_SPEC = _softmax_spec("log_softmax", "-inf on fully masked slices")
-LOGSUMEXP_SPEC = OpSpec(
-    "logsumexp",
-    (Arg("dim", NONEMPTY_DIMS), Arg("keepdim", KEEPDIM)),
-    replaces="torch.logsumexp",
-    reference="torch.logsumexp (its kernel's values); the float64 softmax as the gradient",
-    tensors=("input",),
-)
+def _positional_dtype(fn: str, stacklevel: object, dtype: object) -> object:
+    """The third positional argument: ``F.softmax``'s legacy ``_stacklevel`` (an int torch
+    ignores, and so do we) or ``torch.softmax``'s ``dtype``."""
+    if isinstance(stacklevel, torch.dtype):
+        if dtype is not None:
+            raise TypeError(f"{fn}: dtype given twice, as the third argument and as dtype=")
+        return stacklevel
+    check_int(fn, "_stacklevel", stacklevel)
+    return dtype
 
 
 def _softmax_out_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -61,7 +51,7 @@ def _check_softmax_args(
 ) -> tuple[Tensor, int]:
     x = check_tensor(fn, "input", input)
     if dtype is not None:
-        x = x.to(FLOAT_DTYPE.check(fn, "dtype", dtype))
+        x = x.to(check_float_dtype(fn, "dtype", dtype))
     if not x.is_floating_point():
         raise TypeError(
             f"{fn}: input must be a floating-point tensor (float16, bfloat16, float32 or float64), "
@@ -98,7 +88,8 @@ def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Tensor | N
     return cast(y, out_dtype)
 
 
-def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
+def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False, *,
+              out: Tensor | None = None) -> Tensor:
     r"""``log Σ exp(input)`` over ``dim``, with defined gradients on ``±inf`` slices.
 
     $$ \operatorname{logsumexp}(x)_i = \log \sum_j \exp(x_{ij}) $$
@@ -123,6 +114,9 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
         input: floating-point (or integer, promoted) tensor.
         dim: dimension or dimensions to reduce.
         keepdim: keep the reduced dimensions with size 1. Default: ``False``.
+        out: the output tensor, as in ``torch.logsumexp``: the result is written into it and it
+            is returned; not differentiable (torch's ``RuntimeError`` when ``input`` requires
+            grad). Default: ``None``.
 
     Returns:
         The reduced tensor, in ``input``'s dtype (float16/bfloat16 computed in float32).
@@ -143,20 +137,22 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
 
     Replaces ``torch.logsumexp``.
     """
-    out = _triton.softmax_like("logsumexp", input, dim, keepdim=keepdim)  # the kernels, when selected
     if out is not None:
-        return out
+        return write_out("logsumexp", logsumexp(input, dim, keepdim), out, input)
+    y = _triton.softmax_like("logsumexp", input, dim, keepdim=keepdim)  # the kernels, when selected
+    if y is not None:
+        return y
     x = _float_result(check_tensor("logsumexp", "input", input))
     dims = wrap_dims("logsumexp", dim, x.ndim, allow_empty=False)
-    LOGSUMEXP_SPEC.check(keepdim)
+    check_flag("logsumexp", "keepdim", keepdim)
     out_dtype = x.dtype
     if x.ndim == 0:
         return cast(_logsumexp(cast(x.reshape(1), compute_dtype(x)), (0,), False), out_dtype)
     return cast(_logsumexp(cast(x, compute_dtype(x)), dims, keepdim), out_dtype)
 
 
-def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
-            dtype: torch.dtype | None = None) -> Tensor:
+def softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtype | None = None, *,
+            mask: Tensor | None = None) -> Tensor:
     r"""Softmax over ``dim`` with an optional boolean ``mask``, exact on masked and ``±inf`` slices.
 
     $$ \operatorname{softmax}(x)_{ij} = \frac{\exp(x_{ij})}{\sum_k \exp(x_{ik})} $$
@@ -174,8 +170,10 @@ def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
     Args:
         input: floating-point tensor.
         dim: dimension along which softmax is computed.
-        mask: optional bool tensor broadcastable to ``input``. Default: ``None``.
+        _stacklevel: ``F.softmax``'s legacy positional argument, ignored as torch ignores it;
+            a ``torch.dtype`` here is ``torch.softmax(input, dim, dtype)``'s. Default: ``3``.
         dtype: cast ``input`` to this dtype first, as in ``torch.softmax``. Default: ``None``.
+        mask: optional bool tensor broadcastable to ``input`` (keyword-only). Default: ``None``.
 
     Returns:
         Tensor of ``input``'s shape and dtype (float16/bfloat16 computed in float32).
@@ -199,14 +197,15 @@ def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
 
     Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
     """
+    dtype = _positional_dtype("softmax", _stacklevel, dtype)  # type: ignore[assignment]
     out = _triton.softmax_like("softmax", input, dim, mask, dtype)  # the kernels, when selected
     if out is not None:
         return out
     return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
 
 
-def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
-                dtype: torch.dtype | None = None) -> Tensor:
+def log_softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtype | None = None, *,
+                mask: Tensor | None = None) -> Tensor:
     r"""Log-softmax over ``dim`` with an optional boolean ``mask``; masked entries are ``-inf``.
 
     $$ \operatorname{log\_softmax}(x)_{ij} = x_{ij} - \log \sum_k \exp(x_{ik}) $$
@@ -230,8 +229,11 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
     Args:
         input: floating-point tensor (cast to ``dtype`` first when given, as ``torch.log_softmax``).
         dim: the dimension normalised over.
-        mask: bool, broadcastable to ``input``, True = takes part; ``None``: all do. Default: ``None``.
+        _stacklevel: ``F.log_softmax``'s legacy positional argument, ignored as torch ignores
+            it; a ``torch.dtype`` here is ``torch.log_softmax(input, dim, dtype)``'s. Default: ``3``.
         dtype: see ``input``. Default: ``None``.
+        mask: bool, broadcastable to ``input``, True = takes part; ``None``: all do
+            (keyword-only). Default: ``None``.
 
     Returns:
         The log-probabilities: ``input``'s shape and dtype (half precision computed in float32).
@@ -254,6 +256,7 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
 
     Replaces ``torch.log_softmax`` / ``F.log_softmax``.
     """
+    dtype = _positional_dtype("log_softmax", _stacklevel, dtype)  # type: ignore[assignment]
     out = _triton.softmax_like("log_softmax", input, dim, mask, dtype)  # the kernels, when selected
     if out is not None:
         return out

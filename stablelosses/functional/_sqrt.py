@@ -5,17 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.sqrt import _safe_sqrt
-from stablelosses._spec import OpSpec
 from stablelosses._utils import cast, check_tensor, compute_dtype
 from stablelosses.functional._operands import _float_result
-
-SPEC = OpSpec(
-    "safe_sqrt",
-    (),
-    replaces="torch.sqrt",
-    reference="torch.sqrt in float64; gradient 0 at 0",
-    tensors=("input",),
-)
 
 
 def safe_sqrt(input: Tensor) -> Tensor:

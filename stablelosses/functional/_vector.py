@@ -6,26 +6,9 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.vector import _normalize
-from stablelosses._spec import DIM, EPS, P_NORM, Arg, OpSpec
-from stablelosses._utils import broadcast_shapes, cast, check_floating, compute_dtype, wrap_dim
+from stablelosses._spec import check_nonnegative, check_p_norm
+from stablelosses._utils import broadcast_shapes, cast, check_floating, compute_dtype, wrap_dim, write_out
 from stablelosses.functional._operands import _binary_operands
-
-SPEC = OpSpec(
-    "normalize",
-    (Arg("p", P_NORM), Arg("dim", DIM), Arg("eps", EPS)),
-    replaces="torch.nn.functional.normalize",
-    reference="x / ‖x‖_p in float64; 0 (gradient 0) for a zero vector",
-    tensors=("input",),
-)
-COSINE_SPEC = OpSpec(
-    "cosine_similarity",
-    (Arg("dim", DIM), Arg("eps", EPS)),
-    replaces="torch.nn.functional.cosine_similarity",
-    reference="x·y / (‖x‖ ‖y‖) in float64; 0 (gradient 0) for a zero vector",
-    tensors=("x1", "x2"),
-)
-
-
 
 
 def _normalize_below_one(x: Tensor, p: float, dim: int, eps: float) -> Tensor:
@@ -40,7 +23,9 @@ def _normalize_below_one(x: Tensor, p: float, dim: int, eps: float) -> Tensor:
     return torch.where(x.abs().amax(dim, keepdim=True) == 0, 0.0, y)
 
 
-def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> Tensor:
+def normalize(
+    input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0, out: Tensor | None = None
+) -> Tensor:
     r"""Divide ``input`` by its $p$-norm over ``dim``; a zero vector gives 0 with gradient 0.
 
     $$ \operatorname{normalize}(x) = \frac{x}{\max(\lVert x\rVert_p,\ \epsilon)} $$
@@ -67,6 +52,9 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
             torch's ``1e-12`` except at the zero vector. Default: ``2.0``.
         dim: dimension to normalise over. Default: ``1``.
         eps: lower bound of the divisor, as in ``F.normalize``. Default: ``0.0``.
+        out: the output tensor, as in ``F.normalize``: the result is written into it (resized
+            as torch resizes) and it is returned; not differentiable (torch's ``RuntimeError``
+            when ``input`` requires grad). Default: ``None``.
 
     Returns:
         Tensor of ``input``'s shape and dtype (float16/bfloat16 computed in float32).
@@ -101,12 +89,21 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 0.0) -> 
     Replaces ``torch.nn.functional.normalize`` (which defaults to ``eps=1e-12``).
     """
     x = check_floating("normalize", "input", input)
-    pf, e = SPEC.check(p, eps)
+    pf, e = check_p_norm("normalize", p), check_nonnegative("normalize", "eps", eps)
     d = wrap_dim("normalize", dim, x.ndim)
     out_dtype = x.dtype
     xc = x.reshape(1) if x.ndim == 0 else x
     xw = xc.to(compute_dtype(xc))
-    y = _normalize(xw, pf, d, e)[0] if pf >= 1.0 else _normalize_below_one(xw, pf, d, e)
+    if pf >= 1.0:
+        y = _normalize(xw, pf, d, e)[0]
+        if y.requires_grad and y.dtype == out_dtype:
+            # backward saved y: the caller edits a copy in place, as F.normalize's result (one
+            # pass here; recomputing y in backward would cost four)
+            y = y.clone()
+    else:
+        y = _normalize_below_one(xw, pf, d, e)
+    if out is not None:
+        return write_out("normalize", cast(y.reshape(x.shape), out_dtype), out, input)
     return cast(y.reshape(x.shape), out_dtype)
 
 
@@ -162,7 +159,7 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 0.0) ->
         if not isinstance(v, Tensor):
             raise TypeError(f"cosine_similarity: {name} must be a torch.Tensor, got {type(v).__name__}")
     a, b, out_dtype = _binary_operands("cosine_similarity", x1, x2, ("x1", "x2"))
-    (e,) = COSINE_SPEC.check(eps)
+    e = check_nonnegative("cosine_similarity", "eps", eps)
     shape = broadcast_shapes(a.shape, b.shape)
     d = wrap_dim("cosine_similarity", dim, len(shape))
     if len(shape) == 0:

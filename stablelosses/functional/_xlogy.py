@@ -5,17 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses._autograd.xlogy import _xlogy
-from stablelosses._spec import OpSpec
 from stablelosses._utils import cast
 from stablelosses.functional._operands import _binary_operands
-
-SPEC = OpSpec(
-    "xlogy",
-    (),
-    replaces="torch.special.xlogy",
-    reference="torch.special.xlogy in float64; gradients 0 at x == 0",
-    tensors=("input", "other"),
-)
 
 
 def xlogy(input: Tensor | float, other: Tensor | float) -> Tensor:
