@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stablelosses import _triton
+from stablelosses import _backend
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._spec import DIM, FLOAT_DTYPE, KEEPDIM, NONEMPTY_DIMS, Arg, OpSpec
 from stablelosses._utils import (
@@ -87,6 +87,9 @@ def _check_softmax_args(
 def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Tensor | None,
                   dtype: torch.dtype | None) -> Tensor:
     x, d = _check_softmax_args(name, input, dim, mask, dtype)
+    out = _backend.dispatch(name, x, d, mask, dtype)  # the kernels when selected, else None
+    if out is not None:
+        return out
     out_dtype = _softmax_out_dtype(x, dtype)
     if mask is not None:
         x = x.masked_fill(~mask.to(x.device), float("-inf"))
@@ -143,12 +146,12 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False) ->
 
     Replaces ``torch.logsumexp``.
     """
-    out = _triton.softmax_like("logsumexp", input, dim, keepdim=keepdim)  # the kernels, when selected
-    if out is not None:
-        return out
     x = _float_result(check_tensor("logsumexp", "input", input))
     dims = wrap_dims("logsumexp", dim, x.ndim, allow_empty=False)
     LOGSUMEXP_SPEC.check(keepdim)
+    out = _backend.dispatch("logsumexp", x, dims, keepdim)  # the kernels when selected, else None
+    if out is not None:
+        return out
     out_dtype = x.dtype
     if x.ndim == 0:
         return cast(_logsumexp(cast(x.reshape(1), compute_dtype(x)), (0,), False), out_dtype)
@@ -199,9 +202,6 @@ def softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
 
     Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
     """
-    out = _triton.softmax_like("softmax", input, dim, mask, dtype)  # the kernels, when selected
-    if out is not None:
-        return out
     return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
 
 
@@ -254,7 +254,4 @@ def log_softmax(input: Tensor, dim: int, *, mask: Tensor | None = None,
 
     Replaces ``torch.log_softmax`` / ``F.log_softmax``.
     """
-    out = _triton.softmax_like("log_softmax", input, dim, mask, dtype)  # the kernels, when selected
-    if out is not None:
-        return out
     return _softmax_like(_log_softmax, "log_softmax", input, dim, mask, dtype)
