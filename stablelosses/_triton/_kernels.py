@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FMAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+FMAX = tl.constexpr(3.4028234663852886e38)  # torch.finfo(torch.float32).max (a constexpr: jit globals must be)
 
 
 # Reductions as tl.reduce with the standard library's own combine functions (private names, the
