@@ -31,7 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FMAX = tl.constexpr(3.4028234663852886e38)  # torch.finfo(torch.float32).max (a constexpr: jit globals must be)
+# torch.finfo(torch.float32).max; a constexpr: triton's compiler refuses any other global
+FMAX = tl.constexpr(3.4028234663852886e38)
 
 
 # Reductions as tl.reduce with the standard library's own combine functions (private names, the
