@@ -766,3 +766,46 @@ def test_double_backward_with_weight_mask_and_ignore_index(case):
         (h,) = torch.autograd.grad((gx * v).sum(), xi)
         hv.append(h)
     _close(hv[0], hv[1], ulp=16, row_scale=True)
+
+
+# --- the fused linear losses run the row step kernel on the chunk engine -----------------------
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("case", ["ce", "ce-weight-smoothing", "focal-weight", "ce-bias-chunks"])
+def test_linear_losses_run_the_row_step_kernel(case, reduction, monkeypatch):
+    g = torch.Generator().manual_seed(15)
+    n, h, v = 7, 6, 37
+    x = torch.randn(n, h, generator=g).to(DEV)
+    lw = torch.randn(v, h, generator=g).to(DEV)
+    t = torch.randint(0, v, (n,), generator=g).to(DEV)
+    t[2] = -100
+    cw = (torch.rand(v, generator=g) + 0.2).to(DEV)
+    b = torch.randn(v, generator=g).to(DEV)
+    fn, kw = {
+        "ce": (SF.linear_cross_entropy, {}),
+        "ce-weight-smoothing": (SF.linear_cross_entropy, {"weight": cw, "label_smoothing": 0.2}),
+        "focal-weight": (SF.linear_focal_loss, {"weight": cw, "gamma": 1.5}),
+        "ce-bias-chunks": (SF.linear_cross_entropy, {"linear_bias": b, "chunk_size": 3}),
+    }[case]
+    steps = []
+    row_step = ops.row_step
+    monkeypatch.setattr(ops, "row_step", lambda *a: steps.append(1) or row_step(*a))
+    out = []
+    for name in ("triton", "torch"):
+        xi, wi = x.clone().requires_grad_(), lw.clone().requires_grad_()
+        with sl.backend(name):
+            loss = fn(xi, wi, t, reduction=reduction, ignore_index=-100, **kw)
+        gx, gw = torch.autograd.grad(loss.sum(), (xi, wi))
+        out.append((loss.detach(), gx, gw))
+        if name == "triton":
+            assert steps, "the kernel row step did not run"
+    for a, b_ in zip(*out):
+        _close(a, b_, ulp=32, row_scale=True)
+
+
+def test_linear_loss_with_softcap_or_z_loss_takes_the_torch_head(monkeypatch):
+    x, lw, t = torch.randn(4, 3), torch.randn(9, 3), torch.tensor([0, 1, 2, 3])
+    monkeypatch.setattr(ops, "row_step", lambda *a: pytest.fail("kernel ran"))
+    SF.linear_cross_entropy(x.to(DEV), lw.to(DEV), t.to(DEV), softcap=30.0)
+    SF.linear_cross_entropy(x.to(DEV), lw.to(DEV), t.to(DEV), z_loss=1e-4)
