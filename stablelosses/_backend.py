@@ -14,6 +14,11 @@ a ``torch.func`` transform or forward-mode AD is active — never from tensor va
 Selection, by precedence: the innermost :func:`backend` context, then :func:`set_backend`,
 then the environment variable ``STABLELOSSES_BACKEND`` (read at each call while neither is
 set), then ``"auto"``. This module never imports triton.
+
+The kernels sit on top of the core: ``stablelosses._triton`` registers one function per op into
+the backend table (:func:`register_kernel`) when ``stablelosses`` is imported, and a public
+function asks :func:`dispatch` after its own argument checks. Nothing in ``functional/``,
+``_autograd/`` or ``losses.py`` imports ``_triton``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import contextlib
 import contextvars
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -38,6 +44,12 @@ _AUTO_PICKS_TRITON = False
 _global: list[str | None] = [None]
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("stablelosses_backend", default=None)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# The backend table: op name -> kernel. A kernel takes the public function (the torch path, for
+# its double backward) and that function's checked arguments, and returns the result, or None
+# for a call outside what it covers (then the torch path runs).
+Kernel = Callable[..., Any]
+_KERNELS: dict[str, Kernel] = {}
 
 
 def triton_installed() -> bool:
@@ -134,3 +146,28 @@ def use_triton(x: torch.Tensor) -> bool:
     if functorch_transforms_active() or forward_ad_active():
         return False
     return triton_installed()
+
+
+def register_kernel(name: str, kernel: Kernel) -> None:
+    """Put ``kernel`` into the backend table under op ``name`` (``stablelosses._triton`` does this
+    for its kernels; a second registration replaces the first)."""
+    _KERNELS[name] = kernel
+
+
+def kernel_for(name: str, x: torch.Tensor) -> Kernel | None:
+    """The kernel registered under ``name`` when a call on ``x`` should run the kernels
+    (:func:`use_triton`), else ``None``."""
+    kernel = _KERNELS.get(name)
+    if kernel is None or not use_triton(x):
+        return None
+    return kernel
+
+
+def dispatch(name: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """The kernel registered under ``name`` on ``(x, *args, **kwargs)`` when the kernels are
+    selected for ``x``, else ``None`` (then the caller runs its torch path).
+
+    A public function calls this after its own argument checks, with the checked values.
+    """
+    kernel = kernel_for(name, x)
+    return None if kernel is None else kernel(x, *args, **kwargs)

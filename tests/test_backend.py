@@ -129,3 +129,96 @@ def test_compiled_call_traces_the_torch_path(monkeypatch):
     with sl.backend("triton"):
         out = torch.compile(f, fullgraph=True)(x)
     torch.testing.assert_close(out, f(x))
+
+
+# --- the backend table: the kernels register on top, the core asks after its checks ------------
+
+import ast  # noqa: E402
+import pathlib  # noqa: E402
+
+import stablelosses.functional as SF  # noqa: E402
+
+_PKG = pathlib.Path(sl.__file__).parent
+
+
+def _imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module a file imports (``from a import b`` counts as ``a`` and ``a.b``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_the_core_imports_no_kernels_and_the_kernels_no_public_functions():
+    core = [*(_PKG / "functional").glob("*.py"), *(_PKG / "_autograd").glob("*.py"), _PKG / "losses.py",
+            _PKG / "_backend.py", _PKG / "_utils.py"]
+    for path in core:
+        bad = {m for m in _imported_modules(path) if m.startswith("stablelosses._triton")}
+        assert not bad, f"{path.relative_to(_PKG)} imports {bad}"
+    for path in (_PKG / "_triton").glob("*.py"):
+        bad = {m for m in _imported_modules(path) if m.startswith("stablelosses.functional")}
+        assert not bad, f"{path.relative_to(_PKG)} imports {bad}"
+
+
+def test_the_kernels_are_registered_by_import_stablelosses():
+    assert {"cross_entropy", "focal_loss", "softmax", "log_softmax", "logsumexp", "sigmoid_focal_loss",
+            "linear_chunk_head"} <= set(_backend._KERNELS)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Every registered kernel replaced by a recorder that declines (the torch path runs), and
+    the kernels selected for every tensor."""
+    calls = []
+    monkeypatch.setattr(_backend, "use_triton", lambda x: True)
+    for name in list(_backend._KERNELS):
+        monkeypatch.setitem(_backend._KERNELS, name,
+                            lambda *a, name=name, **k: calls.append((name, a, k)))
+    return calls
+
+
+_X, _T = torch.randn(3, 4), torch.tensor([0, 1, 2])
+BAD_CALLS = [
+    ("cross_entropy", lambda: SF.cross_entropy(_X, _T, reduction="avg"), ValueError, "reduction must be"),
+    ("cross_entropy", lambda: SF.cross_entropy(_X, _T, label_smoothing=1.5), RuntimeError, "label_smoothing"),
+    ("cross_entropy", lambda: SF.cross_entropy(_X, _T, ignore_index=1.5), TypeError, "ignore_index"),
+    ("focal_loss", lambda: SF.focal_loss(_X, _T, gamma=-1.0), ValueError, "gamma"),
+    ("focal_loss", lambda: SF.focal_loss(_X, _T, reduction="avg"), ValueError, "reduction must be"),
+    ("softmax", lambda: SF.softmax(_X, 2), IndexError, "dim"),
+    ("log_softmax", lambda: SF.log_softmax(_X, -1, mask=torch.ones(3, 4)), TypeError, "mask"),
+    ("logsumexp", lambda: SF.logsumexp(_X, -1, keepdim=1), TypeError, "keepdim"),
+    ("sigmoid_focal_loss", lambda: SF.sigmoid_focal_loss(_X, _X, alpha=2.0), ValueError, "alpha"),
+    ("sigmoid_focal_loss", lambda: SF.sigmoid_focal_loss(_X, _X[:2]), ValueError, "size"),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,match", BAD_CALLS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_CALLS)])
+def test_argument_checks_run_before_any_kernel_dispatch(spy, name, call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+    assert spy == []
+
+
+def test_a_kernel_gets_the_checked_arguments_and_declining_runs_the_torch_path(spy):
+    ref = torch.nn.functional.cross_entropy(_X, _T, reduction="sum", label_smoothing=0.5)
+    out = SF.cross_entropy(_X, _T, size_average=False, label_smoothing=1 / 2)  # legacy: 'sum'
+    torch.testing.assert_close(out, ref)
+    ((name, args, kw),) = spy
+    assert name == "cross_entropy" and args[4] == "sum" and type(args[5]) is float
+    assert kw["torch_path"].__name__ == "cross_entropy"
+    SF.log_softmax(_X, -1)
+    SF.logsumexp(_X, [1])
+    assert spy[1][0] == "log_softmax" and spy[1][1][1] == 1  # dim wrapped
+    assert spy[2][0] == "logsumexp" and tuple(spy[2][1][1]) == (1,)
+
+
+def test_a_kernels_result_is_returned(monkeypatch):
+    monkeypatch.setattr(_backend, "use_triton", lambda x: True)
+    monkeypatch.setitem(_backend._KERNELS, "softmax", lambda x, *a: torch.full_like(x, 7.0))
+    assert torch.equal(SF.softmax(_X, -1), torch.full_like(_X, 7.0))
+    monkeypatch.setattr(_backend, "use_triton", lambda x: False)
+    torch.testing.assert_close(SF.softmax(_X, -1), torch.softmax(_X, -1))

@@ -25,6 +25,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
+from stablelosses import _backend
 from stablelosses._autograd.linear import Head
 from stablelosses._autograd.rows import focal_rows, target_nll
 
@@ -232,6 +233,14 @@ class IndexHead(Head):
         (u,) = logits
         t = rows[0]
         cw = rows[1] if self.weighted else None
+        # the backend table's row step (the Triton kernels when selected; no softcap, no z-loss)
+        kernel = None if self.softcap is not None or self.z_loss > 0.0 else _backend.kernel_for(
+            "linear_chunk_head", u)
+        if kernel is not None:
+            rs = None if grad_out is None else grad_out[:, 0]
+            step = kernel(u, t, cw, self.ignore_index, self.label_smoothing, self.gamma, rs)
+            if step is not None:
+                return torch.stack([step.loss, step.row_w], 1), step.grad
         kept = (t != self.ignore_index).unsqueeze(1)
         t_safe = torch.where(kept, t.unsqueeze(1), 0)
         loc = local_rows(u, t_safe, None, cw, self.label_smoothing, self.softcap)

@@ -17,6 +17,11 @@ the running sum by ``exp(m_old − m_new)``. The hazard rules are those of the t
 * NaN propagates through the sum (clamping is a ``where`` on ``x > max``, false for NaN), so a
   NaN row ends with ``S = NaN`` and NaN outputs.
 
+Every output is computed in float32 and rounded once to its dtype; bfloat16 is rounded to nearest
+even by `_round_out` (the interpreter's own float32 → bfloat16 cast truncates). Load and store
+masks are block-shaped comparisons with the row's width (a kept-row flag becomes a width of 0):
+triton 3.9's interpreter refuses a mask that mixes a block and a scalar flag.
+
 ``log1p`` is spelled with the exact identity ``log1p(z) = log(u) · z / (u − 1)``, ``u = 1 + z``
 rounded (``z`` where ``u == 1``), since ``libdevice.log1p`` is not available in the interpreter.
 """
@@ -26,7 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FMAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+# torch.finfo(torch.float32).max; a constexpr: triton's compiler refuses any other global
+FMAX = tl.constexpr(3.4028234663852886e38)
 
 
 # Reductions as tl.reduce with the standard library's own combine functions (private names, the
@@ -61,11 +67,15 @@ def _log1p(z):
 
 
 @triton.jit
-def _load_row_block(x_row, cols, n_cols, keep):
-    """One block of a row in fp32, clamped to ``finfo.max``; outside the row (or a row not
-    kept) ``-inf``."""
-    x = tl.load(x_row + cols, mask=(cols < n_cols) & keep, other=float("-inf")).to(tl.float32)
-    return tl.where(x > FMAX, FMAX, x)
+def _round_out(x, OUT: tl.constexpr):
+    """float32 ``x`` rounded once to the output dtype ``OUT`` (to nearest even)."""
+    if OUT == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        up = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        y = up.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(x != x, x.to(tl.bfloat16), y)  # NaN stays NaN (its carry could reach inf)
+    else:
+        return x.to(OUT)
 
 
 @triton.jit
@@ -86,12 +96,13 @@ def _ce_forward_kernel(
     * ``+inf`` rows: ``log p_t = log(p_t)`` (the limit: ``−log k`` on the k ``+inf`` entries,
       ``-inf`` elsewhere);
     * fully masked rows (``S = 0``) and rows not kept: ``log p_t = −inf``, not valid, loss 0;
-    * NaN rows: NaN; a target out of ``[0, V)`` (not ``ignore_index``): NaN (no host sync to
-      raise torch's ``IndexError``).
+    * NaN rows: NaN; a target out of ``[0, V)`` (not ``ignore_index``): a device-side assert
+      when launched with ``debug=True`` (the wrapper does on CUDA; on the CPU it raises before
+      the launch), else NaN.
 
     ``SMOOTH`` (label smoothing ε) also sums, over the K unmasked classes (logit ≠ ``-inf``),
-    ``A = (ε/V) Σ_c w_c (m − x_c)`` (every term ≥ 0; rescaled by ``(m_new − m) Σ w`` when the max
-    moves) and ``Σ_c w_c``, so that the smoothing term
+    ``A = Σ_c (ε/V) w_c (m − x_c)`` (every term ≥ 0 and scaled before the sum; rescaled by
+    ``(m_new − m) (ε/V) Σ w`` when the max moves) and ``Σ_c w_c``, so that the smoothing term
     ``ε/K Σ_c w_c (−log p_c) = (V/K) (A + (ε/V) log S Σ_c w_c)`` costs no second pass. On ``+inf``
     rows each finite unmasked class has ``−log p_c = +inf`` (the torch path's exact shift).
 
@@ -110,6 +121,10 @@ def _ce_forward_kernel(
     keep = t == t  # a scalar True (a tensor, as the kept-row flag below)
     if HAS_KEEP:
         keep = tl.load(KEEP + row) != 0
+    # torch's "Target t is out of bounds" on a kept row: a device-side assert where the launch
+    # sets debug
+    tl.device_assert(in_range | ~is_target | ~keep, "stablelosses: a target class index is out of range")
+    n_read = tl.where(keep, n_cols, 0)  # the columns read: none on a row not kept
     offs = tl.arange(0, BLOCK)
     m = -float("inf")
     s = 0.0
@@ -123,7 +138,7 @@ def _ce_forward_kernel(
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         inb = cols < n_cols
-        raw = tl.load(x_row + cols, mask=inb & keep, other=float("-inf")).to(tl.float32)
+        raw = tl.load(x_row + cols, mask=cols < n_read, other=float("-inf")).to(tl.float32)
         is_inf = raw == float("inf")
         kinf += _sum(is_inf.to(tl.int32))
         x = tl.where(raw > FMAX, FMAX, raw)
@@ -137,8 +152,9 @@ def _ce_forward_kernel(
             if HAS_W:
                 wc = tl.load(W + cols, mask=inb, other=0.0).to(tl.float32)
             wv = tl.where(um, wc, 0.0)
-            shift = tl.where(wsum == 0.0, 0.0, (m_safe - m) * wsum)
-            acc = acc + sm_scale * (shift + _sum(tl.where(um, wv * (m_safe - x), 0.0)))
+            # scaled by ε/V before the sums: V terms of 2e37 overflow float32, their mean does not
+            shift = tl.where(wsum == 0.0, 0.0, (m_safe - m) * (sm_scale * wsum))
+            acc = acc + shift + _sum(tl.where(um, (sm_scale * wv) * (m_safe - x), 0.0))
             wsum += _sum(wv)
             cnt += _sum(um.to(tl.int32))
             fin = um & ~is_inf
@@ -146,7 +162,7 @@ def _ce_forward_kernel(
             fin_w0 += _sum((fin & (wc == 0.0)).to(tl.int32))
             winf += _sum(tl.where(is_inf, wc, 0.0))
         m = m_new
-    x_t = tl.load(x_row + idx, mask=in_range & keep, other=float("-inf")).to(tl.float32)
+    x_t = tl.load(x_row + idx, mask=in_range & (idx < n_read), other=float("-inf")).to(tl.float32)
     x_t = tl.where(x_t > FMAX, FMAX, x_t)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
     e_t = tl.exp(x_t - m_safe)
@@ -215,6 +231,7 @@ def _ce_backward_kernel(
     keep = t == t
     if HAS_KEEP:
         keep = tl.load(KEEP + row) != 0
+    n_read = tl.where(keep, n_cols, 0)
     g = tl.load(G + row * stride_g).to(tl.float32)
     valid = tl.load(VALID + row) != 0
     sv = tl.where(valid, g, 0.0)
@@ -240,7 +257,7 @@ def _ce_backward_kernel(
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         inb = cols < n_cols
-        raw = tl.load(x_row + cols, mask=inb & keep, other=float("-inf")).to(tl.float32)
+        raw = tl.load(x_row + cols, mask=cols < n_read, other=float("-inf")).to(tl.float32)
         x = tl.where(raw > FMAX, FMAX, raw)
         p = tl.exp(x - m_safe) / total_safe
         if SMOOTH:
@@ -254,7 +271,7 @@ def _ce_backward_kernel(
         else:
             d = a * p
             d = tl.where(cols == idx, -rest * a, d)
-        tl.store(dx_row + cols, d.to(DX.dtype.element_ty), mask=inb)
+        tl.store(dx_row + cols, _round_out(d, DX.dtype.element_ty), mask=inb)
 
 
 # --- the softmax family over the last dimension -------------------------------------------
@@ -319,7 +336,7 @@ def _softmax_forward_kernel(
     if MODE == 2:
         lse = tl.where(pinf, float("inf"), tl.where(dead, m, m + _log1p(d)))
         lse = tl.where(d != d, d, lse)
-        tl.store(Y + row * stride_y, lse.to(Y.dtype.element_ty))
+        tl.store(Y + row * stride_y, _round_out(lse, Y.dtype.element_ty))
     else:
         log_s = _log1p(d)
         total = 1.0 + d
@@ -337,38 +354,61 @@ def _softmax_forward_kernel(
                 y = tl.where(pinf, tl.where(raw == float("inf"), -log_k, -float("inf")), y)
                 y = tl.where(dead, -float("inf"), y)
                 y = tl.where(raw != raw, float("nan"), tl.where(d != d, float("nan"), y))
-            tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=cols < n_cols)
+            tl.store(Y + row * stride_y + cols, _round_out(y, Y.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def _softmax_row_p(raw, m_safe, total, pinf, inv_k, dead):
+    """``softmax`` of one block of a row from its statistics, in fp32: ``exp(x − m) / S``;
+    uniform over the ``+inf`` entries on ``+inf`` rows; 0 on all-``-inf`` rows."""
+    x = tl.where(raw > FMAX, FMAX, raw)
+    p = tl.where(pinf, tl.where(raw == float("inf"), inv_k, 0.0), tl.exp(x - m_safe) / total)
+    return tl.where(dead, 0.0, p)
 
 
 @triton.jit
 def _softmax_backward_kernel(
-    Y, stride_y, G, stride_g, DX, stride_dx, n_cols, LOG: tl.constexpr, BLOCK: tl.constexpr,
+    X, stride_x, G, stride_g, M, D, K, DX, stride_dx, n_cols, LOG: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """The backward of softmax (``y (g − Σ g y)``) or log_softmax (``g' − exp(y) Σ g'`` with
-    ``g' = 0`` where ``y = −inf``) from the saved output: **two reads of y and g, one write of
-    the gradient**. Masked entries and all-masked rows get 0."""
+    """The backward of softmax (``p (g − Σ g p)``) or log_softmax (``g' − p Σ g'`` with
+    ``g' = 0`` where the output is ``-inf``), ``p`` recomputed in fp32 from the input and the
+    saved row statistics (not read off a rounded half-precision output): **two reads of x and
+    g, one write of the gradient**. Masked entries and all-``-inf`` rows get 0, NaN rows NaN."""
     row = tl.program_id(0).to(tl.int64)
+    m = tl.load(M + row)
+    d = tl.load(D + row)
+    kinf = tl.load(K + row)
+    pinf = kinf > 0
+    dead = m == -float("inf")
+    m_safe = tl.where(dead, 0.0, m)
+    total = 1.0 + d
+    inv_k = 1.0 / tl.maximum(kinf, 1).to(tl.float32)
+    n_pinf = tl.where(pinf, n_cols, 0)  # a row flag as a width (no block & scalar-flag masks)
     offs = tl.arange(0, BLOCK)
     acc = 0.0
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         ok = cols < n_cols
-        y = tl.load(Y + row * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+        raw = tl.load(X + row * stride_x + cols, mask=ok, other=float("-inf")).to(tl.float32)
         g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
         if LOG:
-            acc += _sum(tl.where(y == -float("inf"), 0.0, g))
+            ninf = (raw == float("-inf")) | ((raw != float("inf")) & (cols < n_pinf))
+            acc += _sum(tl.where(dead, 0.0, tl.where(ninf, 0.0, g)))
         else:
-            acc += _sum(g * y)
+            acc += _sum(g * _softmax_row_p(raw, m_safe, total, pinf, inv_k, dead))
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         ok = cols < n_cols
-        y = tl.load(Y + row * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+        raw = tl.load(X + row * stride_x + cols, mask=ok, other=float("-inf")).to(tl.float32)
         g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+        p = _softmax_row_p(raw, m_safe, total, pinf, inv_k, dead)
         if LOG:
-            dx = tl.where(y == -float("inf"), 0.0, g) - tl.exp(y) * acc
+            ninf = (raw == float("-inf")) | ((raw != float("inf")) & (cols < n_pinf))
+            dx = tl.where(dead, 0.0, tl.where(ninf, 0.0, g)) - p * acc
         else:
-            dx = y * (g - acc)
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=ok)
+            dx = p * (g - acc)
+        dx = tl.where(d != d, float("nan"), dx)  # NaN rows (δ is NaN there)
+        tl.store(DX + row * stride_dx + cols, _round_out(dx, DX.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -393,7 +433,7 @@ def _logsumexp_backward_kernel(
         x = tl.where(raw > FMAX, FMAX, raw)
         dx = tl.where(pinf, g * tl.where(raw == float("inf"), inv_k, 0.0), tl.exp(x - m_safe) * g_s)
         dx = tl.where(d != d, float("nan"), dx)  # NaN rows (δ is NaN there)
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cols < n_cols)
+        tl.store(DX + row * stride_dx + cols, _round_out(dx, DX.dtype.element_ty), mask=cols < n_cols)
 
 
 # --- sigmoid focal loss (elementwise) ------------------------------------------------------
@@ -423,15 +463,27 @@ def _pow01(q, gamma):
 
 
 @triton.jit
-def _sigmoid_focal_forward_kernel(X, T, LOSS, n, alpha, gamma, HAS_ALPHA: tl.constexpr,
-                                  FOCAL: tl.constexpr, BLOCK: tl.constexpr):
-    """``α_t · BCE(x, t) · (1 − p_t)^γ`` elementwise: **one read of x and t, one write of the
-    fp32 loss**. ``γ = 0`` spells BCE as torch's ``binary_cross_entropy_with_logits`` does,
-    ``(1 − t) x − log σ(x)``."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _sigmoid_load(X, T, KEEP, offs, n, HAS_KEEP: tl.constexpr):
+    """x and t in fp32 and the kept flag (True without ``KEEP``); 0 at entries not kept (the
+    torch path's select: a NaN there is never read)."""
     ok = offs < n
-    x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
-    t = tl.load(T + offs, mask=ok, other=0.0).to(tl.float32)
+    kept = ok
+    if HAS_KEEP:
+        kept = ok & (tl.load(KEEP + offs, mask=ok, other=0) != 0)
+    x = tl.load(X + offs, mask=kept, other=0.0).to(tl.float32)
+    t = tl.load(T + offs, mask=kept, other=0.0).to(tl.float32)
+    return x, t, ok, kept
+
+
+@triton.jit
+def _sigmoid_focal_forward_kernel(X, T, KEEP, LOSS, n, alpha, gamma, HAS_ALPHA: tl.constexpr,
+                                  FOCAL: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr):
+    """``α_t · BCE(x, t) · (1 − p_t)^γ`` elementwise: **one read of x and t (and the mask), one
+    write of the fp32 loss** (0 where not kept). ``γ = 0`` spells BCE as torch's
+    ``binary_cross_entropy_with_logits`` does, ``(1 − t) x − log σ(x)``. NaN in, NaN out (the
+    GPU's ``max``/``min`` drop a NaN operand, so it is selected back)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x, t, ok, kept = _sigmoid_load(X, T, KEEP, offs, n, HAS_KEEP)
     if FOCAL:
         _sp, _sn, q, ce = _sigmoid_parts(x, t)
         loss = ce * _pow01(q, gamma)
@@ -442,23 +494,23 @@ def _sigmoid_focal_forward_kernel(X, T, LOSS, n, alpha, gamma, HAS_ALPHA: tl.con
         a_t = alpha * t + (1.0 - alpha) * (1.0 - t)
     if HAS_ALPHA:
         loss = a_t * loss
-    tl.store(LOSS + offs, loss, mask=ok)
+    loss = tl.where((x != x) | (t != t), float("nan"), loss)
+    tl.store(LOSS + offs, tl.where(kept, loss, 0.0), mask=ok)
 
 
 @triton.jit
-def _sigmoid_focal_backward_kernel(X, T, G, stride_g, DX, n, scale, alpha, gamma,
+def _sigmoid_focal_backward_kernel(X, T, KEEP, G, stride_g, DX, n, scale, alpha, gamma,
                                    HAS_ALPHA: tl.constexpr, FOCAL: tl.constexpr,
-                                   BLOCK: tl.constexpr):
-    """``d loss / d x`` elementwise: **one read of x, t and the incoming gradient, one write**.
+                                   HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr):
+    """``d loss / d x`` elementwise: **one read of x, t (the mask) and the incoming gradient, one
+    write** (0 where not kept).
 
     ``α_t [(σ(x) − t) + γ (ce / q) (1 − 2t) σ(x) σ(−x)] q^γ``, with ``σ(x) − t`` a lerp (no
     cancellation) and ``q`` clamped to the smallest normal number in the ratio (both ~0 there).
     ``stride_g = 0``: a reduced loss's scalar gradient, times ``scale`` (``1/n`` for the mean).
     """
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
-    x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
-    t = tl.load(T + offs, mask=ok, other=0.0).to(tl.float32)
+    x, t, ok, kept = _sigmoid_load(X, T, KEEP, offs, n, HAS_KEEP)
     g = tl.load(G + offs * stride_g, mask=ok, other=0.0).to(tl.float32) * scale
     sp, sn, q, ce = _sigmoid_parts(x, t)
     d = tl.where(t < 0.5, sp + t * (-sn - sp), -sn - (1.0 - t) * (-sn - sp))
@@ -467,4 +519,5 @@ def _sigmoid_focal_backward_kernel(X, T, G, stride_g, DX, n, scale, alpha, gamma
         d = (d + gamma * ratio * (sp * sn * (1.0 - 2.0 * t))) * _pow01(q, gamma)
     if HAS_ALPHA:
         d = d * (t * (2.0 * alpha - 1.0) + (1.0 - alpha))
-    tl.store(DX + offs, (d * g).to(DX.dtype.element_ty), mask=ok)
+    d = tl.where((x != x) | (t != t), float("nan"), d * g)
+    tl.store(DX + offs, _round_out(tl.where(kept, d, 0.0), DX.dtype.element_ty), mask=ok)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses import _triton
+from stablelosses import _backend
 from stablelosses._autograd.cross_entropy import (
     IndexResult,
     ProbResult,
@@ -276,17 +276,16 @@ def cross_entropy(
     Replaces `torch.nn.functional.cross_entropy` / `torch.nn.CrossEntropyLoss`.
     """
     fn = "cross_entropy"
-    out = _triton.class_index_loss(  # the kernels when selected (stablelosses.set_backend), else None
-        input, target, weight, ignore_index, reduction, label_smoothing, 0.0, mask,
-        size_average is not None or reduce is not None)
-    if out is not None:
-        return out
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce, reduction)
     reduction, eps, ignore_index = check_cross_entropy_args(fn, reduction, label_smoothing, ignore_index)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
+    out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
+        "cross_entropy", input, target, weight, ignore_index, reduction, eps, mask, torch_path=cross_entropy)
+    if out is not None:
+        return out
     if input.shape[cdim] == 0:
         return _no_classes(input, target, weight, mask, ignore_index, reduction, eps)
     if target.shape == input.shape:

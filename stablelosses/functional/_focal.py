@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stablelosses import _triton
+from stablelosses import _backend
 from stablelosses._spec import check_finite_nonnegative, check_int, check_reduction
 from stablelosses._utils import check_floating, check_tensor
 from stablelosses.functional._cross_entropy import _class_dim, _index_targets, _no_classes
@@ -112,13 +112,14 @@ def focal_loss(
     Replaces the hand-written softmax → log `FocalLoss` snippet and `kornia.losses.focal_loss`.
     """
     fn = "focal_loss"
-    out = _triton.class_index_loss(input, target, weight, ignore_index, reduction, 0.0, gamma, mask)
-    if out is not None:  # the kernels when selected (stablelosses.set_backend)
-        return out
     reduction, gamma, ignore_index = check_focal_loss_args(fn, reduction, gamma, ignore_index)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
+    out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
+        "focal_loss", input, target, weight, ignore_index, reduction, gamma, mask, torch_path=focal_loss)
+    if out is not None:
+        return out
     if input.shape[cdim] == 0:
         return _no_classes(input, target, weight, mask, ignore_index, reduction, 0.0)
     return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses import _triton
+from stablelosses import _backend
 from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
 from stablelosses._spec import check_alpha, check_finite_nonnegative, check_reduction
 from stablelosses._utils import cast, check_floating, operand_dtypes, reduce
@@ -118,9 +118,6 @@ def sigmoid_focal_loss(
     Replaces ``torchvision.ops.sigmoid_focal_loss``.
     """
     fn = "sigmoid_focal_loss"
-    out = _triton.sigmoid_focal_loss(input, target, alpha, gamma, reduction, mask)
-    if out is not None:  # the kernels when selected (stablelosses.set_backend)
-        return out
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
     reduction, alpha_f, gamma_f = check_focal_args(fn, alpha, gamma, reduction)
@@ -129,6 +126,10 @@ def sigmoid_focal_loss(
         raise ValueError(
             f"{fn}: target size ({target.size()}) must be the same as input size ({input.size()})"
         )
+    out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
+        "sigmoid_focal_loss", input, target, alpha_f, gamma_f, reduction, mask, torch_path=sigmoid_focal_loss)
+    if out is not None:
+        return out
     # type promotion as torchvision's formula: (float32, float64) is float64 (half in float32)
     work, out_dtype = operand_dtypes(input, target)
     x, t = input.to(work), target.to(work)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stablelosses import _triton
+from stablelosses import _backend
 from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
 from stablelosses._spec import check_flag, check_float_dtype, check_int
 from stablelosses._utils import (
@@ -77,6 +77,9 @@ def _check_softmax_args(
 def _softmax_like(fn_apply, name: str, input: Tensor, dim: int, mask: Tensor | None,
                   dtype: torch.dtype | None) -> Tensor:
     x, d = _check_softmax_args(name, input, dim, mask, dtype)
+    out = _backend.dispatch(name, x, d, mask, dtype)  # the kernels when selected, else None
+    if out is not None:
+        return out
     out_dtype = _softmax_out_dtype(x, dtype)
     if mask is not None:
         x = x.masked_fill(~mask.to(x.device), float("-inf"))
@@ -139,12 +142,12 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False, *,
     """
     if out is not None:
         return write_out("logsumexp", logsumexp(input, dim, keepdim), out, input)
-    y = _triton.softmax_like("logsumexp", input, dim, keepdim=keepdim)  # the kernels, when selected
-    if y is not None:
-        return y
     x = _float_result(check_tensor("logsumexp", "input", input))
     dims = wrap_dims("logsumexp", dim, x.ndim, allow_empty=False)
     check_flag("logsumexp", "keepdim", keepdim)
+    y = _backend.dispatch("logsumexp", x, dims, keepdim)  # the kernels when selected, else None
+    if y is not None:
+        return y
     out_dtype = x.dtype
     if x.ndim == 0:
         return cast(_logsumexp(cast(x.reshape(1), compute_dtype(x)), (0,), False), out_dtype)
@@ -198,9 +201,6 @@ def softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtype | 
     Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
     """
     dtype = _positional_dtype("softmax", _stacklevel, dtype)  # type: ignore[assignment]
-    out = _triton.softmax_like("softmax", input, dim, mask, dtype)  # the kernels, when selected
-    if out is not None:
-        return out
     return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
 
 
@@ -257,7 +257,4 @@ def log_softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtyp
     Replaces ``torch.log_softmax`` / ``F.log_softmax``.
     """
     dtype = _positional_dtype("log_softmax", _stacklevel, dtype)  # type: ignore[assignment]
-    out = _triton.softmax_like("log_softmax", input, dim, mask, dtype)  # the kernels, when selected
-    if out is not None:
-        return out
     return _softmax_like(_log_softmax, "log_softmax", input, dim, mask, dtype)
