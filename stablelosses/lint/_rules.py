@@ -58,6 +58,8 @@ class Finding:
     fix: str | None = None
     no_fix: str | None = None  # why there is no automatic rewrite
     imports: set[tuple[str, str | None]] = field(default_factory=set)
+    # ``name = value`` statements whose every use the rewrite replaces: removed with it
+    drop: list[ast.stmt] = field(default_factory=list)
 
     @property
     def line(self) -> int:
@@ -73,21 +75,24 @@ class Finding:
 
 
 class _Names:
-    """The names a replacement uses, and the imports it needs for them."""
+    """The names a replacement at ``at`` uses, and the imports it needs for them: a name counts
+    only where it is bound to the module at that line (``B, T, F = x.shape`` hides torch's F)."""
 
-    def __init__(self, m: Module) -> None:
+    def __init__(self, m: Module, at: ast.AST) -> None:
         self.m = m
+        self.at = at
         self.imports: set[tuple[str, str | None]] = set()
 
     def _module(self, module: str, asname: str) -> str | None:
-        have = self.m.alias_for(module)
+        have = self.m.alias_for(module, self.at)
         if have:
             return have
-        bound = self.m.aliases.get(asname)
-        if bound is not None and bound != module:
-            return None
-        if any(asname in s.bindings for s in self.m.scopes):
-            return None
+        # a module-level import of ``asname`` reaches ``at`` only if no scope binds the name to
+        # anything else
+        for s in self.m.scopes:
+            if s.bindings.get(asname) and (len(s.imports.get(asname, [])) != len(s.bindings[asname])
+                                           or set(s.imports[asname]) != {module}):
+                return None
         self.imports.add((module, asname))
         return asname
 
@@ -95,14 +100,14 @@ class _Names:
         return self._module(SF, "SF")
 
     def tf(self) -> str | None:
-        have = self.m.alias_for(TF)
+        have = self.m.alias_for(TF, self.at)
         if have:
             return have
-        t = self.m.alias_for("torch")
+        t = self.m.alias_for("torch", self.at)
         return f"{t}.nn.functional" if t else self._module(TF, "F")
 
     def torch(self) -> str | None:
-        return self.m.alias_for("torch") or self._module("torch", "torch")
+        return self.m.alias_for("torch", self.at) or self._module("torch", "torch")
 
 
 def _finding(code: str, node: ast.AST, message: str, names: _Names | None = None,
@@ -314,17 +319,25 @@ def _sqrt(m: Module, node: ast.Call) -> Finding | None:
     if c is None or len(c.args) != 1 or c.kwargs:
         return None
     inner = m.resolve(c.args[0], node) or c.args[0]
-    names = _Names(m)
+    names = _Names(m, node)
     plus = _plus_eps(m, inner)
     if plus is not None:
         e = _mse(m, plus[0], node)
         if e is None or e.kind != "an MSE":  # sqrt(var + eps) in a norm layer is intended
             return None
-        sf = names.sf()
-        fix = _rmse_text(m, sf, e, plus[1]) if sf else None
+        eps = m.resolve(plus[1], node) or plus[1]
+        why = "a mean over some dims has no rmse_loss spelling"
+        if m.call(inner, "clamp") is not None:
+            # sqrt(max(m, eps)) is not sqrt(m + eps): 41% apart at m = eps
+            sf, why = None, "a clamp is not an added eps; SF.rmse_loss(a, b) is exact without it"
+        elif not (isinstance(eps, ast.Constant) and isinstance(eps.value, (int, float))):
+            # rmse_loss takes a Python float; a tensor eps (a buffer) would raise
+            sf, why = None, "the eps is not a number literal (a tensor eps is no float for eps=)"
+        else:
+            sf = names.sf()
+        fix = _rmse_text(m, sf, e, eps) if sf else None
         return _finding("SL108", node, "sqrt(MSE + eps): the eps biases the value, and the square "
-                        "inside the MSE overflows first", names, fix,
-                        "a mean over some dims has no rmse_loss spelling")
+                        "inside the MSE overflows first", names, fix, why)
     if _no_grad(m, node):
         return None  # the hazard is in the gradient only
     e = _mse(m, inner, node)
@@ -385,7 +398,7 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
         return None
     arg = c.args[0]
     inner = m.resolve(arg, node) or arg
-    names = _Names(m)
+    names = _Names(m, node)
     sm, rebuild = _select_from(m, arg, node, "softmax")
     if sm is not None:
         dim = _dim(sm, 1)
@@ -481,7 +494,7 @@ def _softmax_masked(m: Module, node: ast.Call) -> Finding | None:
     dim = _dim(c, 1)
     if dim is None or len(c.args) > 2 or set(c.kwargs) - {"dim"}:
         return _finding("SL109", node, msg, no_fix="the softmax's dim is not given")
-    names = _Names(m)
+    names = _Names(m, node)
     sf = names.sf()
     mask = mf.args[1]
     keep = (mask.operand if isinstance(mask, ast.UnaryOp) and isinstance(mask.op, ast.Invert)
@@ -506,7 +519,7 @@ def _bce(m: Module, node: ast.Call) -> Finding | None:
     sig = m.call(m.resolve(c.args[0], node) or c.args[0], "sigmoid")
     if sig is None or len(sig.args) != 1 or sig.kwargs:
         return None
-    names = _Names(m)
+    names = _Names(m, node)
     tf = names.tf()
     rest = [m.seg(a) for a in c.args[1:]] + [f"{k}={m.seg(v)}" for k, v in c.kwargs.items()]
     fix = f"{tf}.binary_cross_entropy_with_logits({', '.join([m.seg(sig.args[0]), *rest])})" if tf else None
@@ -577,15 +590,22 @@ def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
         return None  # a sum over everything normalizes a kernel or a histogram, not logits
     if not _is_true(keep) or isinstance(dim, (ast.Tuple, ast.List)):
         return _finding("SL103", node, msg, no_fix="the sum is not over one dim with keepdim=True")
-    # exp(x - x.max(dim, keepdim=True)[0]): the same softmax, shift-invariant
+    # exp(x - x.max(dim, keepdim=True)[0]): the same softmax, shift-invariant, but only for a
+    # shift that is constant along the softmax's dim (a max over that dim, or over everything)
     if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Sub):
         mx = x.right.value if isinstance(x.right, ast.Subscript) else x.right
         if isinstance(mx, ast.Attribute) and mx.attr == "values":
             mx = mx.value
         mc = m.call(mx, "max")
-        if mc is not None and mc.args and m.same(mc.args[0], x.left):
-            x = x.left
-    names = _Names(m)
+        if mc is None or not mc.args or not m.same(mc.args[0], x.left):
+            return _finding("SL103", node, msg, no_fix="the exponent is shifted by something that is "
+                            "not the max over the softmax's dim")
+        mdim = mc.arg(1, "dim")
+        if mdim is not None and not m.same(mdim, dim):
+            return _finding("SL103", node, msg, no_fix="the max is over another dim than the sum "
+                            "(the shift is not constant along the sum)")
+        x = x.left
+    names = _Names(m, node)
     sf = names.sf()
     return _finding("SL103", node, msg, names, f"{sf}.softmax({m.seg(x)}, {m.seg(dim)})" if sf else None)
 
@@ -600,12 +620,15 @@ def _div_norm(m: Module, node: ast.BinOp) -> Finding | None:
     dim = _dim(n, 2)
     keep = n.arg(3, "keepdim")
     msg = "division by a norm: a zero vector gives 0 / 0 = NaN (NaN gradient)"
+    if set(n.kwargs) - {p_name, "dim", "keepdim"} or len(n.args) > 4:
+        return _finding("SL107", node, msg, no_fix="the norm takes more than p, dim and keepdim "
+                        "(a dtype= would be lost)")
     two = p is None or _is_int(p, 2) or (isinstance(p, ast.Constant) and p.value == "fro")
     if q == "torch.linalg.norm" and p is None and dim is None:
         two = False  # a matrix norm
     if not two or dim is None or not _is_true(keep) or isinstance(dim, (ast.Tuple, ast.List)):
         return _finding("SL107", node, msg, no_fix="not a 2-norm over one dim with keepdim=True")
-    names = _Names(m)
+    names = _Names(m, node)
     sf = names.sf()
     return _finding("SL107", node, msg, names,
                     f"{sf}.normalize({m.seg(node.left)}, dim={m.seg(dim)})" if sf else None)
@@ -626,11 +649,31 @@ def _masked_mean(m: Module, node: ast.BinOp) -> Finding | None:
         return None
     if {k: ast.dump(v) for k, v in top.kwargs.items()} != {k: ast.dump(v) for k, v in bot.kwargs.items()}:
         return None
-    names = _Names(m)
+    names = _Names(m, node)
+    msg = ("masked mean sum(x * mask) / mask.sum(): an empty mask gives 0 / 0 = NaN; "
+           "SF.masked_mean(x, mask.bool()) for a 0/1 mask")
+    if not _torch_values(m, node, [top, bot]):
+        return _finding("SL111", node, msg, no_fix="the operands may be NumPy arrays (this file uses "
+                        "NumPy, or no torch): a torch call would change the result's type")
     sf = names.sf()
-    return _finding("SL111", node, "masked mean sum(x * mask) / mask.sum(): an empty mask gives 0 / 0 "
-                    "= NaN; SF.masked_mean(x, mask.bool()) for a 0/1 mask", names,
+    return _finding("SL111", node, msg, names,
                     f"{sf}.safe_div({m.seg(node.left)}, {m.seg(node.right)})" if sf else None)
+
+
+def _torch_values(m: Module, node: ast.AST, calls: list[Call]) -> bool:
+    """Evidence that the sums are over tensors: ``torch.sum``, or a file that imports torch
+    and not NumPy, and no ``np.`` call in the operands."""
+    for c in calls:
+        for n in ast.walk(c.node):
+            q = m.qualname(n) if isinstance(n, (ast.Name, ast.Attribute)) else None
+            if q is not None and q.split(".")[0] in ("numpy", "jax", "cupy", "pandas"):
+                return False
+    if all(not c.method for c in calls):
+        return True
+    mods = {t.split(".")[0] for t in m.aliases.values()}
+    if mods & {"numpy", "jax", "cupy", "pandas", "tensorflow"}:
+        return False
+    return "torch" in mods
 
 
 def _focal_power(m: Module, node: ast.BinOp) -> Finding | None:
@@ -676,6 +719,35 @@ def _empty_branch(m: Module, node: ast.AST) -> bool:
     return False
 
 
+def _through_names(m: Module, f: Finding) -> None:
+    """A rewrite that saw through ``p = value`` pastes (part of) ``value`` where ``p`` was used:
+    it keeps the meaning only if ``value`` gives the same tensor when evaluated again (no module
+    call, no dropout, no sampling) and nothing changed ``p`` or the names in ``value`` in place.
+    Otherwise the finding stays, without its rewrite. Where every use of ``p`` is inside the
+    rewritten expression, the binding goes with it (no dead ``mse = ...`` line)."""
+    drop: list[ast.stmt] = []
+    for use, value in m.crossed:
+        parent = m.parent(use)
+        if isinstance(parent, ast.Call) and parent.func is use:
+            continue  # ``crit = nn.MSELoss()`` then ``crit(a, b)``: the callee is not pasted
+        name = use.id if isinstance(use, ast.Name) else None
+        mutated = name is not None and name in m.scope(use).mutated
+        if not m.pure(value) or not m.stable_names(value, use) or mutated:
+            what = m.seg(use)
+            f.fix, f.imports, f.drop = None, set(), []
+            f.no_fix = (f"the rewrite would evaluate `{what}`'s value again (or miss an in-place change "
+                        f"of it); rewrite the line that makes `{what}` by hand")
+            return
+        stmt = m.parent(value)
+        if (name is not None and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name) and stmt not in drop
+                and isinstance(m.parent(stmt), (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef))):
+            inside = sum(1 for n in ast.walk(f.node) if isinstance(n, ast.Name) and n.id == name)
+            if inside and m.uses(name, use) == inside:
+                drop.append(stmt)
+    f.drop = drop
+
+
 def check_tree(m: Module) -> Iterator[Finding]:
     """Every finding in the module, in source order; a report-only SL113 inside another finding
     is dropped (the outer one names the stable op)."""
@@ -684,8 +756,11 @@ def check_tree(m: Module) -> Iterator[Finding]:
         rules: list = _CALL_RULES if isinstance(node, ast.Call) else (
             _BINOP_RULES if isinstance(node, ast.BinOp) else [])
         for rule in rules:
+            m.crossed = []
             f = rule(m, node)
             if f is not None:
+                if f.fix:
+                    _through_names(m, f)
                 found.append(f)
                 break
     spans = [(f.line, f.col, *f.end) for f in found if f.code != "SL113" or f.fix]
