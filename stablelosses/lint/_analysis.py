@@ -321,7 +321,8 @@ class Module:
             q = self.qualname(n.func)
             if q is not None:
                 leaf = q.rsplit(".", 1)[-1]
-                if not q.startswith(("torch.", "stablelosses.", "math.")) or _IMPURE.search(leaf) or leaf[0].isupper():
+                torchy = q.startswith(("torch.", "stablelosses.", "math."))
+                if not torchy or _IMPURE.search(leaf) or leaf[0].isupper():
                     return False
             elif isinstance(n.func, ast.Attribute):
                 if n.func.attr not in _PURE_METHODS:

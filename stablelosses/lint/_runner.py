@@ -176,10 +176,10 @@ def _one_file(path: Path, select, ignore, fix: bool = False, diff: bool = False)
     res = _FileResult([], [])
     if fix or diff:
         try:
-            new, n = _fix_loop(text, select, ignore, name)
+            new, _ = _fix_loop(text, select, ignore, name)
         except _cst_error() as e:  # newer syntax than the installed LibCST parses
             res.errors.append(f"{name}: not fixed: LibCST cannot parse it: {str(e).splitlines()[0]}")
-            new, n = text, 0
+            new = text
         if new != text:
             # counted as the report counts: the findings that were there and are gone (a rewrite
             # that exposes a second one, log(hand softmax) -> log(SF.softmax) -> SF.log_softmax,
