@@ -42,6 +42,22 @@ RULES: dict[str, Rule] = {r.code: r for r in [
     Rule("SL111", "masked-mean", "masked mean as sum(x * mask) / mask.sum()", "masked-mean-empty"),
     Rule("SL112", "log-cosh", "log(cosh(r))", "log-cosh-overflow"),
     Rule("SL113", "exp-unshifted", "exp of an unshifted logit: hand-written logsumexp", "softmax-logsumexp"),
+    # the post-training hazards (2026): finite loss, NaN gradient
+    Rule("SL114", "exp-log-ratio", "exp of a log-ratio with no guard before it (GRPO's 0 * inf)",
+         "finite-loss-nan-gradient"),
+    Rule("SL115", "log1p-exp", "log1p(-exp(x)) / log(1 - exp(x)): log1mexp by hand", "log1mexp"),
+    Rule("SL116", "exp-minus-one", "exp(d) - d - 1 (the k3 KL estimator) by hand", "log1mexp"),
+    Rule("SL117", "mask-multiply", "x * mask after a value that can be inf or NaN",
+         "finite-loss-nan-gradient"),
+    Rule("SL118", "guard-after-op", "where / nan_to_num after the op that made the inf or NaN",
+         "finite-loss-nan-gradient"),
+    Rule("SL119", "entropy-by-hand", "exp(logp) * logp or p * log(p): 0 * -inf", "masked-entropy"),
+    Rule("SL120", "kl-log-target-masked", "F.kl_div(log_target=True) on masked (-inf) log-probs",
+         "kl-zero-targets"),
+    Rule("SL121", "row-mean-denominator", "x.sum(-1) / mask.sum(-1): a per-sequence mean of an empty "
+         "sequence", "masked-mean-empty"),
+    Rule("SL122", "clamp-under-no-grad", "x.clamp_() under torch.no_grad(): a straight-through gradient",
+         "finite-loss-nan-gradient"),
 ]}
 
 SF = "stablelosses.functional"
@@ -696,9 +712,414 @@ def _focal_power(m: Module, node: ast.BinOp) -> Finding | None:
                     no_fix="the whole loss must become one call; its pieces cannot be rewritten alone")
 
 
+# ------------------------------------------------------------------------------ post-training (2026)
+
+_LOGP = re.compile(r"log_?p(rob)?s?\b|logprob|log_prob|logps|logpi|log_pi|lprobs?", re.I)
+_LOG_RATIO = re.compile(r"log_?ratios?|logratio|log_?rho|log_importance|log_is_weights?|log_ratio_\w+",
+                        re.I)
+_MASK = re.compile(r"(^|_)(mask|masks|attention_mask|completion_mask|loss_mask|response_mask|padding_mask|"
+                   r"action_mask|valid)$|_mask$|^mask", re.I)
+_CASTS = frozenset({"float", "double", "half", "bfloat16", "to", "type_as", "detach", "contiguous"})
+_POS_INF = re.compile(r"^-?(float\(['\"][+-]?inf(inity)?['\"]\)|(math|torch|np|numpy)\.inf)$", re.I)
+
+
+def _text_of(m: Module, node: ast.AST) -> str:
+    return m.seg(node) if hasattr(node, "lineno") else ast.unparse(node)
+
+
+def _strip_casts(m: Module, node: ast.expr) -> ast.expr:
+    """``x.float()``, ``x.to(dtype)``, ``x.detach()`` -> ``x``."""
+    while (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS
+           and m.qualname(node.func.value) is None):
+        node = node.func.value
+    return node
+
+
+def _leaf_name(node: ast.AST) -> str:
+    while isinstance(node, (ast.Subscript, ast.Call)):
+        node = node.value if isinstance(node, ast.Subscript) else node.func
+        if isinstance(node, ast.Attribute) and node.attr in _CASTS | _PASS_THROUGH:
+            node = node.value
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
+
+
+def _is_mask(m: Module, node: ast.expr) -> bool:
+    node = _strip_casts(m, node)
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return bool(name) and bool(_MASK.search(name))
+
+
+def _lineage(m: Module, node: ast.expr, at: ast.AST, depth: int = 3) -> Iterator[ast.AST]:
+    """Every sub-expression of ``node``, and of every value bound to a name in it in the same
+    function (all bindings, not only a single one), ``depth`` names deep."""
+    seen: set[str] = set()
+    todo: list[tuple[ast.AST, int]] = [(node, 0)]
+    scope = m.scope(at)
+    while todo:
+        n, d = todo.pop()
+        for sub in ast.walk(n):
+            yield sub
+            if isinstance(sub, ast.Name) and d < depth and sub.id not in seen:
+                seen.add(sub.id)
+                for _, v in scope.bindings.get(sub.id, []):
+                    if v is not None:
+                        todo.append((v, d + 1))
+
+
+def _guarded(m: Module, node: ast.expr, at: ast.AST) -> bool:
+    """The value is clamped (or selected by a where / masked_fill) before it is used: in the
+    expression itself or in any binding of the name."""
+    node = _strip_casts(m, node)
+    vals: list[ast.expr] = [node]
+    if isinstance(node, ast.Name):
+        vals += [v for _, v in m.scope(at).bindings.get(node.id, []) if v is not None]
+    for v in vals:
+        v = _strip_casts(m, v)
+        if m.call(v, "clamp", "where", "masked_fill") is not None:
+            return True
+        if isinstance(v, ast.Call) and "clamp" in _text_of(m, v.func).rsplit(".", 1)[-1]:
+            return True
+    return False
+
+
+def _log_ratio(m: Module, x: ast.expr, at: ast.AST) -> bool:
+    """``logp - old_logp`` (not ``logp - logp.detach()``), or a name like ``log_ratio``."""
+    x = _strip_casts(m, x)
+    if isinstance(x, (ast.Name, ast.Attribute)) and _LOG_RATIO.search(_leaf_name(x)):
+        return True
+    r = m.resolve(x, at) or x
+    if not (isinstance(r, ast.BinOp) and isinstance(r.op, ast.Sub)):
+        return False
+    a, b = _strip_casts(m, r.left), _strip_casts(m, r.right)
+    if m.same(a, b):
+        return False  # logp - logp.detach(): exp of 0, the value 1 with logp's gradient
+    return bool(_LOGP.search(_leaf_name(a))) and bool(_LOGP.search(_leaf_name(b)))
+
+
+def _exp_log_ratio(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "exp")
+    if c is None or len(c.args) != 1 or c.kwargs:
+        return None
+    x = c.args[0]
+    if not _log_ratio(m, x, node) or _guarded(m, x, node) or _no_grad(m, node):
+        return None
+    # exp(d) - d - 1 is SL116's; there the exp is one term of the estimator
+    p = m.parent(node)
+    if isinstance(p, ast.BinOp) and isinstance(p.op, ast.Sub) and _k3(m, _top_sum(m, p)) is not None:
+        return None
+    return _finding("SL114", node, "exp of a log-ratio with no clamp before it: a masked or stale token "
+                    "with a log-ratio above 88 (float32) is inf, and the min / where / * mask that "
+                    "drops it still sends 0 * inf = NaN into the gradient (a finite loss, a NaN "
+                    "gradient); clamp the log-ratio first, or use SF.policy_loss",
+                    no_fix="a clamp changes the value where it binds; SF.policy_loss never "
+                    "exponentiates a masked position")
+
+
+_LN2 = "0.6931471805599453"
+
+
+def _log1mexp(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "log1p", "log")
+    if c is None or len(c.args) != 1 or c.kwargs:
+        return None
+    arg = m.resolve(c.args[0], node) or c.args[0]
+    e = None
+    if c.op == "log1p" and isinstance(arg, ast.UnaryOp) and isinstance(arg.op, ast.USub):
+        e = m.call(arg.operand, "exp")
+    elif c.op == "log" and _one_minus(arg) is not None:
+        e = m.call(m.resolve(_one_minus(arg), node), "exp")
+    if e is None or len(e.args) != 1 or e.kwargs:
+        return None
+    x = e.args[0]
+    if _guarded(m, x, node):
+        return None  # log1p(-exp(x.clamp(max=-log 2))): the exact branch of a log1mexp
+    names = _Names(m, node)
+    t = names.torch()
+    fix = None
+    if t and m.pure(x):
+        xs, xa = m.seg(x), m.atom(x)
+        # log(-expm1(x)) near 0, log1p(-exp(x)) below -log 2; the clamp keeps the branch that is
+        # not selected finite, so its gradient is 0, not 0 * inf
+        fix = (f"{t}.where({xa} > -{_LN2}, {t}.log(-{t}.expm1({xs})), "
+               f"{t}.log1p(-{t}.exp({xa}.clamp(max=-{_LN2}))))")
+    return _finding("SL115", node, "log(1 - exp(x)) for a log-probability x: as x -> 0- exp(x) rounds "
+                    "to 1, the value is -inf and the gradient inf (ORPO's log-odds at a sure token); "
+                    "log1mexp: log(-expm1(x)) above -log 2, log1p(-exp(x)) below", names, fix,
+                    "the exponent is evaluated three times in log1mexp and it calls something that "
+                    "may change state")
+
+
+def _terms(m: Module, node: ast.expr) -> list[tuple[int, ast.expr]]:
+    """``a - b + c`` -> [(1, a), (-1, b), (1, c)] (the left-associative chain only)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        return [*_terms(m, node.left), (-1 if isinstance(node.op, ast.Sub) else 1, node.right)]
+    return [(1, node)]
+
+
+def _top_sum(m: Module, node: ast.BinOp) -> ast.BinOp:
+    p = m.parent(node)
+    while isinstance(p, ast.BinOp) and isinstance(p.op, (ast.Add, ast.Sub)):
+        node, p = p, m.parent(p)
+    return node
+
+
+def _k3(m: Module, node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+    """``exp(d) - d - 1`` in any order of its three terms -> (exp's argument, the other d)."""
+    terms = _terms(m, node)
+    if len(terms) != 3:
+        return None
+    exps = [(s, t) for s, t in terms if s == 1 and m.call(t, "exp") is not None]
+    ones = [(s, t) for s, t in terms if s == -1 and _is_int(t, 1)]
+    if len(exps) != 1 or len(ones) != 1:
+        return None
+    rest = [t for s, t in terms if s == -1 and not _is_int(t, 1)]
+    if len(rest) != 1:
+        return None
+    e = m.call(exps[0][1], "exp")
+    assert e is not None
+    if len(e.args) != 1 or e.kwargs:
+        return None
+    d, other = e.args[0], rest[0]
+    if not m.same(_strip_casts(m, d), _strip_casts(m, other)):
+        return None
+    return d, other
+
+
+def _exp_minus_one(m: Module, node: ast.BinOp) -> Finding | None:
+    if not isinstance(node.op, ast.Sub) or _top_sum(m, node) is not node:
+        return None
+    k = _k3(m, node)
+    if k is None:
+        return None
+    d, other = k
+    names = _Names(m, node)
+    t = names.torch()
+    fix = f"{t}.expm1({m.seg(d)}) - {m.atom(other)}" if t else None
+    return _finding("SL116", node, "exp(d) - d - 1 cancels: for |d| below about 1e-4 in float32 the "
+                    "value is rounding noise (the k3 KL estimator is then 0 or negative); "
+                    "expm1(d) - d keeps the digits (SF.kl_penalty(estimator='k3'))", names, fix)
+
+
+def _nonfinite_source(m: Module, node: ast.expr, at: ast.AST) -> str | None:
+    """The op in ``node``'s lineage that can make an inf or NaN from finite inputs: an unguarded
+    exp of a log-ratio or of a name like logits, a log or sqrt of a non-constant, a division."""
+    for sub in _lineage(m, node, at):
+        c = m.call(sub, "exp")
+        if c is not None and c.args and (_log_ratio(m, c.args[0], at) and not _guarded(m, c.args[0], at)):
+            return "exp of a log-ratio"
+        c = m.call(sub, "log")
+        if c is not None and c.args and not _guarded(m, c.args[0], at) and not _plus_eps(m, c.args[0]):
+            if m.call(c.args[0], "softmax", "sigmoid") is not None or _probability(m, c.args[0], at):
+                return "log of a probability"
+    return None
+
+
+def _mask_multiply(m: Module, node: ast.BinOp) -> Finding | None:
+    if not isinstance(node.op, ast.Mult) or _no_grad(m, node):
+        return None
+    for x, mask in ((node.left, node.right), (node.right, node.left)):
+        if not _is_mask(m, mask) or _is_mask(m, x):
+            continue
+        why = _nonfinite_source(m, x, node)
+        if why is None:
+            continue
+        return _finding("SL117", node, f"x * mask after an op that can be inf ({why}): at a masked "
+                        "position inf * 0 = NaN in the value, and the gradient is NaN even where the "
+                        "value is masked; select with torch.where(mask, x, 0) and keep the masked "
+                        "inputs finite before the op (SF.policy_loss, SF.masked_mean)",
+                        no_fix="torch.where fixes the value only: the op before it must not see the "
+                        "masked inputs either")
+    return None
+
+
+_SAFE_ONE = frozenset({"log", "sqrt", "rsqrt", "reciprocal", "log2", "log10"})
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _guard_after(m: Module, node: ast.Call) -> Finding | None:
+    w = m.call(node, "where")
+    if w is not None and len(w.args) == 3 and not w.kwargs:
+        cond = w.args[0]
+        for i in (1, 2):
+            br = w.args[i]
+            f = _where_branch(m, node, cond, br, i)
+            if f is not None:
+                return f
+        return None
+    n = m.call(node, "nan_to_num")
+    if n is None or not n.args:
+        return None
+    inner = n.args[0]
+    for sub in _lineage(m, inner, node, depth=1):
+        c = m.call(sub, "domain")
+        if (c is not None and c.args and not isinstance(c.args[0], ast.Constant)) or (
+                isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div)):
+            if _no_grad(m, node):
+                return None
+            return _finding("SL118", node, "nan_to_num after the op that made the inf or NaN: the "
+                            "value is repaired, but the gradient at those positions is still 0 * inf = "
+                            "NaN; keep the op's input in its domain instead (SF.safe_div, SF.safe_sqrt, "
+                            "SF.xlogy, a double torch.where)",
+                            no_fix="the input that the op must not see is not known here")
+    return None
+
+
+def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: int) -> Finding | None:
+    """``torch.where(cond, op(x), other)`` where ``cond`` tests ``x``: the guard after the op."""
+    c = m.call(br, "domain")
+    div = isinstance(br, ast.BinOp) and isinstance(br.op, ast.Div)
+    if div:
+        x: ast.expr | None = br.right  # type: ignore[attr-defined]
+    elif c is not None and len(c.args) == 1 and not c.kwargs:
+        x = c.args[0]
+    else:
+        return None
+    if x is None or isinstance(x, ast.Constant) or _guarded(m, x, node):
+        return None
+    if not (_names_in(x) & _names_in(cond)) or _no_grad(m, node):
+        return None
+    op = "division" if div else _text_of(m, c.node.func).rsplit(".", 1)[-1]  # type: ignore[union-attr]
+    names = _Names(m, node)
+    t = names.torch()
+    fix = None
+    simple = isinstance(x, (ast.Name, ast.Attribute, ast.Subscript)) and m.pure(cond) and m.pure(x)
+    if t and simple and (div or op in _SAFE_ONE):
+        safe = (f"{t}.where({m.seg(cond)}, {m.seg(x)}, 1)" if i == 1
+                else f"{t}.where({m.seg(cond)}, 1, {m.seg(x)})")
+        if div:
+            new_br = f"{m.atom(br.left)} / {safe}"  # type: ignore[attr-defined]
+        elif c is not None and c.method:
+            new_br = f"{safe}.{op}()"
+        else:
+            new_br = f"{_text_of(m, c.node.func)}({safe})"  # type: ignore[union-attr]
+        parts = [m.seg(a) for a in node.args]
+        parts[i] = new_br
+        fix = f"{_text_of(m, node.func)}({', '.join(parts)})"
+    return _finding("SL118", node, f"torch.where after the {op} it guards: the branch that is not "
+                    "selected is still computed, and its gradient 0 * inf = NaN reaches the input; "
+                    "give the op a safe input there too (the double where)", names, fix,
+                    "the guarded input is not a plain name, or the condition calls something")
+
+
+def _entropy_by_hand(m: Module, node: ast.BinOp) -> Finding | None:
+    if not isinstance(node.op, ast.Mult) or _no_grad(m, node):
+        return None
+    for a, b in ((node.left, node.right), (node.right, node.left)):
+        ra, rb = m.resolve(a, node) or a, m.resolve(b, node) or b
+        e = m.call(ra, "exp")
+        if e is not None and len(e.args) == 1 and (m.same(e.args[0], b) or m.same(e.args[0], rb)):
+            kind, p_text = "exp(logp) * logp", None
+            if m.pure(b):
+                p_text = f"{m.atom(b)}.exp()"
+        else:
+            lg = m.call(rb, "log")
+            if lg is None or len(lg.args) != 1 or not (m.same(lg.args[0], a) or m.same(lg.args[0], ra)):
+                continue
+            if _probability(m, a, node) is None:
+                continue
+            kind, p_text = "p * log(p)", (m.seg(a) if m.pure(a) else None)
+        names = _Names(m, node)
+        sf = names.sf()
+        fix = f"{sf}.xlogy({p_text}, {p_text})" if sf and p_text else None
+        return _finding("SL119", node, f"{kind}: where p is 0 (a masked or -inf logit, an underflow) "
+                        "this is 0 * -inf = NaN in the value and the gradient; SF.xlogy(p, p) is 0 "
+                        "there with gradient 0 (SF.entropy(logits, dim) for the whole entropy)",
+                        names, fix, "the probability is made by a call that may change state")
+    return None
+
+
+def _kl_log_target(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "kl_div")
+    if c is None or not _is_true(c.kwargs.get("log_target")) or len(c.args) < 2:
+        return None
+    for a in c.args[:2]:
+        for sub in _lineage(m, a, node):
+            fill = m.call(sub, "masked_fill")
+            if (fill is not None and len(fill.args) == 3 and is_neg_inf(fill.args[2])) or (
+                    isinstance(sub, (ast.UnaryOp, ast.Call, ast.Attribute)) and is_neg_inf(sub)):
+                return _finding("SL120", node, "F.kl_div(log_target=True) on masked log-probs: where "
+                                "input and target are both -inf the term is exp(-inf) * (-inf - (-inf)) = "
+                                "0 * NaN = NaN; SF.kl_div, or SF.distillation_loss(mask=...)",
+                                no_fix="the masked positions must be dropped, not rewritten")
+    return None
+
+
+def _row_mean(m: Module, node: ast.BinOp) -> Finding | None:
+    if not isinstance(node.op, ast.Div):
+        return None
+    bot = m.call(m.resolve(node.right, node) or node.right, "sum")
+    if bot is None or not bot.args or bot.arg(1, "dim") is None:
+        return None
+    if not _is_mask(m, bot.args[0]):
+        return None
+    top = m.call(m.resolve(node.left, node) or node.left, "sum")
+    if top is None or not top.args or top.arg(1, "dim") is None:
+        return None
+    if _in_loss(m, node, forward=True) is False and not _loss_name(m, node):
+        return None
+    names = _Names(m, node)
+    msg = ("a per-sequence mean x.sum(-1) / mask.sum(-1): an all-padding sequence (an empty "
+           "completion, a truncated row) is 0 / 0 = NaN for its row and, through the mean over rows, "
+           "for the loss; SF.safe_div gives 0 with gradient 0 there")
+    if not _torch_values(m, node, [top, bot]):
+        return _finding("SL121", node, msg, no_fix="the operands may be NumPy arrays")
+    sf = names.sf()
+    return _finding("SL121", node, msg, names,
+                    f"{sf}.safe_div({m.seg(node.left)}, {m.seg(node.right)})" if sf else None)
+
+
+def _loss_name(m: Module, node: ast.AST) -> bool:
+    """The statement assigns to a name like ``loss`` / ``kl``."""
+    p = m.parent(node)
+    while p is not None and not isinstance(p, ast.stmt):
+        p = m.parent(p)
+    if isinstance(p, ast.Assign):
+        return any(isinstance(t, ast.Name) and re.search(r"loss|kl|entropy", t.id, re.I) for t in p.targets)
+    return isinstance(p, ast.Return)
+
+
+def _clamp_no_grad(m: Module, node: ast.Call) -> Finding | None:
+    c = m.call(node, "clamp_")
+    if c is None or not c.method or not isinstance(c.args[0], ast.Name):
+        return None
+    stmt = m.parent(node)
+    if not isinstance(stmt, ast.Expr):
+        return None
+    w = m.parent(stmt)
+    if not isinstance(w, ast.With):
+        return None
+    ctx = [i.context_expr.func if isinstance(i.context_expr, ast.Call) else i.context_expr for i in w.items]
+    if not any(m.qualname(e) in ("torch.no_grad", "torch.autograd.no_grad") for e in ctx):
+        return None
+    name = c.args[0].id
+    end = w.end_lineno or w.lineno
+    scope = m.scope(node)
+    used_after = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                     and n.lineno > end and m.scope_of.get(id(n)) is scope for n in ast.walk(scope.node))
+    if not used_after or isinstance(scope.node, ast.Module):
+        return None
+    return _finding("SL122", node, f"{name}.{c.node.func.attr}() under torch.no_grad(): the forward "  # type: ignore[attr-defined]
+                    "uses the clamped value but the graph does not know it, so the gradient is the "
+                    "unclamped one (straight-through), and a value at the bound gets the gradient "
+                    "of a point it is not at (torch's gaussian_nll_loss does this on purpose)",
+                    no_fix=f"{name} = {name}.clamp(...) outside no_grad changes the gradient; keep "
+                    "the straight-through one only if it is meant")
+
+
 _CALL_RULES: list[Callable[[Module, ast.Call], Finding | None]] = [
-    _sqrt, _log, _softmax_masked, _bce, _kl, _exp_logits]
-_BINOP_RULES: list[Callable[[Module, ast.BinOp], Finding | None]] = [_division, _focal_power]
+    _sqrt, _log1mexp, _log, _softmax_masked, _bce, _kl_log_target, _kl, _exp_log_ratio, _exp_logits,
+    _guard_after, _clamp_no_grad]
+_BINOP_RULES: list[Callable[[Module, ast.BinOp], Finding | None]] = [
+    _division, _row_mean, _focal_power, _exp_minus_one, _entropy_by_hand, _mask_multiply]
 
 
 def _empty_branch(m: Module, node: ast.AST) -> bool:
