@@ -1,4 +1,4 @@
-"""``--fix`` never changes what the code means (issue 38): each case below is a reproducer of a
+"""``--fix`` never changes what the code means: each case below is a reproducer of a
 rewrite that changed the value, the gradient, or broke the code; after ``--fix`` the code gives
 the same value and gradient as before, or it is not rewritten."""
 
