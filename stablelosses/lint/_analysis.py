@@ -305,12 +305,18 @@ class Module:
             return node
         if not isinstance(node, ast.Name):
             return node
-        scope = self.scope(at if at is not None else node)
+        scope: Scope | None = self.scope(at if at is not None else node)
+        # a name the function never binds is read from the enclosing scopes (a module-level
+        # ``criterion = nn.MSELoss()``); there it must be bound once, and the use is later
+        while scope is not None and not scope.bindings.get(node.id) and scope.parent is not None:
+            scope = scope.parent
+        assert scope is not None
         binds = scope.bindings.get(node.id, [])
         if len(binds) != 1:
             return node
         line, value = binds[0]
-        if value is None or line >= node.lineno:
+        local = scope is self.scope(at if at is not None else node)
+        if value is None or (local and line >= node.lineno):
             return node
         for n in ast.walk(value):
             if isinstance(n, ast.Name) and len(scope.bindings.get(n.id, [])) > 1:

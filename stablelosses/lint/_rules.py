@@ -215,6 +215,18 @@ _PASS_THROUGH = frozenset({"gather", "squeeze", "unsqueeze", "view", "reshape", 
                            "contiguous", "float", "to", "type_as", "clone"})
 
 
+def _module_op(m: Module, node: ast.AST | None, at: ast.AST) -> str | None:
+    """``nn.Sigmoid()(x)`` or ``act(x)`` with ``act = nn.Sigmoid()`` (``self.act`` too):
+    ``'sigmoid'``; ``nn.Softmax(dim)``: ``'softmax'``."""
+    if not isinstance(node, ast.Call) or len(node.args) != 1:
+        return None
+    ctor = node.func if isinstance(node.func, ast.Call) else m.resolve(node.func, at)
+    if not isinstance(ctor, ast.Call):
+        return None
+    q = m.qualname(ctor.func) or ""
+    return {"torch.nn.Sigmoid": "sigmoid", "torch.nn.Softmax": "softmax"}.get(q)
+
+
 def _probability(m: Module, node: ast.expr, at: ast.AST, depth: int = 0) -> str | None:
     """``'softmax'``/``'sigmoid'``/``'exp'`` when ``node`` is a probability made by that op."""
     if depth > 6:
@@ -223,6 +235,9 @@ def _probability(m: Module, node: ast.expr, at: ast.AST, depth: int = 0) -> str 
     c = m.call(node, "softmax", "sigmoid", "exp")
     if c is not None:
         return c.op
+    mod = _module_op(m, node, at)
+    if mod is not None:
+        return mod
     if isinstance(node, ast.Subscript):
         return _probability(m, node.value, at, depth + 1)
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -233,6 +248,19 @@ def _probability(m: Module, node: ast.expr, at: ast.AST, depth: int = 0) -> str 
     if isinstance(node, ast.Name) and _PROB_NAMES.match(node.id):
         return "name"
     return None
+
+
+def _latest_kind(m: Module, node: ast.expr, at: ast.AST) -> str | None:
+    """The op that made a name's latest value before ``at`` (``x = x.sigmoid()``), else the
+    probability kind of the expression."""
+    if isinstance(node, ast.Name):
+        before = [(ln, v) for ln, v in m.scope(at).bindings.get(node.id, []) if ln <= getattr(at, "lineno", 0)]
+        if before:
+            v = max(before, key=lambda b: b[0])[1]
+            c = m.call(v, "softmax", "sigmoid")
+            if c is not None:
+                return c.op
+    return _probability(m, node, at)
 
 
 def _small_eps(m: Module, node: ast.expr) -> bool:
@@ -311,6 +339,11 @@ def _no_grad(m: Module, node: ast.AST) -> bool:
             return True
         p = m.parent(p)
     return bool(_NO_GRAD_FILES.match(m.path.rsplit("/", 1)[-1]))
+
+
+def _unneg(node: ast.expr) -> ast.expr:
+    """``-x`` -> ``x``."""
+    return node.operand if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) else node
 
 
 def _one_minus(node: ast.expr) -> ast.expr | None:
@@ -446,10 +479,14 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
     if plus is not None and not _no_grad(m, node):  # without a gradient the eps only guards a score
         base = m.resolve(plus[0], node) or plus[0]
         kind = _probability(m, base, node)
+        par = m.parent(node)
+        if kind is None and isinstance(par, ast.BinOp) and isinstance(par.op, ast.Mult) and (
+                m.same(_unneg(par.left), plus[0]) or m.same(_unneg(par.right), plus[0])):
+            kind = "xlogx"  # p * log(p + eps): an entropy written with an eps
         if kind is None:
             return None
         exact = {"softmax": "SF.log_softmax(x, dim)", "sigmoid": "F.logsigmoid(x)",
-                 "exp": "the exponent itself (log(exp(y)) = y)"}.get(
+                 "exp": "the exponent itself (log(exp(y)) = y)", "xlogx": "SF.xlogy(p, p) or SF.entropy"}.get(
             kind, "SF.log_softmax(logits, dim) or F.logsigmoid(logits) from the logits")
         return _finding("SL108", node, f"log(p + eps) hides a log 0 and biases every value; use {exact}",
                         no_fix="dropping the eps changes the value")
@@ -471,6 +508,23 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
             return _finding("SL113", node, "log(sum(exp(x))): exp overflows above 88 in float32 "
                             "(inf, NaN gradient)", names, fix if sf else None,
                             "keepdim without dim")
+    if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Div) and not _no_grad(m, node):
+        kinds = {_latest_kind(m, inner.left, node), _latest_kind(m, inner.right, node)}
+        if kinds & {"softmax", "sigmoid"}:
+            return _finding("SL102", node, "log of a ratio of probabilities: either one underflows to 0 "
+                            "and the log is -inf or +inf (NaN gradient); subtract SF.log_softmax / "
+                            "F.logsigmoid of the logits instead",
+                            no_fix="the logits behind both probabilities are needed")
+    w = m.call(inner, "where")
+    if w is not None and len(w.args) == 3 and not _no_grad(m, node):
+        a, b = w.args[1], w.args[2]
+        om = _one_minus(b) or _one_minus(a)
+        p = a if _one_minus(b) is not None else b
+        if om is not None and m.same(om, p) and _latest_kind(m, p, node) in ("sigmoid", "softmax"):
+            return _finding("SL104", node, "log of where(t, p, 1 - p) on sigmoid outputs: p rounds to 0 "
+                            "or 1 and the log is -inf (NaN gradient); F.logsigmoid(x) and F.logsigmoid(-x) "
+                            "of the logits, or F.binary_cross_entropy_with_logits",
+                            no_fix="the logits are rebound before the log")
     ch = m.call(inner, "cosh")
     if ch is not None and len(ch.args) == 1 and not ch.kwargs:
         r = m.resolve(ch.args[0], node) or ch.args[0]
@@ -486,7 +540,17 @@ def _log(m: Module, node: ast.Call) -> Finding | None:
 
 
 def _softmax_masked(m: Module, node: ast.Call) -> Finding | None:
-    c = m.call(node, "softmax", "log_softmax")
+    module = _module_op(m, node, node) == "softmax"
+    c = None if module else m.call(node, "softmax", "log_softmax")
+    if module:
+        # ``self.softmax = nn.Softmax(dim=-1)`` then ``self.softmax(scores)``
+        c = Call("softmax", node, list(node.args), {}, True)
+        arg = node.args[0]
+        if isinstance(arg, ast.Name) and _masked_by_neg_inf(m, arg, node):
+            return _finding("SL109", node, "softmax (an nn.Softmax module) of masked_fill(mask, -inf): a "
+                            "row with every entry masked is -inf - (-inf) = NaN (NaN gradient too)",
+                            no_fix="the softmax is a module; call SF.softmax(scores, dim, mask=...) instead")
+        return None
     if c is None or not c.args:
         return None
     log = c.op == "log_softmax"
@@ -506,6 +570,16 @@ def _softmax_masked(m: Module, node: ast.Call) -> Finding | None:
             if any(ln < node.lineno for ln in lines):
                 return _finding("SL109", node, msg, no_fix="the mask is applied in place "
                                 f"({arg.id}.masked_fill_); pass mask= to SF.softmax by hand")
+            # ``scores = scores.masked_fill(m, -inf)`` then ``softmax(scores)``: the name is bound
+            # more than once, so the latest binding before the softmax decides
+            before = [(ln, v) for ln, v in m.scope(node).bindings.get(arg.id, []) if ln < node.lineno]
+            if before:
+                last = max(before, key=lambda b: b[0])[1]
+                lf = m.call(last, "masked_fill")
+                fill = lf.arg(2, "value") if lf is not None else None
+                if lf is not None and fill is not None and is_neg_inf(fill):
+                    return _finding("SL109", node, msg, no_fix=f"`{arg.id}` is rebound by the masked_fill; "
+                                    "pass mask= to SF.softmax on the unmasked scores by hand")
         return None
     dim = _dim(c, 1)
     if dim is None or len(c.args) > 2 or set(c.kwargs) - {"dim"}:
@@ -521,18 +595,39 @@ def _softmax_masked(m: Module, node: ast.Call) -> Finding | None:
     return _finding("SL109", node, msg, names, fix)
 
 
+def _masked_by_neg_inf(m: Module, arg: ast.Name, node: ast.AST) -> bool:
+    """The latest binding of ``arg`` before ``node`` is a ``masked_fill(..., -inf)`` (or it is
+    filled in place so)."""
+    scope = m.scope(node)
+    if any(ln < node.lineno for ln in scope.inplace_neg_inf.get(arg.id, [])):  # type: ignore[attr-defined]
+        return True
+    before = [(ln, v) for ln, v in scope.bindings.get(arg.id, []) if ln < node.lineno]  # type: ignore[attr-defined]
+    if not before:
+        return False
+    lf = m.call(max(before, key=lambda b: b[0])[1], "masked_fill")
+    fill = lf.arg(2, "value") if lf is not None else None
+    return fill is not None and is_neg_inf(fill)
+
+
 def _bce(m: Module, node: ast.Call) -> Finding | None:
     c = m.call(node, "bce")
     if c is None or not c.args:
-        ctor = m.call(node.func if isinstance(node, ast.Call) else None, "BCELoss")
+        func = node.func if isinstance(node.func, ast.Call) else m.resolve(node.func, node)
+        ctor = m.call(func, "BCELoss")
         if ctor is None or not node.args:
             return None
-        if m.call(m.resolve(node.args[0], node) or node.args[0], "sigmoid") is None:
+        first = m.resolve(node.args[0], node) or node.args[0]
+        if m.call(first, "sigmoid") is None and _module_op(m, first, node) != "sigmoid":
             return None
         return _finding("SL105", node, "BCELoss on sigmoid outputs: the sigmoid saturates to 0 or 1 "
                         "and the loss is clamped at 100 with a zero gradient",
                         no_fix="use nn.BCEWithLogitsLoss on the logits (the module is built elsewhere)")
-    sig = m.call(m.resolve(c.args[0], node) or c.args[0], "sigmoid")
+    first = m.resolve(c.args[0], node) or c.args[0]
+    sig = m.call(first, "sigmoid")
+    if sig is None and _module_op(m, first, node) == "sigmoid":
+        return _finding("SL105", node, "binary_cross_entropy of sigmoid outputs: the sigmoid saturates "
+                        "to 0 or 1, the log is clamped at -100 and the gradient vanishes",
+                        no_fix="the sigmoid is a module; use F.binary_cross_entropy_with_logits on its input")
     if sig is None or len(sig.args) != 1 or sig.kwargs:
         return None
     names = _Names(m, node)
@@ -563,11 +658,27 @@ def _kl(m: Module, node: ast.Call) -> Finding | None:
                     no_fix="passing SF.log_softmax(x, dim) changes the value (the old one was wrong)")
 
 
+_TEMPERATURE = re.compile(r"^(t|tau|temp|temperature|_temperature|temperature_\w*|\w*_temp|\w*_tau)$", re.I)
+
+
+def _scaled_similarity(m: Module, x: ast.expr, at: ast.AST) -> bool:
+    """``sim / temperature`` (or ``* logit_scale``): the logits of a contrastive loss."""
+    x = m.resolve(x, at) or x
+    if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Div):
+        return bool(_TEMPERATURE.match(_leaf_name(x.right)))
+    return False
+
+
 def _exp_logits(m: Module, node: ast.Call) -> Finding | None:
     c = m.call(node, "exp")
     if c is None or len(c.args) != 1 or c.kwargs:
         return None
     x = c.args[0]
+    if _scaled_similarity(m, x, node) and _in_loss(m, node, forward=True) and not _no_grad(m, node):
+        return _finding("SL113", node, "exp of similarities / temperature (a contrastive loss by hand): "
+                        "with a small temperature the exponent passes 88 and exp is inf (inf / inf = "
+                        "NaN); use SF.info_nce_loss, or F.cross_entropy / SF.logsumexp on the logits",
+                        no_fix="what the exp feeds decides the stable op")
     name = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else ""
     if not _LOGITS.search(name):  # logits, cls_logits, logits_per_text; not logit_scale
         return None
@@ -588,12 +699,45 @@ def _exp_logits(m: Module, node: ast.Call) -> Finding | None:
 def _division(m: Module, node: ast.BinOp) -> Finding | None:
     if not isinstance(node.op, ast.Div):
         return None
-    return _hand_softmax(m, node) or _div_norm(m, node) or _masked_mean(m, node)
+    return _hand_softmax(m, node) or _div_norm(m, node) or _masked_mean(m, node) or _mask_count(m, node)
+
+
+def _mask_count(m: Module, node: ast.BinOp) -> Finding | None:
+    """``loss / mask.sum()`` with the sum bound anywhere in the function (``n = mask.float().sum()``
+    then ``loss = loss / n``), in a loss: the masked mean in its other spellings. A per-row count
+    (``mask.sum(-1)``) is SL121's."""
+    if not _in_loss(m, node, forward=True) and not _loss_name(m, node):
+        return None
+    right = _strip_casts(m, node.right)
+    values: list[ast.expr] = [right]
+    if isinstance(right, ast.Name):
+        values = [v for _, v in m.scope(node).bindings.get(right.id, []) if v is not None]
+        if not values or len(values) != len(m.scope(node).bindings.get(right.id, [])):
+            return None
+    bot = None
+    for v in values:
+        bot = m.call(_strip_casts(m, v), "sum")
+        if bot is None or not bot.args or not _is_mask(m, bot.args[0]):
+            return None
+    assert bot is not None
+    if bot.arg(1, "dim") is not None:
+        return None  # SL121
+    if m.call(m.resolve(node.left, node) or node.left, "sum") is None and not isinstance(node.left, ast.Name):
+        return None
+    return _finding("SL111", node, "masked mean: the sum over the mask is 0 for an empty mask (a batch "
+                    "with no valid token) and the quotient 0 / 0 = NaN; SF.masked_mean, or "
+                    "SF.safe_div(total, count)",
+                    no_fix="the count is bound on another line; divide with SF.safe_div there")
 
 
 def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
     num = m.call(m.resolve(node.left, node) or node.left, "exp")
-    s = m.call(m.resolve(node.right, node) or node.right, "sum")
+    right = m.resolve(node.right, node) or node.right
+    unsq = None
+    if (isinstance(right, ast.Call) and isinstance(right.func, ast.Attribute) and right.func.attr == "unsqueeze"
+            and len(right.args) == 1 and m.call(right.func.value, "sum") is not None):
+        unsq, right = right.args[0], right.func.value  # sum(d).unsqueeze(d): keepdim by hand
+    s = m.call(right, "sum")
     if num is None or s is None or len(num.args) != 1 or not s.args:
         return None
     den = m.call(m.resolve(s.args[0], node) or s.args[0], "exp")
@@ -604,6 +748,10 @@ def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
     dim, keep = _dim(s, 1), s.arg(2, "keepdim")
     if dim is None:
         return None  # a sum over everything normalizes a kernel or a histogram, not logits
+    if unsq is not None:
+        if keep is not None or not m.same(unsq, dim):
+            return _finding("SL103", node, msg, no_fix="the sum is unsqueezed at another dim")
+        keep = ast.Constant(True)
     if not _is_true(keep) or isinstance(dim, (ast.Tuple, ast.List)):
         return _finding("SL103", node, msg, no_fix="the sum is not over one dim with keepdim=True")
     # exp(x - x.max(dim, keepdim=True)[0]): the same softmax, shift-invariant, but only for a
@@ -626,7 +774,28 @@ def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
     return _finding("SL103", node, msg, names, f"{sf}.softmax({m.seg(x)}, {m.seg(dim)})" if sf else None)
 
 
+def _hand_norm(m: Module, node: ast.BinOp) -> bool:
+    """``x / torch.sqrt(torch.sum(x ** 2, dim)...)``: a 2-norm written out."""
+    r = m.resolve(node.right, node) or node.right
+    while (isinstance(r, ast.Call) and isinstance(r.func, ast.Attribute) and r.func.attr in ("unsqueeze", "view",
+           "reshape", "expand_as") and m.qualname(r.func.value) is None):
+        r = r.func.value
+    sq = m.call(r, "sqrt")
+    if sq is None or len(sq.args) != 1:
+        return False
+    inner = sq.args[0]
+    while (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute)
+           and inner.func.attr in ("unsqueeze", "view", "reshape")):
+        inner = inner.func.value
+    s = m.call(inner, "sum")
+    return s is not None and bool(s.args) and m.same(_squared(m, s.args[0]), node.left)
+
+
 def _div_norm(m: Module, node: ast.BinOp) -> Finding | None:
+    if _hand_norm(m, node):
+        return _finding("SL107", node, "division by a norm written out (sqrt of a sum of squares): a zero "
+                        "vector gives 0 / 0 = NaN (NaN gradient)",
+                        no_fix="use SF.normalize(x, dim=d) (the same value, 0 at the zero vector)")
     n = m.call(m.resolve(node.right, node) or node.right, "norm")
     if n is None or not n.args or not m.same(n.args[0], node.left):
         return None
@@ -692,13 +861,55 @@ def _torch_values(m: Module, node: ast.AST, calls: list[Call]) -> bool:
     return "torch" in mods
 
 
+def _focal_power_call(m: Module, node: ast.Call) -> Finding | None:
+    """``(1 - p).pow(gamma)``, ``torch.pow(1 - p, gamma)``."""
+    c = m.call(node, "pow")
+    if c is None or len(c.args) != 2 or c.kwargs:
+        return None
+    return _focal_power_of(m, node, c.args[0], c.args[1])
+
+
+def _focal_weight_base(m: Module, base: ast.expr, at: ast.AST) -> ast.expr | None:
+    """``pt = (1 - p) * t + p * (1 - t)`` (mmdetection's sigmoid focal weight): a sum of products
+    one of which holds ``1 - p`` for a probability ``p``; returns ``p``."""
+    if isinstance(base, ast.Name):  # pt bound with names that are bound again (target = target.float())
+        for _, v in m.scope(at).bindings.get(base.id, []):
+            p = _focal_weight_base(m, v, at) if isinstance(v, ast.BinOp) else None
+            if p is not None:
+                return p
+        return None
+    if not (isinstance(base, ast.BinOp) and isinstance(base.op, ast.Add)):
+        return None
+    for side in (base.left, base.right):
+        if isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult):
+            for f in (side.left, side.right):
+                p = _one_minus(f)
+                if p is not None and _probability(m, p, at) in ("sigmoid", "softmax"):
+                    return p
+    return None
+
+
 def _focal_power(m: Module, node: ast.BinOp) -> Finding | None:
     if not isinstance(node.op, ast.Pow):
         return None
-    p = _one_minus(node.left)
+    return _focal_power_of(m, node, node.left, node.right)
+
+
+def _focal_power_of(m: Module, node: ast.AST, base: ast.expr, exponent: ast.expr) -> Finding | None:
+    rb = m.resolve(base, node) or base
+    if isinstance(exponent, ast.UnaryOp) and isinstance(exponent.op, ast.USub) and not _no_grad(m, node):
+        e = m.call(rb, "exp")
+        if e is not None and e.args and _LOGP.search(_leaf_name(_strip_casts(m, e.args[0]))):
+            return _finding("SL114", node, "exp(logp) ** -a is exp(-a * logp): for a sequence log-prob "
+                            "of a few hundred the power overflows to inf (and exp(logp) underflows to 0 "
+                            "first: 0 ** -a = inf, NaN gradient); compute it as torch.exp(-a * logp)",
+                            no_fix="the power is written on the probability, not on the log-prob")
+    p = _one_minus(rb)
+    if p is None:
+        p = _focal_weight_base(m, rb, node)
     if p is None:
         return None
-    g = m.resolve(node.right, node) or node.right
+    g = m.resolve(exponent, node) or exponent
     if isinstance(g, ast.Constant) and isinstance(g.value, (int, float)) and g.value >= 1:
         return None  # a polynomial: its slope is finite at p = 1
     if _no_grad(m, node):
@@ -714,7 +925,7 @@ def _focal_power(m: Module, node: ast.BinOp) -> Finding | None:
 
 # ------------------------------------------------------------------------------ post-training (2026)
 
-_LOGP = re.compile(r"log_?p(rob)?s?\b|logprob|log_prob|logps|logpi|log_pi|lprobs?", re.I)
+_LOGP = re.compile(r"log_?p|logprob|log_prob|lprob|log_\w*pi$|log_\w*prob|logits_to_logp", re.I)
 _LOG_RATIO = re.compile(r"log_?ratios?|logratio|log_?rho|log_importance|log_is_weights?|log_ratio_\w+",
                         re.I)
 _MASK = re.compile(r"(^|_)(mask|masks|attention_mask|completion_mask|loss_mask|response_mask|padding_mask|"
@@ -793,7 +1004,10 @@ def _log_ratio(m: Module, x: ast.expr, at: ast.AST) -> bool:
     x = _strip_casts(m, x)
     if isinstance(x, (ast.Name, ast.Attribute)) and _LOG_RATIO.search(_leaf_name(x)):
         return True
-    r = m.resolve(x, at) or x
+    if isinstance(x, ast.Name):  # any binding of it in the function is a log-ratio
+        vals = [v for _, v in m.scope(at).bindings.get(x.id, []) if v is not None]
+        return any(_log_ratio(m, v, at) for v in vals if not isinstance(v, ast.Name))
+    r = x
     if not (isinstance(r, ast.BinOp) and isinstance(r.op, ast.Sub)):
         return False
     a, b = _strip_casts(m, r.left), _strip_casts(m, r.right)
@@ -878,21 +1092,24 @@ def _k3(m: Module, node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
     ones = [(s, t) for s, t in terms if s == -1 and _is_int(t, 1)]
     if len(exps) != 1 or len(ones) != 1:
         return None
-    rest = [t for s, t in terms if s == -1 and not _is_int(t, 1)]
+    rest = [(s, t) for s, t in terms if not _is_int(t, 1) and t is not exps[0][1]]
     if len(rest) != 1:
         return None
     e = m.call(exps[0][1], "exp")
     assert e is not None
     if len(e.args) != 1 or e.kwargs:
         return None
-    d, other = e.args[0], rest[0]
-    if not m.same(_strip_casts(m, d), _strip_casts(m, other)):
-        return None
-    return d, other
+    d, (sign, other) = e.args[0], rest[0]
+    if sign == -1 and m.same(_strip_casts(m, d), _strip_casts(m, other)):
+        return d, other
+    # exp(-x) - 1 + x: the same with d = -x
+    if sign == 1 and isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.USub) and m.same(d.operand, other):
+        return d, d
+    return None
 
 
 def _exp_minus_one(m: Module, node: ast.BinOp) -> Finding | None:
-    if not isinstance(node.op, ast.Sub) or _top_sum(m, node) is not node:
+    if not isinstance(node.op, (ast.Sub, ast.Add)) or _top_sum(m, node) is not node:
         return None
     k = _k3(m, node)
     if k is None:
@@ -900,7 +1117,10 @@ def _exp_minus_one(m: Module, node: ast.BinOp) -> Finding | None:
     d, other = k
     names = _Names(m, node)
     t = names.torch()
-    fix = f"{t}.expm1({m.seg(d)}) - {m.atom(other)}" if t else None
+    if other is d:  # exp(-x) - 1 + x
+        fix = f"{t}.expm1({m.seg(d)}) + {m.atom(d.operand)}" if t else None  # type: ignore[attr-defined]
+    else:
+        fix = f"{t}.expm1({m.seg(d)}) - {m.atom(other)}" if t else None
     return _finding("SL116", node, "exp(d) - d - 1 cancels: for |d| below about 1e-4 in float32 the "
                     "value is rounding noise (the k3 KL estimator is then 0 or negative); "
                     "expm1(d) - d keeps the digits (SF.kl_penalty(estimator='k3'))", names, fix)
@@ -973,6 +1193,21 @@ def _guard_after(m: Module, node: ast.Call) -> Finding | None:
     return None
 
 
+def _count(m: Module, x: ast.expr, at: ast.AST) -> bool:
+    """``x`` counts elements of a comparison (``(a > t).sum()``, ``torch.sum(a > t, -1).float()``):
+    it carries no gradient, so a NaN gradient cannot start there."""
+    vals: list[ast.expr] = [x]
+    if isinstance(x, ast.Name):
+        vals = [v for _, v in m.scope(at).bindings.get(x.id, []) if v is not None]
+        if not vals:
+            return False
+    for v in vals:
+        c = m.call(_strip_casts(m, v), "sum")
+        if c is None or not c.args or not isinstance(_strip_casts(m, c.args[0]), ast.Compare):
+            return False
+    return True
+
+
 def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: int) -> Finding | None:
     """``torch.where(cond, op(x), other)`` where ``cond`` tests ``x``: the guard after the op."""
     c = m.call(br, "domain")
@@ -985,7 +1220,7 @@ def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: in
         return None
     if x is None or isinstance(x, ast.Constant) or _guarded(m, x, node):
         return None
-    if not (_names_in(x) & _names_in(cond)) or _no_grad(m, node):
+    if not (_names_in(x) & _names_in(cond)) or _no_grad(m, node) or _count(m, x, node):
         return None
     op = "division" if div else _text_of(m, c.node.func).rsplit(".", 1)[-1]  # type: ignore[union-attr]
     names = _Names(m, node)
@@ -1013,7 +1248,11 @@ def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: in
 def _entropy_by_hand(m: Module, node: ast.BinOp) -> Finding | None:
     if not isinstance(node.op, ast.Mult) or _no_grad(m, node):
         return None
+    p = m.parent(node)
+    if isinstance(p, ast.Attribute) and p.attr in ("nansum", "nanmean"):
+        return None  # the NaN of 0 * -inf is dropped by the sum on purpose (no gradient use)
     for a, b in ((node.left, node.right), (node.right, node.left)):
+        a, b = _strip_casts(m, _unneg(a)), _strip_casts(m, _unneg(b))
         ra, rb = m.resolve(a, node) or a, m.resolve(b, node) or b
         e = m.call(ra, "exp")
         if e is not None and len(e.args) == 1 and (m.same(e.args[0], b) or m.same(e.args[0], rb)):
@@ -1041,6 +1280,15 @@ def _kl_log_target(m: Module, node: ast.Call) -> Finding | None:
     c = m.call(node, "kl_div")
     if c is None or not _is_true(c.kwargs.get("log_target")) or len(c.args) < 2:
         return None
+    fn = m.scope(node).node
+    if not isinstance(fn, ast.Module) and any(
+            isinstance(n, (ast.Name, ast.arg)) and re.search(r"support_mask|top_?k|vocab_mask",
+                                                           n.id if isinstance(n, ast.Name) else n.arg, re.I)
+            for n in ast.walk(fn)):
+        return _finding("SL120", node, "F.kl_div(log_target=True) in a function that masks the vocabulary "
+                        "(a support or top-k mask): where input and target are both -inf the term is "
+                        "0 * NaN = NaN; SF.kl_div, or SF.distillation_loss(mask=...)",
+                        no_fix="the masked positions must be dropped, not rewritten")
     for a in c.args[:2]:
         for sub in _lineage(m, a, node):
             fill = m.call(sub, "masked_fill")
@@ -1116,7 +1364,7 @@ def _clamp_no_grad(m: Module, node: ast.Call) -> Finding | None:
 
 
 _CALL_RULES: list[Callable[[Module, ast.Call], Finding | None]] = [
-    _sqrt, _log1mexp, _log, _softmax_masked, _bce, _kl_log_target, _kl, _exp_log_ratio, _exp_logits,
+    _sqrt, _log1mexp, _log, _focal_power_call, _softmax_masked, _bce, _kl_log_target, _kl, _exp_log_ratio, _exp_logits,
     _guard_after, _clamp_no_grad]
 _BINOP_RULES: list[Callable[[Module, ast.BinOp], Finding | None]] = [
     _division, _row_mean, _focal_power, _exp_minus_one, _entropy_by_hand, _mask_multiply]
