@@ -115,9 +115,12 @@ def execute(eid: str, old_src: str, new_src: str) -> str | None:
     v0, g0 = _value_and_grads(*run(old, "healthy"))
     torch.manual_seed(0)
     v1, g1 = _value_and_grads(*run(new, "healthy"))
-    same = torch.allclose(v1, v0, rtol=1e-5, atol=1e-7) and all(
-        (a is None and b is None) or (a is not None and b is not None and torch.allclose(b, a, rtol=1e-4, atol=1e-6))
-        for a, b in zip(g0, g1))
+    def close(a, b) -> bool:
+        if a is None or b is None:
+            return a is None and b is None
+        return torch.allclose(b, a, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+    same = torch.allclose(v1, v0, rtol=1e-5, atol=1e-7) and all(close(a, b) for a, b in zip(g0, g1))
     return "finite" if same else "changed"
 
 
@@ -152,10 +155,12 @@ def hazardous() -> dict:
     hits = sum(r["hit"] for r in rows)
     fixable = [r for r in rows if r["fixable"]]
     finite = sum(r["run"] == "finite" for r in fixable)
-    return {"rows": rows, "n": n, "recall": hits / n, "hits": hits, "any_finding": sum(bool(r["found"]) for r in rows),
-            "fixable": len(fixable), "compiles": sum(bool(r["compiles"]) for r in fixable), "made_finite": finite,
+    kinds = ("finite", "changed", "still", "old-finite", None)
+    return {"rows": rows, "n": n, "recall": hits / n, "hits": hits,
+            "any_finding": sum(bool(r["found"]) for r in rows), "fixable": len(fixable),
+            "compiles": sum(bool(r["compiles"]) for r in fixable), "made_finite": finite,
             "finite_share": finite / max(1, len(fixable)),
-            "runs": {k: sum(r["run"] == k for r in fixable) for k in ("finite", "changed", "still", "old-finite", None)},
+            "runs": {str(k): sum(r["run"] == k for r in fixable) for k in kinds},
             "docs_ok": all(r.get("docs_ok", True) for r in rows)}
 
 
@@ -215,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  unread: {k}")
     if a.json:
         a.json.write_text(json.dumps(result, indent=1, ensure_ascii=False, default=str), encoding="utf-8")
-    ok = h["recall"] >= 0.9 and h["finite_share"] >= 0.7 and (not a.clean or result["clean"]["false_share"] <= 0.1)
+    ok = h["recall"] >= 0.9 and h["finite_share"] >= 0.7
+    ok = ok and (not a.clean or result["clean"]["false_share"] <= 0.1)
     return 0 if ok and not math.isnan(h["recall"]) else 1
 
 

@@ -254,7 +254,8 @@ def _latest_kind(m: Module, node: ast.expr, at: ast.AST) -> str | None:
     """The op that made a name's latest value before ``at`` (``x = x.sigmoid()``), else the
     probability kind of the expression."""
     if isinstance(node, ast.Name):
-        before = [(ln, v) for ln, v in m.scope(at).bindings.get(node.id, []) if ln <= getattr(at, "lineno", 0)]
+        line = getattr(at, "lineno", 0)
+        before = [(ln, v) for ln, v in m.scope(at).bindings.get(node.id, []) if ln <= line]
         if before:
             v = max(before, key=lambda b: b[0])[1]
             c = m.call(v, "softmax", "sigmoid")
@@ -734,8 +735,9 @@ def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
     num = m.call(m.resolve(node.left, node) or node.left, "exp")
     right = m.resolve(node.right, node) or node.right
     unsq = None
-    if (isinstance(right, ast.Call) and isinstance(right.func, ast.Attribute) and right.func.attr == "unsqueeze"
-            and len(right.args) == 1 and m.call(right.func.value, "sum") is not None):
+    if (isinstance(right, ast.Call) and isinstance(right.func, ast.Attribute)
+            and right.func.attr == "unsqueeze" and len(right.args) == 1
+            and m.call(right.func.value, "sum") is not None):
         unsq, right = right.args[0], right.func.value  # sum(d).unsqueeze(d): keepdim by hand
     s = m.call(right, "sum")
     if num is None or s is None or len(num.args) != 1 or not s.args:
@@ -777,8 +779,9 @@ def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
 def _hand_norm(m: Module, node: ast.BinOp) -> bool:
     """``x / torch.sqrt(torch.sum(x ** 2, dim)...)``: a 2-norm written out."""
     r = m.resolve(node.right, node) or node.right
-    while (isinstance(r, ast.Call) and isinstance(r.func, ast.Attribute) and r.func.attr in ("unsqueeze", "view",
-           "reshape", "expand_as") and m.qualname(r.func.value) is None):
+    while (isinstance(r, ast.Call) and isinstance(r.func, ast.Attribute)
+           and r.func.attr in ("unsqueeze", "view", "reshape", "expand_as")
+           and m.qualname(r.func.value) is None):
         r = r.func.value
     sq = m.call(r, "sqrt")
     if sq is None or len(sq.args) != 1:
@@ -1364,8 +1367,8 @@ def _clamp_no_grad(m: Module, node: ast.Call) -> Finding | None:
 
 
 _CALL_RULES: list[Callable[[Module, ast.Call], Finding | None]] = [
-    _sqrt, _log1mexp, _log, _focal_power_call, _softmax_masked, _bce, _kl_log_target, _kl, _exp_log_ratio, _exp_logits,
-    _guard_after, _clamp_no_grad]
+    _sqrt, _log1mexp, _log, _focal_power_call, _softmax_masked, _bce, _kl_log_target, _kl, _exp_log_ratio,
+    _exp_logits, _guard_after, _clamp_no_grad]
 _BINOP_RULES: list[Callable[[Module, ast.BinOp], Finding | None]] = [
     _division, _row_mean, _focal_power, _exp_minus_one, _entropy_by_hand, _mask_multiply]
 
