@@ -746,6 +746,10 @@ def _hand_softmax(m: Module, node: ast.BinOp) -> Finding | None:
     if den is None or len(den.args) != 1 or not m.same(num.args[0], den.args[0]):
         return None
     x = num.args[0]
+    if isinstance(x, ast.Name):  # ``sx = x - x.max(...)`` on the line before: see the shift
+        shifted = m.resolve(x, node)
+        if isinstance(shifted, ast.BinOp) and isinstance(shifted.op, ast.Sub):
+            x = shifted
     msg = "hand-written softmax: exp overflows (inf / inf = NaN) and a row of -inf is 0 / 0"
     dim, keep = _dim(s, 1), s.arg(2, "keepdim")
     if dim is None:
@@ -1126,7 +1130,8 @@ def _exp_minus_one(m: Module, node: ast.BinOp) -> Finding | None:
         fix = f"{t}.expm1({m.seg(d)}) - {m.atom(other)}" if t else None
     return _finding("SL116", node, "exp(d) - d - 1 cancels: for |d| below about 1e-4 in float32 the "
                     "value is rounding noise (the k3 KL estimator is then 0 or negative); "
-                    "expm1(d) - d keeps the digits (SF.kl_penalty(estimator='k3'))", names, fix)
+                    "expm1(d) - d has a relative error near 2 eps / |d| instead of 2 eps / d**2 "
+                    "(SF.kl_penalty(estimator='k3') for the exact value)", names, fix)
 
 
 def _nonfinite_source(m: Module, node: ast.expr, at: ast.AST) -> str | None:
@@ -1398,6 +1403,7 @@ def _through_names(m: Module, f: Finding) -> None:
     Otherwise the finding stays, without its rewrite. Where every use of ``p`` is inside the
     rewritten expression, the binding goes with it (no dead ``mse = ...`` line)."""
     drop: list[ast.stmt] = []
+    pending: list[tuple[str, ast.expr, ast.stmt]] = []
     for use, value in m.crossed:
         parent = m.parent(use)
         if isinstance(parent, ast.Call) and parent.func is use:
@@ -1412,11 +1418,22 @@ def _through_names(m: Module, f: Finding) -> None:
             return
         stmt = m.parent(value)
         if (name is not None and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name) and stmt not in drop
+                and isinstance(stmt.targets[0], ast.Name)
                 and isinstance(m.parent(stmt), (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef))):
-            inside = sum(1 for n in ast.walk(f.node) if isinstance(n, ast.Name) and n.id == name)
+            pending.append((name, use, stmt))
+    # a binding goes when every read of its name is inside the rewrite or inside a binding that
+    # goes (``sx = x - x.max()``, ``ex = sx.exp()``, ``ex / ex.sum()``: both lines go)
+    changed = True
+    while changed:
+        changed = False
+        for name, use, stmt in pending:
+            if stmt in drop:
+                continue
+            inside = sum(1 for root in [f.node, *drop] for n in ast.walk(root)
+                         if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load))
             if inside and m.uses(name, use) == inside:
                 drop.append(stmt)
+                changed = True
     f.drop = drop
 
 
