@@ -6,7 +6,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +29,9 @@ class _ForwardRecord:
     filename: str | None
     lineno: int | None
     trusted: bool
+    # the records of the forward operators that read this one's output (filled as they run);
+    # records only, no autograd nodes, so the graph holds no cycle through them
+    consumers: list = field(default_factory=list, compare=False, hash=False, repr=False)
 
 
 class _Mode(TorchDispatchMode):
@@ -39,7 +42,7 @@ class _Mode(TorchDispatchMode):
 
     def _flush(self) -> None:
         keep = []
-        for outs, rec, age in self.pending:
+        for outs, rec, age, ins in self.pending:
             node = None
             for o in outs:
                 node = o.grad_fn
@@ -49,8 +52,12 @@ class _Mode(TorchDispatchMode):
                 md = node.metadata
                 if FWD_KEY not in md:
                     md[FWD_KEY] = rec
+                    for i in ins:  # tell the producers of the inputs who read them
+                        src = i.metadata.get(FWD_KEY)
+                        if src is not None and len(src.consumers) < 64:
+                            src.consumers.append(rec)
             elif age < 3:
-                keep.append((outs, rec, age + 1))
+                keep.append((outs, rec, age + 1, ins))
         self.pending = keep
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -65,7 +72,13 @@ class _Mode(TorchDispatchMode):
             # an in-place operator overwrites its input: look at it before
             before = [_all_finite(args[i]) if i < len(args) else True for i in writes]
         out = func(*args, **kwargs)
-        if skip or owner._suspended:
+        if owner._suspended:
+            return out
+        if skip:
+            # never reported, but a where/min/masked_fill is what drops a value whose backward
+            # later makes the NaN: record it so the report can name it
+            if owner.backward and torch.is_grad_enabled() and current_autograd_node() is None:
+                self._record(func, args, out)
             return out
         node = current_autograd_node()
         in_backward = node is not None
@@ -116,7 +129,12 @@ class _Mode(TorchDispatchMode):
             filename = lineno = None
         owner = self.owner
         rec = _ForwardRecord(func._schema.name, owner._module_path(), filename, lineno, trusted)
-        self.pending.append((outs, rec, 0))
+        ins = []
+        for a in args:
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    ins.append(t.grad_fn)
+        self.pending.append((outs, rec, 0, ins))
 
 
 class detect_nonfinite:

@@ -1006,14 +1006,16 @@ def _guarded(m: Module, node: ast.expr, at: ast.AST) -> bool:
     return False
 
 
-def _log_ratio(m: Module, x: ast.expr, at: ast.AST) -> bool:
+def _log_ratio(m: Module, x: ast.expr, at: ast.AST, depth: int = 0) -> bool:
     """``logp - old_logp`` (not ``logp - logp.detach()``), or a name like ``log_ratio``."""
     x = _strip_casts(m, x)
     if isinstance(x, (ast.Name, ast.Attribute)) and _LOG_RATIO.search(_leaf_name(x)):
         return True
     if isinstance(x, ast.Name):  # any binding of it in the function is a log-ratio
+        if depth > 3:
+            return False
         vals = [v for _, v in m.scope(at).bindings.get(x.id, []) if v is not None]
-        return any(_log_ratio(m, v, at) for v in vals if not isinstance(v, ast.Name))
+        return any(_log_ratio(m, v, at, depth + 1) for v in vals if not isinstance(v, ast.Name))
     r = x
     if not (isinstance(r, ast.BinOp) and isinstance(r.op, ast.Sub)):
         return False
@@ -1446,7 +1448,10 @@ def check_tree(m: Module) -> Iterator[Finding]:
             _BINOP_RULES if isinstance(node, ast.BinOp) else [])
         for rule in rules:
             m.crossed = []
-            f = rule(m, node)
+            try:
+                f = rule(m, node)
+            except RecursionError:  # generated code nested thousands deep: not a loss to lint
+                f = None
             if f is not None:
                 if f.fix:
                     _through_names(m, f)
