@@ -194,7 +194,8 @@ def hazardous() -> dict:
 
 
 def clean() -> dict:
-    """Findings on the installed transformers, lightning and torch sources, with their verdicts."""
+    """Findings on the installed transformers, lightning and torch sources, with their verdicts
+    (keyed ``path:line:code`` for the installed versions)."""
     import importlib
 
     from stablelosses.lint._runner import _lint_many, iter_files
@@ -210,8 +211,8 @@ def clean() -> dict:
         for r in res.reports:
             rel = r.path.split("site-packages/", 1)[-1]
             line = Path(r.path).read_text(encoding="utf-8").splitlines()[r.line - 1].strip()
-            key = f"{rel}:{r.code}:{line}"
-            out.append({"key": key, "verdict": verdicts.get(key, {}).get("verdict"),
+            key = f"{rel}:{r.line}:{r.code}"
+            out.append({"key": key, "line": line, "verdict": verdicts.get(key, {}).get("verdict"),
                         "why": verdicts.get(key, {}).get("why")})
     false = sum(o["verdict"] == "false" for o in out)
     return {"files": len(files), "findings": len(out), "false": false,

@@ -1228,7 +1228,7 @@ def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: in
         x = c.args[0]
     else:
         return None
-    if x is None or isinstance(x, ast.Constant) or _guarded(m, x, node):
+    if x is None or isinstance(x, ast.Constant) or _guarded(m, x, node) or _plus_eps(m, x) is not None:
         return None
     if not (_names_in(x) & _names_in(cond)) or _no_grad(m, node) or _count(m, x, node):
         return None
