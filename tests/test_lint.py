@@ -75,7 +75,7 @@ CASES = [
     ("SL117", "torch.log(p) * mask", "F.log_softmax(x, -1) * mask"),
     ("SL118", "torch.where(x > 0, torch.sqrt(x), 0.0)", "torch.where(x > 0, torch.sqrt(torch.where(x > 0, x, 1)), 0.0)"),
     ("SL118", "torch.where(w > 0, y / w, 0.0)", "torch.where(w > 0, y / 2, 0.0)"),
-    ("SL118", "torch.nan_to_num(torch.log(x))", "torch.nan_to_num(F.log_softmax(x, -1))"),
+    ("SL118", "in_loss(torch.nan_to_num(torch.log(-logp)))", "in_loss(torch.nan_to_num(F.log_softmax(logp, -1)))"),
     ("SL119", "torch.exp(logp) * logp", "SF.xlogy(p, p)"),
     ("SL119", "p * torch.log(p)", "p * torch.log(x.abs() + 1)"),
     ("SL120", "F.kl_div(logp, ref_logp.masked_fill(~mask, float('-inf')), log_target=True, reduction='none')",

@@ -209,7 +209,7 @@ def _rmse_text(m: Module, sf: str, e: _Mse, eps: ast.expr | None = None) -> str 
 _PROB_NAMES = re.compile(r"^(p|pt|p_t|prob|probs|probas|probabilities|pred_prob|p_hat)$", re.I)
 _EPS_NAMES = re.compile(r"eps|epsilon|tiny|smooth", re.I)
 _LOGITS = re.compile(r"(^|_)logits?(_per_[a-z]+)?$", re.I)
-_NO_GRAD_CLASSES = re.compile(r"(FeatureExtractor|Processor|Tokenizer)(Fast)?$")
+_NO_GRAD_CLASSES = re.compile(r"(FeatureExtractor|Processor|Tokenizer)(Fast)?$|Observer$")
 _NO_GRAD_FILES = re.compile(r"(feature_extraction|(image_|video_)?processing|tokenization)_\w+\.py$")
 _PASS_THROUGH = frozenset({"gather", "squeeze", "unsqueeze", "view", "reshape", "flatten", "detach",
                            "contiguous", "float", "to", "type_as", "clone"})
@@ -1193,7 +1193,8 @@ def _guard_after(m: Module, node: ast.Call) -> Finding | None:
         c = m.call(sub, "domain")
         if (c is not None and c.args and not isinstance(c.args[0], ast.Constant)) or (
                 isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div)):
-            if _no_grad(m, node):
+            # a statistic repaired by nan_to_num carries no gradient; only a loss or a forward does
+            if _no_grad(m, node) or not _in_loss(m, node, forward=True):
                 return None
             return _finding("SL118", node, "nan_to_num after the op that made the inf or NaN: the "
                             "value is repaired, but the gradient at those positions is still 0 * inf = "
@@ -1218,6 +1219,19 @@ def _count(m: Module, x: ast.expr, at: ast.AST) -> bool:
     return True
 
 
+def _tested_zero(m: Module, name: str, at: ast.AST) -> bool:
+    """An ``if name == 0`` in the function before ``at`` (its body returns or raises)."""
+    fn = m.scope(at).node
+    for n in ast.walk(fn):
+        if (isinstance(n, ast.If) and n.lineno < getattr(at, "lineno", 0) and isinstance(n.test, ast.Compare)
+                and isinstance(n.test.left, ast.Name) and n.test.left.id == name
+                and len(n.test.ops) == 1 and isinstance(n.test.ops[0], ast.Eq)
+                and _is_int(n.test.comparators[0], 0)
+                and any(isinstance(b, (ast.Return, ast.Raise)) for b in n.body)):
+            return True
+    return False
+
+
 def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: int) -> Finding | None:
     """``torch.where(cond, op(x), other)`` where ``cond`` tests ``x``: the guard after the op."""
     c = m.call(br, "domain")
@@ -1232,6 +1246,8 @@ def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: in
         return None
     if not (_names_in(x) & _names_in(cond)) or _no_grad(m, node) or _count(m, x, node):
         return None
+    if isinstance(x, ast.Name) and _tested_zero(m, x.id, node):
+        return None  # ``if beta == 0: return ...`` before: the divisor is not 0 here
     op = "division" if div else _text_of(m, c.node.func).rsplit(".", 1)[-1]  # type: ignore[union-attr]
     names = _Names(m, node)
     t = names.torch()
