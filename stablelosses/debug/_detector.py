@@ -15,7 +15,7 @@ from stablelosses.debug import _boundary
 from stablelosses.debug._checks import _all_finite, _info, _normalize_op
 from stablelosses.debug._errors import NonFiniteError, NonFiniteWarning
 from stablelosses.debug._frames import _child_name, _root_name, _user_frame
-from stablelosses.debug._report import FWD_KEY, diagnose
+from stablelosses.debug._report import _SELECTORS, FWD_KEY, diagnose
 
 # --------------------------------------------------------------------------------------------
 # detect_nonfinite
@@ -78,7 +78,8 @@ class _Mode(TorchDispatchMode):
             # never reported, but a where/min/masked_fill is what drops a value whose backward
             # later makes the NaN: record it so the report can name it
             if owner.backward and torch.is_grad_enabled() and current_autograd_node() is None:
-                self._record(func, args, out)
+                # views and copies only link the chain: no frame lookup for them
+                self._record(func, args, out, where=func._schema.name in _SELECTORS)
             return out
         node = current_autograd_node()
         in_backward = node is not None
@@ -104,7 +105,7 @@ class _Mode(TorchDispatchMode):
             owner._found(func, args, kwargs, checked, node, writes, before)
         return out
 
-    def _record(self, func, args, out) -> None:
+    def _record(self, func, args, out, where: bool = True) -> None:
         needs = False
         for a in args:
             if type(a) is torch.Tensor and a.requires_grad:
@@ -122,7 +123,7 @@ class _Mode(TorchDispatchMode):
         ]
         if not outs:
             return
-        frame, trusted = _user_frame(sys._getframe(2))
+        frame, trusted = _user_frame(sys._getframe(2)) if where else (None, True)
         if frame is not None:
             filename, lineno = frame.f_code.co_filename, frame.f_lineno
         else:
