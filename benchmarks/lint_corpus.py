@@ -28,6 +28,7 @@ import json
 import math
 import sys
 import textwrap
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def materialize(fetch: bool, local: Path | None) -> None:
         if local is not None:
             text = (local / e["repo"].replace("/", "+") / e["path"]).read_text(encoding="utf-8")
         elif fetch:
-            url = f"https://raw.githubusercontent.com/{e['repo']}/{e['commit']}/{e['path']}"
+            url = f"https://raw.githubusercontent.com/{e['repo']}/{e['commit']}/{urllib.parse.quote(e['path'])}"
             with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - a fixed https host
                 text = r.read().decode("utf-8")
         else:
