@@ -64,6 +64,27 @@ CASES = [
     ("SL113", "torch.log(torch.exp(x).sum(-1))", "torch.logsumexp(x, -1)"),
     ("SL113", "x.exp().sum().log()", "torch.exp(x - x.amax(-1, keepdim=True))"),
     ("SL113", "loss_fn(logits)", "torch.exp(-x.abs())"),
+    # the post-training rules (real code of each: tests/test_lint_rules_2026.py)
+    ("SL114", "torch.exp(logp - old_logp)", "torch.exp(logp - logp.detach())"),
+    ("SL114", "torch.exp(log_ratio)", "torch.exp(torch.clamp(log_ratio, max=20.0))"),
+    ("SL115", "torch.log1p(-torch.exp(logp))", "torch.log(-torch.expm1(logp))"),
+    ("SL115", "torch.log(1 - logp.exp())", "torch.log1p(-p)"),
+    ("SL116", "torch.exp(ref_logp - logp) - (ref_logp - logp) - 1",
+     "torch.expm1(ref_logp - logp) - (ref_logp - logp)"),
+    ("SL116", "log_ratio.exp() - 1 - log_ratio", "torch.expm1(log_ratio) - log_ratio"),
+    ("SL117", "torch.log(p) * mask", "F.log_softmax(x, -1) * mask"),
+    ("SL118", "torch.where(x > 0, torch.sqrt(x), 0.0)", "torch.where(x > 0, torch.sqrt(torch.where(x > 0, x, 1)), 0.0)"),
+    ("SL118", "torch.where(w > 0, y / w, 0.0)", "torch.where(w > 0, y / 2, 0.0)"),
+    ("SL118", "in_loss(torch.nan_to_num(torch.log(-logp)))", "in_loss(torch.nan_to_num(F.log_softmax(logp, -1)))"),
+    ("SL119", "torch.exp(logp) * logp", "SF.xlogy(p, p)"),
+    ("SL119", "p * torch.log(p)", "p * torch.log(x.abs() + 1)"),
+    ("SL120", "F.kl_div(logp, ref_logp.masked_fill(~mask, float('-inf')), log_target=True, reduction='none')",
+     "F.kl_div(logp, ref_logp, log_target=True, reduction='none')"),
+    ("SL121", "in_loss(logp.sum(-1) / completion_mask.sum(-1))",
+     "in_loss(logp.sum(-1) / completion_mask.sum(-1).clamp(min=1))"),
+    ("SL122", "def f(var, x):\n    var = var.clone()\n    with torch.no_grad():\n        var.clamp_(min=1e-6)\n"
+              "    return 0.5 * (torch.log(var) + x ** 2 / var)\n",
+     "def f(var, x):\n    with torch.no_grad():\n        var.clamp_(-0.01, 0.01)\n    return x * 2\n"),
 ]
 
 
@@ -73,6 +94,12 @@ IN_LOSS = {"loss_fn": "def loss_fn(logits):\n    return torch.exp(logits).mean()
 
 def _src(expr: str) -> str:
     head = "".join(v for k, v in IN_LOSS.items() if expr.startswith(k + "("))
+    if expr.startswith("def f("):  # a block of statements: f(var, x)
+        return f"{HEADER}{expr}r = f(w + 0.5, x)\n"
+    if expr.startswith("in_loss("):  # evaluated inside a function named like a loss
+        inner = expr[len("in_loss("):-1]
+        return (f"{HEADER}def compute_loss(logp, completion_mask):\n    return {inner}\n"
+                "r = compute_loss(logp, completion_mask)\n")
     if expr.startswith("rmse_loss("):  # evaluated inside the loss function
         inner = expr[len("rmse_loss("):-1]
         return f"{HEADER}def rmse_loss_of(x, y):\n    return {inner}\nr = rmse_loss_of(x, y)\n"
@@ -86,8 +113,11 @@ def _inputs() -> dict:
     mask = torch.rand(4, 5, generator=g) > 0.4
     mask[:, 0] = True
     p = torch.softmax(torch.randn(4, 5, dtype=torch.float64, generator=g), -1)
+    logp = torch.log_softmax(torch.randn(4, 5, dtype=torch.float64, generator=g), -1)
+    old_logp = logp + 0.1 * torch.randn(4, 5, dtype=torch.float64, generator=g)
     return dict(x=x, y=y, mask=mask, w=mask.double(), p=p, logits=x, gamma=0.5, beta=0.9, step=3,
-                eps=1e-8, t=torch.tensor([0, 1, 2, 4]))
+                eps=1e-8, t=torch.tensor([0, 1, 2, 4]), logp=logp, old_logp=old_logp,
+                ref_logp=old_logp, log_ratio=logp - old_logp, completion_mask=mask.double())
 
 
 def _eval(src: str):

@@ -166,6 +166,18 @@ def diverging_inputs(cause: str, tensors: Sequence[torch.Tensor]) -> float | Non
     return top
 
 
+def _both_neg_inf(args: Sequence[Any]) -> bool:
+    """The first two arguments are -inf at the same position (``-inf - (-inf)``)."""
+    a, b = (_t(args[0]) if args else None), (_t(args[1]) if len(args) > 1 else None)
+    if a is None or b is None or not a.is_floating_point() or not b.is_floating_point():
+        return False
+    try:
+        a, b = torch.broadcast_tensors(a, b)
+    except RuntimeError:
+        return False
+    return _any((a == float("-inf")) & (b == float("-inf")))
+
+
 def _hint(use: str, page: str) -> str:
     return f"hint: use {use} — docs: hazards/{page}"
 
@@ -196,7 +208,18 @@ def hint_for(
         return None
     if name in _SOFTMAX and cause in ("0/0", "invalid"):
         return _hint("sl.softmax / sl.log_softmax with mask=", "softmax-logsumexp")
+    if name in ("sub", "sub_", "rsub") and cause == "invalid" and _both_neg_inf(args):
+        # log q - log p where both are -inf: a masked or top-k vocabulary entry in a KL
+        return _hint("sl.kl_div, or a distillation loss with mask= (the masked entries dropped, "
+                     "not subtracted)", "kl-zero-targets")
     if name in ("exp", "exp_") and cause == "overflow":
+        if _source_node(a0).startswith("SubBackward"):
+            # exp(logp - old_logp): a policy ratio; a where/min that drops it later keeps the loss
+            # finite, and its backward is 0 * inf = NaN
+            return ("hint: exp of a difference (a ratio exp(logp - old_logp)?) overflowed; if a "
+                    "where/min/mask drops it later the loss stays finite but the gradient is 0 * inf = "
+                    "NaN: clamp the exponent or select its input before the exp, or use "
+                    "SF.policy_loss — docs: hazards/finite-loss-nan-gradient")
         return _hint("sl.logsumexp / sl.softmax / sl.CrossEntropyLoss", "softmax-logsumexp")
     if name == "cosh" and cause == "overflow":
         return _hint("sl.LogCoshLoss", "log-cosh-overflow")

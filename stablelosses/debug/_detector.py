@@ -6,7 +6,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,7 +15,7 @@ from stablelosses.debug import _boundary
 from stablelosses.debug._checks import _all_finite, _info, _normalize_op
 from stablelosses.debug._errors import NonFiniteError, NonFiniteWarning
 from stablelosses.debug._frames import _child_name, _root_name, _user_frame
-from stablelosses.debug._report import FWD_KEY, diagnose
+from stablelosses.debug._report import _SELECTORS, FWD_KEY, diagnose
 
 # --------------------------------------------------------------------------------------------
 # detect_nonfinite
@@ -29,6 +29,9 @@ class _ForwardRecord:
     filename: str | None
     lineno: int | None
     trusted: bool
+    # the records of the forward operators that read this one's output (filled as they run);
+    # records only, no autograd nodes, so the graph holds no cycle through them
+    consumers: list = field(default_factory=list, compare=False, hash=False, repr=False)
 
 
 class _Mode(TorchDispatchMode):
@@ -39,7 +42,7 @@ class _Mode(TorchDispatchMode):
 
     def _flush(self) -> None:
         keep = []
-        for outs, rec, age in self.pending:
+        for outs, rec, age, ins in self.pending:
             node = None
             for o in outs:
                 node = o.grad_fn
@@ -49,8 +52,12 @@ class _Mode(TorchDispatchMode):
                 md = node.metadata
                 if FWD_KEY not in md:
                     md[FWD_KEY] = rec
+                    for i in ins:  # tell the producers of the inputs who read them
+                        src = i.metadata.get(FWD_KEY)
+                        if src is not None and len(src.consumers) < 64:
+                            src.consumers.append(rec)
             elif age < 3:
-                keep.append((outs, rec, age + 1))
+                keep.append((outs, rec, age + 1, ins))
         self.pending = keep
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -65,7 +72,14 @@ class _Mode(TorchDispatchMode):
             # an in-place operator overwrites its input: look at it before
             before = [_all_finite(args[i]) if i < len(args) else True for i in writes]
         out = func(*args, **kwargs)
-        if skip or owner._suspended:
+        if owner._suspended:
+            return out
+        if skip:
+            # never reported, but a where/min/masked_fill is what drops a value whose backward
+            # later makes the NaN: record it so the report can name it
+            if owner.backward and torch.is_grad_enabled() and current_autograd_node() is None:
+                # views and copies only link the chain: no frame lookup for them
+                self._record(func, args, out, where=func._schema.name in _SELECTORS)
             return out
         node = current_autograd_node()
         in_backward = node is not None
@@ -91,7 +105,7 @@ class _Mode(TorchDispatchMode):
             owner._found(func, args, kwargs, checked, node, writes, before)
         return out
 
-    def _record(self, func, args, out) -> None:
+    def _record(self, func, args, out, where: bool = True) -> None:
         needs = False
         for a in args:
             if type(a) is torch.Tensor and a.requires_grad:
@@ -109,14 +123,19 @@ class _Mode(TorchDispatchMode):
         ]
         if not outs:
             return
-        frame, trusted = _user_frame(sys._getframe(2))
+        frame, trusted = _user_frame(sys._getframe(2)) if where else (None, True)
         if frame is not None:
             filename, lineno = frame.f_code.co_filename, frame.f_lineno
         else:
             filename = lineno = None
         owner = self.owner
         rec = _ForwardRecord(func._schema.name, owner._module_path(), filename, lineno, trusted)
-        self.pending.append((outs, rec, 0))
+        ins = []
+        for a in args:
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    ins.append(t.grad_fn)
+        self.pending.append((outs, rec, 0, ins))
 
 
 class detect_nonfinite:

@@ -90,12 +90,102 @@ def diagnose(det, func, args, kwargs, out, node, writes, before, frame) -> NonFi
     if huge is not None:
         detail = f"inputs already as large as {huge:.3g}: the run is diverging"
         hint = DIVERGENCE_HINT
-    return make_error(
+    discarded = None
+    if node is not None and kind == "nan" and huge is None:
+        unused = unused_branch(node, name, tensors, outs)
+        if unused is not None:
+            detail, discarded = unused
+            hint = UNUSED_BRANCH_HINT
+    err = make_error(
         op=name, phase="backward" if node is not None else "forward", kind=kind, cause=cause,
         hint=hint, detail=detail, module_path=module_path, filename=filename, lineno=lineno, node=node_name,
         forward_op=forward_op, inputs=[TensorSummary.of(t) for t in tensors],
         outputs=[TensorSummary.of(o) for o in outs if o.is_floating_point() or o.is_complex()],
+        discarded_by=discarded,
     )
+    # [(op, filename, lineno, source)]: the forward operators that did not select this value
+    err.discarded_by = discarded or []  # type: ignore[attr-defined]
+    return err
+
+
+# forward operators that pick some elements of an input and drop the others: a value they drop
+# still has its backward run, with an incoming gradient of 0
+_SELECTORS = frozenset({"aten::where", "aten::minimum", "aten::maximum", "aten::min", "aten::max",
+                        "aten::clamp", "aten::clamp_min", "aten::clamp_max", "aten::clip",
+                        "aten::masked_fill", "aten::masked_fill_", "aten::masked_select", "aten::index",
+                        "aten::nan_to_num", "aten::_masked_softmax", "aten::gather"})
+
+UNUSED_BRANCH_HINT = (
+    "hint: the loss is finite because a where/min dropped this value, but autograd still runs its "
+    "backward: keep the op's input finite where the value is not used (clamp the exponent, or "
+    "select the input first: torch.where(mask, x, 0) before the exp/log; the double where), or use "
+    "SF.policy_loss / SF.safe_sqrt / SF.safe_div / SF.xlogy — docs: hazards/finite-loss-nan-gradient"
+)
+
+
+def _zero_times_nonfinite(tensors, outs) -> bool:
+    """At some NaN output, one input is 0 and another ±inf (0 * inf), or both are 0 (0 / 0)."""
+    nan = None
+    for o in outs:
+        if o.is_floating_point():
+            nan = torch.isnan(o)
+            break
+    if nan is None or len(tensors) < 2:
+        return False
+    try:
+        vals = torch.broadcast_tensors(*[t.detach() for t in tensors[:2]], nan)
+    except RuntimeError:
+        return False
+    a, b, at = vals
+    zero_inf = ((a == 0) & torch.isinf(b)) | ((b == 0) & torch.isinf(a)) | ((a == 0) & (b == 0))
+    return bool((zero_inf & at).any())
+
+
+def unused_branch(node, name: str, tensors, outs) -> tuple[str, list] | None:
+    """When a backward NaN is 0 times the inf (or 0 / 0) of a forward value that later
+    where/min/clamp operators did not select: the words for it, and (op, file, line, source) of
+    each such selector downstream of the node's forward operator (three at most, nearest first)."""
+    rec = node.metadata.get(FWD_KEY)
+    if rec is None:
+        return None
+    zero_inf = _zero_times_nonfinite(tensors, outs)
+    if not zero_inf and not any(t.is_floating_point() and bool(torch.isinf(t).any()) for t in tensors):
+        return None
+    seen: set[int] = set()
+    todo: list = list(rec.consumers)
+    found: list = []
+    while todo and len(seen) < 256 and len(found) < 3:
+        r = todo.pop(0)
+        if id(r) in seen:
+            continue
+        seen.add(id(r))
+        if r.op in _SELECTORS:
+            if all((f.op, f.filename, f.lineno) != (r.op, r.filename, r.lineno) for f in found):
+                found.append(r)
+            continue
+        todo.extend(r.consumers)
+    if zero_inf:
+        what = (f"0 * inf in {node.name()}: its incoming gradient is 0 where the forward value of {rec.op} "
+                "is not finite")
+    else:
+        what = f"inf - inf or 0 * inf in {node.name()} on the non-finite forward values of {rec.op}"
+    if not found:
+        return (what, []) if zero_inf else None
+    first = found[0]
+    where = f"{first.filename}:{first.lineno}" if first.filename else "(unknown)"
+    sel = [(f.op, f.filename, f.lineno,
+            (linecache.getline(f.filename, int(f.lineno or 0)).strip() if f.filename else "") or None)
+           for f in found]
+    return (f"{what}; {first.op} at {where} did not select that value, so the loss is finite", sel)
+
+
+def _unused_lines(info: dict) -> list[str]:
+    out = []
+    for op, filename, lineno, source in info.get("discarded_by") or ():
+        out.append(f"  not selected by: {op} at {filename}:{lineno}")
+        if source:
+            out.append(f"      {source}")
+    return out
 
 
 def make_error(**info: Any) -> NonFiniteError:
@@ -129,6 +219,7 @@ def format_report(info: dict) -> str:
         lines.append(f"  input {i}:  {s}")
     for i, s in enumerate(info.get("outputs", ())):
         lines.append(f"  output {i}: {s}")
+    lines += _unused_lines(info)
     if info.get("hint"):
         lines.append(f"  {info['hint']}")
     return "\n".join(lines)

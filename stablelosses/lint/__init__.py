@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         "hand-written softmax, ...) and, with --fix, rewrite them into the stable call. Exit 1 when "
         "there are findings, 0 when clean, 2 when a file cannot be read or parsed.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="files, folders or notebooks (.ipynb)")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="files, folders or notebooks (.ipynb)")
     p.add_argument("--select", type=_codes, default=None, metavar="CODES",
                    help="only these codes or prefixes, comma-separated (SL101,SL11)")
     p.add_argument("--ignore", type=_codes, default=None, metavar="CODES",
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Example:
         >>> from stablelosses.lint import main
-        >>> main(["--list-rules", "."])  # doctest: +ELLIPSIS
+        >>> main(["--list-rules"])  # doctest: +ELLIPSIS
         SL101 sqrt-of-mse: square root of an MSE or a mean of squares
         ...
         0
@@ -68,6 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in RULES.values():
             print(f"{r.code} {r.name}: {r.summary}")
         return 0
+    unknown = [c for c in (args.select or []) + (args.ignore or [])
+               if not any(code.startswith(c) for code in RULES)]
+    if unknown:
+        print(f"stablelosses lint: error: unknown rule code(s): {', '.join(unknown)} "
+              "(--list-rules prints the codes)", file=sys.stderr)
+        return 2
+    if not args.paths:
+        print("stablelosses lint: error: give at least one PATH (or --list-rules)", file=sys.stderr)
+        return 2
     if args.fix and args.diff:
         print("stablelosses lint: error: --fix and --diff cannot be used together", file=sys.stderr)
         return 2

@@ -84,8 +84,15 @@ def apply_fixes(source: str, findings: Sequence[Finding]) -> tuple[str, int]:
     positions = wrapper.resolve(PositionProvider)
     done: list[Finding] = []
 
+    drop_lines = {st.lineno for f in chosen for st in f.drop}
+
     class _Replace(cst.CSTTransformer):
         def on_leave(self, original, updated):
+            if isinstance(original, cst.SimpleStatementLine) and len(original.body) == 1:
+                r = positions.get(original)
+                if r is not None and r.start.line in drop_lines:
+                    return cst.RemoveFromParent()
+                return updated
             if not isinstance(original, cst.BaseExpression):
                 return updated
             r = positions.get(original)
