@@ -174,6 +174,23 @@ def test_docs_warn_about_torchvision_and_timm_pulling_a_mismatched_torch():
     section = section[: section.index("\n## ", 1)]
     assert "does not import" in section and "download.pytorch.org/whl/cpu" in section
     assert "timm" in section and "upgrade torch" in section
+    assert "operator torchvision::nms does not exist" in section  # what the mismatch prints
+
+
+def test_migration_torchvision_recipe_pins_the_pair_ci_installs():
+    # torchvision 0.M is built for torch 2.(M - 15) exactly (its wheel's Requires-Dist: 0.28.0
+    # requires torch==2.13.0); the recipe pins that pair, and the torch is the one CI installs
+    import re
+
+    migration = open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read()
+    section = _section(migration, "## torchvision `sigmoid_focal_loss`")
+    (line,) = [ln for ln in section.splitlines() if ln.startswith("pip install") and "torchvision==" in ln]
+    torch_v = re.search(r'"torch==(2\.(\d+)\.\d+)"', line)
+    vision_v = re.search(r'"torchvision==0\.(\d+)\.\d+"', line)
+    assert torch_v and vision_v and "--index-url https://download.pytorch.org/whl/cpu" in line
+    assert int(vision_v.group(1)) == int(torch_v.group(2)) + 15
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    assert f'"torch=={torch_v.group(1)}"' in ci
 
 
 def _section(text: str, heading: str) -> str:
