@@ -232,3 +232,30 @@ def test_readme_focal_row_says_a_scalar_alpha_is_a_constant_weight_that_cancels_
     torch.testing.assert_close(SF.focal_loss(x, t, weight=w), SF.focal_loss(x, t))
     torch.testing.assert_close(SF.focal_loss(x, t, weight=w, reduction="sum"),
                                0.25 * SF.focal_loss(x, t, reduction="sum"))
+
+
+def test_demo_explains_the_two_rows_that_differ_by_definition():
+    import torch
+
+    from stablelosses._demo import HAZARDS, evaluate, render
+
+    by_name = {h.name: h for h in HAZARDS}
+    masked = by_name["log_softmax with a masked row"]
+    smooth = by_name["cross_entropy, label smoothing, -inf logit"]
+    assert masked.note and smooth.note
+    # what the masked row's sentence claims: the gradients differ, and agree once the loss
+    # leaves the masked entries out
+    n, s = evaluate(masked, "naive"), evaluate(masked, "stable")
+    assert not torch.equal(n.grad[0], s.grad[0]) and "differ by definition" in masked.note
+    keep = torch.tensor([[True, True, False], [False] * 3])
+    grads = []
+    for fn in (masked.naive, masked.stable):
+        x = masked.inputs()[0].requires_grad_(True)
+        fn(x)[keep].sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    # the smoothing row's sentence quotes the computed value
+    assert evaluate(smooth, "stable").value_text in smooth.note and "change of definition" in smooth.note
+    assert evaluate(smooth, "naive").value_text == "inf"
+    text = render()
+    assert masked.note.split(":")[0] in text.replace("\n  ", " ")
