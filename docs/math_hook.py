@@ -17,7 +17,9 @@ import re
 log = logging.getLogger("mkdocs.hooks.math")
 
 _MATH = re.compile(
-    r'<(?P<tag>span|div) class="arithmatex">\s*(?:\\\((?P<inline>.*?)\\\)|\\\[(?P<block>.*?)\\\])\s*</(?P=tag)>',
+    r'<(?P<tag>span|div) class="arithmatex">\s*'
+    r"(?:\\\((?P<inline>.*?)\\\)|\\\[(?P<block>.*?)\\\])"
+    r"\s*</(?P=tag)>",
     re.S,
 )
 

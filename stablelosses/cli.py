@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo() -> int:
+    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
     from stablelosses._demo import render
 
     print(render())
@@ -133,6 +134,7 @@ def _demo() -> int:
 
 def _bench(argv: list) -> int:
     """Hand ``bench ARGS`` to ``stablelosses.bench.main(ARGS)``, which parses them itself."""
+    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
     from stablelosses.bench import main as bench_main
 
     try:
@@ -152,6 +154,7 @@ def _lint(argv: list) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
+    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
     from stablelosses.debug._trace import run_trace
 
     return run_trace(args.script, list(args.args), warn=args.warn, watch=args.watch, forward=args.forward,

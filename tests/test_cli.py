@@ -173,6 +173,35 @@ def test_trace_watch_healthy_script_exits_0(capsys):
 # ---- help and errors ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["trace", "--help"]])
+def test_help_and_version_import_no_torch(args):
+    # as `python -m stablelosses ARGS` runs (runpy), then which modules got imported
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['stablelosses', *{args!r}]\n"
+            "try:\n    runpy.run_module('stablelosses', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "print('\\nTORCH' if 'torch' in sys.modules else '\\nNO TORCH')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith("NO TORCH"), proc.stdout[-300:]
+    assert ("stablelosses 0.2" in proc.stdout) == (args == ["--version"])
+
+
+def test_the_package_loads_torch_on_first_use_of_a_public_name():
+    code = ("import sys, stablelosses as sl\n"
+            "before = 'torch' in sys.modules\n"
+            "f = sl.safe_sqrt\n"
+            "print(before, 'torch' in sys.modules, f.__module__, sl.debug.__name__, 'CrossEntropyLoss' in dir(sl))\n"
+            "try:\n    sl.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first.split()[:2] == ["False", "True"] and first.split()[3:] == ["stablelosses.debug", "True"]
+    assert second == "module 'stablelosses' has no attribute 'no_such_name'"
+
+
 @pytest.mark.parametrize("args", [["--help"], ["demo", "--help"], ["trace", "--help"], ["bench", "--help"]])
 def test_help_in_process(args, capsys):
     assert cli.main(args) == 0

@@ -204,8 +204,9 @@ def format_summary(result: dict[str, Any]) -> str:
         tref, nref = (spec.torch_ref, spec.naive_ref) if spec else ("torch", "naive")
         by = ratio(moved(ours), moved(vs.get(spec.ref if spec else "torch")))
         shape = f"{case} {_DT.get(dt, dt)}" if several else case
-        body.append([fn, shape, mode, ms, _spread_cell(round_ratios(ours, vs.get(tref))),
-                     _spread_cell(round_ratios(ours, vs.get(nref))), "-" if by is None else f"{by:.2f}"])
+        body.append([fn, shape, mode, ms, _spread_cell(round_ratios(ours, vs.get(tref) if tref else None)),
+                     _spread_cell(round_ratios(ours, vs.get(nref) if nref else None)),
+                     "-" if by is None else f"{by:.2f}"])
     return render(list(SUMMARY), body, [True, True, True, False, False, False, False], markdown=False)
 
 

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from stablelosses.debug._causes import DIVERGENCE_HINT
 from stablelosses.debug._detector import detect_nonfinite
 from stablelosses.debug._divergence import DivergenceMonitor
-from stablelosses.debug._causes import DIVERGENCE_HINT
 from stablelosses.debug._errors import DivergenceError, NonFiniteError, NonFiniteWarning
 
 __all__ = ["run_trace"]
@@ -178,7 +178,7 @@ class _Threads:
                 watch.started.append(thread.name)
             watch._start(thread)
 
-        threading.Thread.start = start  # type: ignore[method-assign]
+        threading.Thread.start = start  # type: ignore[method-assign, assignment]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -282,8 +282,8 @@ def _with_hint(report: NonFiniteError, watch: bool, losses: _Losses) -> str:
         return text
     why = ("`--watch` was on and saw no growth while the loss was finite" if watch else
            "the loss went from finite to inf within one step, too fast for `--watch` to stop it sooner")
-    return text.replace(DIVERGENCE_HINT, "hint: the run is diverging, not this operator; " + why +
-                        ": lower the learning rate or clip gradients — docs: debugging (Divergence before inf)")
+    return text.replace(DIVERGENCE_HINT, "hint: the run is diverging, not this operator; " + why + ": lower "
+                        "the learning rate or clip gradients — docs: debugging (Divergence before inf)")
 
 
 def run_trace(script: str, args: list[str], *, warn: bool = False, watch: bool = False, **opts: Any) -> int:
