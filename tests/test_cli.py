@@ -121,7 +121,7 @@ def test_trace_hint_recommends_watch_only_when_it_can_help(capsys):
     assert "trace --watch" not in out and "too fast for `--watch`" in out
     assert cli.main(["trace", "--watch", script]) == 1
     out = capsys.readouterr().out
-    assert "trace --watch" not in out and "`--watch` was on and saw no growth" in out
+    assert "trace --watch" not in out and "`--watch` was on and did not stop it" in out
     # a loss that grew over steps first: --watch stops it while finite, so it is recommended
     assert cli.main(["trace", os.path.join(SCRIPTS, "diverge.py")]) == 1
     out = capsys.readouterr().out

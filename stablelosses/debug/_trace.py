@@ -21,6 +21,7 @@ is watched, not ``torch.autograd.backward`` or ``torch.autograd.grad``.
 
 from __future__ import annotations
 
+import math
 import os
 import runpy
 import sys
@@ -218,8 +219,11 @@ class _Losses:
         monitor (``--watch``) had steps in which to see the growth while the loss was finite."""
         finite = []
         for v in self.values:
-            x = float(v)
-            if not torch.isfinite(v):
+            try:
+                x = float(v)
+            except (RuntimeError, NotImplementedError):  # a loss without values (meta, fake)
+                return False
+            if not math.isfinite(x):
                 break
             finite.append(abs(x))
         return len(finite) >= 2 and finite[-1] > 10 * max(min(finite[:-1]), 1e-12)
@@ -280,7 +284,7 @@ def _with_hint(report: NonFiniteError, watch: bool, losses: _Losses) -> str:
         return text
     if not watch and losses.grew():
         return text
-    why = ("`--watch` was on and saw no growth while the loss was finite" if watch else
+    why = ("`--watch` was on and did not stop it while the loss was finite" if watch else
            "the loss went from finite to inf within one step, too fast for `--watch` to stop it sooner")
     return text.replace(DIVERGENCE_HINT, "hint: the run is diverging, not this operator; " + why + ": lower "
                         "the learning rate or clip gradients — docs: debugging (Divergence before inf)")
