@@ -10,36 +10,10 @@ compute 0/0, inf·0, inf−inf, log 0, sqrt'(0) or overflow in exp.
 tensor([0., 0., 0.])
 """
 
-from stablelosses import _torch_import  # noqa: F401 - first: torch without its NumPy warning
+# ruff: noqa: F405 - the public names come from `_api` through `__getattr__` (star import for type checkers)
+from __future__ import annotations
 
-# isort: split
-from stablelosses import functional
-from stablelosses._backend import backend, get_backend, set_backend
-from stablelosses.functional import (
-    cosine_similarity,
-    entropy,
-    log_softmax,
-    logaddexp,
-    logsumexp,
-    masked_mean,
-    normalize,
-    safe_div,
-    safe_sqrt,
-    softmax,
-    xlogy,
-)
-from stablelosses.losses import (
-    CrossEntropyLoss,
-    DiceLoss,
-    FocalLoss,
-    InfoNCELoss,
-    KLDivLoss,
-    LinearCrossEntropyLoss,
-    LinearFocalLoss,
-    LogCoshLoss,
-    RMSELoss,
-    SigmoidFocalLoss,
-)
+from typing import TYPE_CHECKING, Any
 
 # isort: split
 # The kernels register themselves into the core's backend table (stablelosses/_backend.py);
@@ -76,3 +50,35 @@ __all__ = [
     "set_backend",
     "__version__",
 ]
+
+if TYPE_CHECKING:  # type checkers and editors see the names where they live
+    from stablelosses._api import *  # noqa: F403
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule is imported by name; any other public name loads the library (torch first)
+    on its first use, as a plain ``import stablelosses`` did."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if name.startswith("__"):
+        raise AttributeError(f"module 'stablelosses' has no attribute {name!r}")
+    full = f"stablelosses.{name}"
+    if full in sys.modules:  # being imported: `from stablelosses import functional` inside it
+        return sys.modules[full]
+    if importlib.util.find_spec(full) is not None:
+        return importlib.import_module(full)
+    if name in __all__:
+        api = importlib.import_module("stablelosses._api")
+        g = globals()
+        for n in __all__:
+            if n not in g and hasattr(api, n):
+                g[n] = getattr(api, n)
+        if name in g:
+            return g[name]
+    raise AttributeError(f"module 'stablelosses' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

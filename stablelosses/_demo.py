@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,8 @@ class Hazard:
         grad_arg: which input's gradient is shown.
         inf_ok: the exact value holds ±inf (a masked entry, the logsumexp of nothing), so an
             infinite value is right; a NaN never is.
+        note: one sentence under the row where the two sides differ by definition (not by a
+            NaN), or "".
     """
 
     name: str
@@ -50,6 +53,7 @@ class Hazard:
     stable: Callable[..., torch.Tensor]
     grad_arg: int = 0
     inf_ok: bool = False
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ HAZARDS: Sequence[Hazard] = (
         lambda x: naive.masked_log_softmax(x, torch.tensor([[True, True, False], [False] * 3])),
         lambda x: SF.log_softmax(x, -1, mask=torch.tensor([[True, True, False], [False] * 3])),
         inf_ok=True,
+        note="The finite gradients differ by definition: in torch the masked output (-inf minus "
+        "the row's logsumexp) still pulls on the unmasked logits, while here a masked output is a "
+        "constant -inf with no gradient; a loss that leaves masked entries out gets the same "
+        "gradient from both.",
     ),
     Hazard(
         "xlogy(x, y) at x = y = 0, d/dy",
@@ -182,6 +190,9 @@ HAZARDS: Sequence[Hazard] = (
         lambda: (torch.tensor([[2.0, -_INF, 0.5]]), _long(0)),
         lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
         lambda x, t: SF.cross_entropy(x, t, label_smoothing=0.1),
+        note="A change of definition: torch gives the -inf (masked) class its share ε/C of the "
+        "smoothing, whose -log p is inf, while stablelosses spreads ε over the finite classes "
+        "only, so the loss is finite (0.2764).",
     ),
     Hazard(
         "kl_div, zero target at -inf log-prob",
@@ -277,6 +288,7 @@ def render(hazards: Sequence[Hazard] = HAZARDS) -> str:
         body.append((h.name,))
         body.append(("  naive", n.value_text, n.grad_text, _mark(n)))
         body.append(("  stablelosses", s.value_text, s.grad_text, _mark(s)))
+        body.extend((ln,) for ln in textwrap.wrap(h.note, 96, initial_indent="  ", subsequent_indent="  "))
         marks.append((_mark(n), _mark(s)))
     cells = [header, *(r for r in body if len(r) > 1)]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]

@@ -3,8 +3,8 @@ r"""The ``stablelosses`` command (also ``python -m stablelosses``).
 - no arguments, or ``demo``: the hazard table, naive formula beside stablelosses.
 - ``trace [--watch] SCRIPT.py [ARGS...]``: run a script under
   [`detect_nonfinite`][stablelosses.debug.detect_nonfinite]; report the first NaN/Inf created
-  (exit 1) or that there was none (exit 0); a script that exits early or crashes exits with its own
-  code (1 for an uncaught exception, as under ``python``).
+  (exit 1) or that there was none (exit 0); a script that calls ``sys.exit`` exits with its own
+  code, and one that crashes before any NaN/Inf exits 2 with its traceback.
 - ``lint [--fix | --diff] [--format json] [--select CODES] [--ignore CODES] PATH...``: find
   the hazardous spellings and rewrite them into the stable calls (`stablelosses.lint`).
 - ``bench [--device cuda] [--compile] [--quick] [--targets] [--json PATH] ...``: the speed
@@ -62,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run SCRIPT (as `python SCRIPT ARGS...` would, with __name__ == '__main__') "
         "under stablelosses.debug.detect_nonfinite. Exit 1 with a report of the first operator "
         "that created a NaN/Inf (or, with --watch, of a diverging run), 0 when none was created, "
-        "the script's own exit code when it calls sys.exit, and 1 when it died of an uncaught "
-        "exception (as under python).",
+        "the script's own exit code when it calls sys.exit, and 2 when it crashed (an uncaught "
+        "exception) before any NaN/Inf was created. Threads the script starts are watched too.",
     )
     t.add_argument("--watch", action="store_true",
                    help="also run a DivergenceMonitor after every loss.backward(): stop a diverging "
@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo() -> int:
+    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
     from stablelosses._demo import render
 
     print(render())
@@ -133,6 +134,7 @@ def _demo() -> int:
 
 def _bench(argv: list) -> int:
     """Hand ``bench ARGS`` to ``stablelosses.bench.main(ARGS)``, which parses them itself."""
+    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
     from stablelosses.bench import main as bench_main
 
     try:
@@ -152,6 +154,7 @@ def _lint(argv: list) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
+    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
     from stablelosses.debug._trace import run_trace
 
     return run_trace(args.script, list(args.args), warn=args.warn, watch=args.watch, forward=args.forward,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from stablelosses.bench import cli as bench_cli
 from stablelosses.bench.cases import Case, make_inputs, specs
 from stablelosses.bench.checks import TARGETS
 from stablelosses.bench.kernels import count_kernels
-from stablelosses.bench.report import format_table, index, ratio_rows
+from stablelosses.bench.report import format_summary, format_table, index, noisy, ratio_rows, round_ratios
 from stablelosses.bench.run import Settings, run
 from stablelosses.bench.targets import GOALS, KINDS, OPS_BOUND, format_goals, goal_rows
 from stablelosses.bench.timing import kernel_count, make_callable
@@ -218,6 +219,46 @@ def test_tiny_run_tables(tiny_run):
         assert col in text.splitlines()[0]
     md = format_table(tiny_run, markdown=True)
     assert md.startswith("| function |") and md.count("\n") == 2 + len(rows) - 1
+
+
+def _rec(fn, variant, times, mode="fwdbwd", dtype="float32"):
+    return {"fn": fn, "case": "16", "dtype": dtype, "device": "cpu", "mode": mode, "variant": variant,
+            "median_s": sorted(times)[len(times) // 2], "times_s": times, "error": None,
+            "bytes_read": 8, "bytes_written": 8, "grad_bytes": 64}
+
+
+def test_summary_gives_the_spread_over_rounds_and_marks_noise():
+    result = {"results": [
+        _rec("safe_sqrt", "stable", [1e-3, 2e-3, 3e-3]), _rec("safe_sqrt", "torch", [2e-3, 2e-3, 2e-3]),
+        _rec("safe_sqrt", "stable", [6e-3, 6e-3, 6e-3], "fwd"), _rec("safe_sqrt", "torch", [2e-3, 2e-3, 2e-3], "fwd"),
+    ]}
+    vs = index(result["results"])
+    assert round_ratios(vs[("safe_sqrt", "16", "float32", "cpu", "fwdbwd")]["stable"],
+                        vs[("safe_sqrt", "16", "float32", "cpu", "fwdbwd")]["torch"]) == [0.5, 1.0, 1.5]
+    lines = format_summary(result).splitlines()
+    assert lines[0].split() == ["function", "shape", "mode", "ours", "ms", "÷torch", "÷naive", "bytes÷t"]
+    rows = {ln.split()[2]: ln for ln in lines[2:]}
+    assert "1.00 0.50–1.50~" in rows["fwdbwd"]  # faster in one round, slower in another: noise
+    assert "3.00 3.00–3.00" in rows["fwd"] and "~" not in rows["fwd"]  # 3× slower in every round
+    assert noisy([0.2, 0.9]) and noisy([1.1, 4.0]) and not noisy([1.1, 3.0]) and not noisy([2.0])
+
+
+def test_summary_fits_100_columns_with_several_dtypes(tiny_run):
+    assert max(map(len, format_summary(tiny_run).splitlines())) <= 100
+    recs = [dict(r, dtype=dt) for r in tiny_run["results"] for dt in ("float32", "bfloat16")]
+    text = format_summary({"results": recs})
+    assert max(map(len, text.splitlines())) <= 100 and "1024x1000 bf16" in text
+
+
+def test_bench_quick_prints_under_100_columns_says_noise_and_its_duration(capsys):
+    code = bench_cli.main(["--quick", "--only", "safe_sqrt", "--repeats", "2", "--no-reexec", "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 100, max(out.splitlines(), key=len)
+    assert "÷torch" in out and "~ marks noise" in out and "rough timings" in out
+    assert re.search(r"^took \d+ s$", out, re.M)
+    quick_help = next(a.help for a in bench_cli.build_parser()._actions if "--quick" in a.option_strings)
+    assert "about 70 s on 2 idle CPU cores" in quick_help and "under a minute" not in quick_help
 
 
 def test_tiny_run_goal_table(tiny_run):

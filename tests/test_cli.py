@@ -63,11 +63,11 @@ def test_trace_missing_script(capsys):
 
 
 @pytest.mark.slow  # a fresh interpreter per run (torch import); the in-process tests cover the logic
-def test_trace_crash_exits_1_as_python_does_with_the_scripts_traceback():
+def test_trace_crash_exits_2_with_the_scripts_traceback():
     script = os.path.join(SCRIPTS, "crash.py")
     proc = run("trace", script)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "no NaN/Inf created" not in proc.stdout
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no NaN/Inf was created before the crash" in proc.stdout
     crash = line_of(script, "# CRASH")
     assert f'File "{script}", line {crash}, in load' in proc.stderr
     assert proc.stderr.strip().endswith("KeyError: 'missing'")
@@ -77,10 +77,55 @@ def test_trace_crash_exits_1_as_python_does_with_the_scripts_traceback():
 def test_trace_does_not_pass_a_script_that_died_of_skipped_steps_error(capsys):
     # SkippedStepsError is a NonFiniteError, but not one the detector raised: it is a crash
     script = os.path.join(SCRIPTS, "crash.py")
-    assert cli.main(["trace", script, "guard"]) == 1
+    assert cli.main(["trace", script, "guard"]) == 2
     out, err = capsys.readouterr()
     assert "no NaN/Inf created" not in out
     assert "SkippedStepsError" in err and "2 optimizer steps skipped" in err
+
+
+def test_trace_script_crashing_for_another_reason_exits_2_not_1(capsys):
+    # 1 means "NaN/Inf found": a ValueError before any tensor op is a crash, reported as one
+    script = os.path.join(SCRIPTS, "crash.py")
+    assert cli.main(["trace", script, "config"]) == 2
+    out, err = capsys.readouterr()
+    assert "crash.py crashed (ValueError, traceback above)" in out
+    assert "no NaN/Inf was created before the crash" in out
+    assert f'File "{script}", line {line_of(script, "# CONFIG")}, in <module>' in err
+    assert err.strip().endswith("ValueError: bad config file")
+
+
+@pytest.mark.parametrize("how, thread", [("pool", "loader_0"), ("sub", "feeder")])
+def test_trace_reports_a_nan_made_in_a_worker_thread_naming_it(how, thread, capsys):
+    script = os.path.join(SCRIPTS, "thread_nan.py")
+    assert cli.main(["trace", script, how]) == 1
+    out = capsys.readouterr().out
+    assert "done" in out and "no NaN/Inf created" not in out  # the script ran on; no all-clear
+    assert f"NaN/Inf created in thread '{thread}' of {script}" in out
+    assert "aten::log produced NaN" in out and f"thread_nan.py:{line_of(script, '# WORKER')}" in out
+
+
+def test_trace_all_clear_says_which_threads_were_watched(capsys):
+    assert cli.main(["trace", os.path.join(SCRIPTS, "thread_nan.py"), "clean"]) == 0
+    out = capsys.readouterr().out
+    assert "no NaN/Inf created" in out and "watched: the main thread and the 1 thread it started" in out
+    assert cli.main(["trace", os.path.join(SCRIPTS, "healthy.py"), "--steps", "3"]) == 0
+    assert "(watched: the main thread;" in capsys.readouterr().out
+
+
+def test_trace_hint_recommends_watch_only_when_it_can_help(capsys):
+    # finite to inf in one step: --watch would print the same report, so it is not recommended
+    script = os.path.join(SCRIPTS, "jump.py")
+    assert cli.main(["trace", script]) == 1
+    out = capsys.readouterr().out
+    assert "the run is diverging" in out and "--watch" in out.split("hint:")[1]
+    assert "trace --watch" not in out and "too fast for `--watch`" in out
+    assert cli.main(["trace", "--watch", script]) == 1
+    out = capsys.readouterr().out
+    assert "trace --watch" not in out and "`--watch` was on and did not stop it" in out
+    # a loss that grew over steps first: --watch stops it while finite, so it is recommended
+    assert cli.main(["trace", os.path.join(SCRIPTS, "diverge.py")]) == 1
+    out = capsys.readouterr().out
+    assert "the run is diverging" in out and "`stablelosses trace --watch SCRIPT.py`" in out
 
 
 def test_trace_passes_the_scripts_exit_code(capsys):
@@ -126,6 +171,35 @@ def test_trace_watch_healthy_script_exits_0(capsys):
 
 
 # ---- help and errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["trace", "--help"]])
+def test_help_and_version_import_no_torch(args):
+    # as `python -m stablelosses ARGS` runs (runpy), then which modules got imported
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['stablelosses', *{args!r}]\n"
+            "try:\n    runpy.run_module('stablelosses', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "print('\\nTORCH' if 'torch' in sys.modules else '\\nNO TORCH')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith("NO TORCH"), proc.stdout[-300:]
+    assert ("stablelosses 0.2" in proc.stdout) == (args == ["--version"])
+
+
+def test_the_package_loads_torch_on_first_use_of_a_public_name():
+    code = ("import sys, stablelosses as sl\n"
+            "before = 'torch' in sys.modules\n"
+            "f = sl.safe_sqrt\n"
+            "print(before, 'torch' in sys.modules, f.__module__, sl.debug.__name__, 'CrossEntropyLoss' in dir(sl))\n"
+            "try:\n    sl.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first.split()[:2] == ["False", "True"] and first.split()[3:] == ["stablelosses.debug", "True"]
+    assert second == "module 'stablelosses' has no attribute 'no_such_name'"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["demo", "--help"], ["trace", "--help"], ["bench", "--help"]])

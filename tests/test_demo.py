@@ -174,6 +174,23 @@ def test_docs_warn_about_torchvision_and_timm_pulling_a_mismatched_torch():
     section = section[: section.index("\n## ", 1)]
     assert "does not import" in section and "download.pytorch.org/whl/cpu" in section
     assert "timm" in section and "upgrade torch" in section
+    assert "operator torchvision::nms does not exist" in section  # what the mismatch prints
+
+
+def test_migration_torchvision_recipe_pins_the_pair_ci_installs():
+    # torchvision 0.M is built for torch 2.(M - 15) exactly (its wheel's Requires-Dist: 0.28.0
+    # requires torch==2.13.0); the recipe pins that pair, and the torch is the one CI installs
+    import re
+
+    migration = open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read()
+    section = _section(migration, "## torchvision `sigmoid_focal_loss`")
+    (line,) = [ln for ln in section.splitlines() if ln.startswith("pip install") and "torchvision==" in ln]
+    torch_v = re.search(r'"torch==(2\.(\d+)\.\d+)"', line)
+    vision_v = re.search(r'"torchvision==0\.(\d+)\.\d+"', line)
+    assert torch_v and vision_v and "--index-url https://download.pytorch.org/whl/cpu" in line
+    assert int(vision_v.group(1)) == int(torch_v.group(2)) + 15
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    assert f'"torch=={torch_v.group(1)}"' in ci
 
 
 def _section(text: str, heading: str) -> str:
@@ -215,3 +232,30 @@ def test_readme_focal_row_says_a_scalar_alpha_is_a_constant_weight_that_cancels_
     torch.testing.assert_close(SF.focal_loss(x, t, weight=w), SF.focal_loss(x, t))
     torch.testing.assert_close(SF.focal_loss(x, t, weight=w, reduction="sum"),
                                0.25 * SF.focal_loss(x, t, reduction="sum"))
+
+
+def test_demo_explains_the_two_rows_that_differ_by_definition():
+    import torch
+
+    from stablelosses._demo import HAZARDS, evaluate, render
+
+    by_name = {h.name: h for h in HAZARDS}
+    masked = by_name["log_softmax with a masked row"]
+    smooth = by_name["cross_entropy, label smoothing, -inf logit"]
+    assert masked.note and smooth.note
+    # what the masked row's sentence claims: the gradients differ, and agree once the loss
+    # leaves the masked entries out
+    n, s = evaluate(masked, "naive"), evaluate(masked, "stable")
+    assert not torch.equal(n.grad[0], s.grad[0]) and "differ by definition" in masked.note
+    keep = torch.tensor([[True, True, False], [False] * 3])
+    grads = []
+    for fn in (masked.naive, masked.stable):
+        x = masked.inputs()[0].requires_grad_(True)
+        fn(x)[keep].sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    # the smoothing row's sentence quotes the computed value
+    assert evaluate(smooth, "stable").value_text in smooth.note and "change of definition" in smooth.note
+    assert evaluate(smooth, "naive").value_text == "inf"
+    text = render()
+    assert masked.note.split(":")[0] in text.replace("\n  ", " ")

@@ -4,8 +4,10 @@ and a healthy run is untouched (the same losses as without the callback)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import weakref
 
 import pytest
 import torch
@@ -79,6 +81,36 @@ def test_doctor_raises_after_max_consecutive_skips():
             doc.before_step([opt])
     with pytest.raises(ValueError, match="max_consecutive must be >= 1"):
         NaNDoctor(max_consecutive=0)
+
+
+def _fit_once(doc: NaNDoctor) -> list[weakref.ref]:
+    """One short Adam fit with a NaN step under ``doc``; weak references to its model and optimizer."""
+    net = nn.Linear(2, 1)
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    doc.start(net, opt)
+    for scale in (1.0, math.nan, 1.0):
+        opt.zero_grad()
+        (net(torch.ones(1, 2)) * scale).sum().backward()
+        doc.record_loss(torch.ones(()))
+        if not doc.before_step([opt]) and scale == 1.0:
+            opt.step()
+    assert opt.state  # Adam state exists
+    doc.close()
+    return [weakref.ref(opt), weakref.ref(net)]
+
+
+def test_doctor_lets_go_of_model_and_optimizer_at_the_end_of_a_fit():
+    # one doctor for two fits: a fit's optimizer (parameters, Adam state) must not outlive it
+    # (a helper function: the fit's locals go with its frame; the doctor is all that remains)
+    doc = NaNDoctor()
+    refs = _fit_once(doc)
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert doc.skipped_steps == 1
+    refs = _fit_once(doc)  # the second fit: a fresh guard, and the count goes on
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert doc.skipped_steps == 2
 
 
 # ------------------------------------------------------------------------------ Lightning
@@ -155,6 +187,26 @@ def test_lightning_nan_gradients_are_skipped_and_counted(caplog):
     assert torch.isfinite(model.net.weight).all() and cb.report is None
     bare, _ = _fit_lightning(0.01, 6, None, nan_at=2)
     assert not torch.isfinite(bare.net.weight).all()  # without the callback the NaN is applied
+
+
+def _lightning_refs(cb) -> list[weakref.ref]:
+    model, trainer = _fit_lightning(0.01, 3, cb, nan_at=1)
+    return [weakref.ref(trainer.optimizers[0]), weakref.ref(model)]
+
+
+def test_lightning_callback_does_not_keep_the_fits_optimizer_alive():
+    _lightning()
+    from stablelosses.integrations.lightning import NaNDoctorCallback
+
+    cb = NaNDoctorCallback()
+    refs = _lightning_refs(cb)
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert cb.skipped_steps == 1  # the count outlives the fit
+    refs = _lightning_refs(cb)
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert cb.skipped_steps == 2
 
 
 # ------------------------------------------------------------------------------ Transformers

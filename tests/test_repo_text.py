@@ -56,3 +56,45 @@ def test_no_reference_to_a_document_outside_the_repo():
     assert unexpected == {}, "cite docs/design.md by section name instead: " + repr(unexpected)
     fixed = [p for p in PENDING if p not in found]
     assert fixed == [], f"no longer hold a reference: drop them from PENDING: {fixed}"
+
+
+def _pyproject_floor() -> tuple[str, str]:
+    """(torch floor, Python floor) as pyproject.toml states them."""
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    torch = re.search(r'^dependencies = \[[^\]]*"torch>=([\d.]+)"', text, re.M)
+    python = re.search(r'^requires-python = ">=([\d.]+)"', text, re.M)
+    assert torch and python, "pyproject.toml names the torch and Python floors"
+    return torch.group(1), python.group(1)
+
+
+def test_docs_home_install_section_matches_pyproject_and_gets_the_cpu_torch_first():
+    torch_floor, python_floor = _pyproject_floor()
+    with open(os.path.join(ROOT, "docs", "index.md"), encoding="utf-8") as f:
+        page = f.read()
+    install = page[page.index("## Install"):page.index("\n## ", page.index("## Install") + 1)]
+    said_torch = re.findall(r"torch >= ([\d.]+)", install)
+    said_python = re.findall(r"Python ([\d.]+) or newer", install)
+    assert said_torch == [torch_floor] and said_python == [python_floor], (said_torch, said_python)
+    cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in install and install.index(cpu) < install.index("pip install .")
+
+
+def test_docs_math_is_rendered_at_build_time_without_a_script():
+    import importlib.util
+
+    import pytest
+
+    pytest.importorskip("latex2mathml")
+    spec = importlib.util.spec_from_file_location("_math_hook", os.path.join(ROOT, "docs", "math_hook.py"))
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    html = ('<p>a <span class="arithmatex">\\(x &lt; \\sqrt{y}\\)</span> b</p>'
+            '<div class="arithmatex">\\[\\frac{1}{2}\\]</div>')
+    out = hook.render(html)
+    assert "arithmatex" not in out and out.count("<math") == 2 and "<msqrt>" in out and "<mfrac>" in out
+    assert 'display="block"' in out and "<mo>&#x0003C;</mo>" in out  # the &lt; unescaped, then encoded
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
+        config = f.read()
+    assert "docs/math_hook.py" in config and "mathjax" not in config.lower()
+    assert not re.search(r"^\s*- https?://", config, re.M)  # no script or stylesheet from a CDN

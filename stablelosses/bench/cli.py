@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
@@ -14,7 +15,14 @@ import torch
 
 from stablelosses.bench.cases import DTYPES, specs
 from stablelosses.bench.memory import MALLOC_ENV
-from stablelosses.bench.report import compare_table, format_header, format_table, index
+from stablelosses.bench.report import (
+    compare_table,
+    format_header,
+    format_summary,
+    format_table,
+    index,
+    summary_legend,
+)
 from stablelosses.bench.run import MODES, Settings, run, tier_settings
 from stablelosses.bench.targets import format_goals, goal_rows
 
@@ -41,10 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of ``stablelosses bench``."""
     p = _Parser(
         prog="stablelosses bench",
-        description="Time stablelosses against the PyTorch built-ins, the naive formulas and a "
-                    "one-pass memory-bandwidth floor; print a table of ratios (medians of "
-                    "interleaved repeats), the bytes moved, the peak memory of forward+backward "
-                    "and, with --compile, the kernel count of the compiled calls.",
+        description="Time stablelosses against the PyTorch built-ins and the naive formulas; print "
+                    "a table (under 100 columns) of the time ratios, each as the median and the "
+                    "spread over interleaved rounds with noise marked, and the bytes moved. --wide "
+                    "adds the one-pass memory-bandwidth floor, the peak memory of forward+backward "
+                    "and, with --compile, the compiled calls and their kernel count.",
         epilog="The JSON written by --json is read by benchmarks/check_targets.py and "
                "benchmarks/make_docs.py.",
     )
@@ -52,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="also time torch.compile'd variants (compiled before timing; slow to build)")
     tier = p.add_mutually_exclusive_group()
-    tier.add_argument("--quick", action="store_true", help="small shapes, few repeats (well under a minute)")
+    tier.add_argument("--quick", action="store_true",
+                      help="small shapes, 3 rounds of short samples: a smoke run of about 70 s on 2 idle "
+                           "CPU cores (several minutes on a busy machine); its timings are rough")
     tier.add_argument("--full", action="store_true",
                       help="all shapes (adds LLM-vocabulary and segmentation) and bfloat16")
     p.add_argument("--json", metavar="PATH", help="write the raw numbers to PATH")
@@ -60,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", action="store_true",
                    help="also print the speed targets table: each target with its measured value, "
                         "bytes-moved ratio, aten-op count and (with --compile) kernel count, met/missed")
+    p.add_argument("--wide", action="store_true",
+                   help="print every column (one-pass floor, MB moved, compiled, peak memory): about "
+                        "150 columns, as written by --markdown")
     p.add_argument("--raw", action="store_true",
                    help="also print every median as torch.utils.benchmark.Compare does")
     p.add_argument("--only", type=_csv(list(specs()), "function"), metavar="FN[,FN...]",
@@ -122,8 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     result = run(_settings(args), progress=not args.no_progress)
     result["command"] = shlex.join(["stablelosses", "bench", *argv])
-    print(format_header(result))
-    print(format_table(result))
+    print(textwrap.fill(format_header(result), 100, subsequent_indent="  "))
+    print(format_table(result) if args.wide else format_summary(result))
     if args.raw:
         print("\n" + compare_table(result))
     if args.targets:
@@ -132,10 +146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result["notes"]:
         print("\nnotes:")
         for n in result["notes"]:
-            print(f"  - {n}")
-    print(f"\n(ratios: ours ÷ reference, medians; < 1 is faster. MB moved: bytes read + written by "
-          f"the aten ops of one call. peak = bytes allocated during one forward+backward. "
-          f"{result['elapsed_s']:.0f} s)")
+            print(textwrap.fill(n, 100, initial_indent="  - ", subsequent_indent="    "))
+    if args.wide:
+        print("\n(ratios: ours ÷ reference, medians; < 1 is faster. MB moved: bytes read + written "
+              "by the aten ops of one call.\n peak = bytes allocated during one forward+backward.)")
+    else:
+        print("\n" + summary_legend(result))
+    print(f"took {result['elapsed_s']:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -8,7 +8,8 @@ from typing import Any
 
 from stablelosses.bench.cases import specs
 
-__all__ = ["compare_table", "format_header", "format_table", "index", "ratio_rows"]
+__all__ = ["compare_table", "format_header", "format_summary", "format_table", "index", "noisy",
+           "ratio_rows", "round_ratios", "summary_legend"]
 
 Key = tuple[str, str, str, str, str]  # fn, case, dtype, device, mode
 
@@ -147,3 +148,78 @@ def compare_table(result: dict[str, Any]) -> str:
     cmp = Compare(ms)
     cmp.trim_significant_figures()
     return str(cmp)
+
+
+def round_ratios(ours: dict[str, Any] | None, ref: dict[str, Any] | None) -> list[float]:
+    """``ours ÷ ref`` per interleaved round (round i of each ran back to back), [] if either is
+    missing: the spread of the ratio over the rounds, which the medians alone hide."""
+    if not ours or not ref:
+        return []
+    out = [ratio(a, b) for a, b in zip(ours.get("times_s") or [], ref.get("times_s") or [])]
+    return sorted(r for r in out if r is not None)
+
+
+def _short(v: float) -> str:
+    """A ratio in at most 4 characters: 0.93, 9.99, 45, 450, >999."""
+    if v < 9.995:
+        return f"{v:.2f}"
+    return f"{v:.0f}" if v < 999.5 else ">999"
+
+
+def noisy(rounds: list[float]) -> bool:
+    """Whether per-round ratios (sorted) say nothing: their spread includes 1 (faster in one
+    round, slower in another), or the rounds disagree by more than 3×."""
+    return len(rounds) > 1 and (rounds[0] <= 1.0 <= rounds[-1] or rounds[-1] > 3 * rounds[0])
+
+
+def _spread_cell(rounds: list[float]) -> str:
+    """``median (min–max)`` over the rounds; ``~`` marks noise (see `noisy`)."""
+    if not rounds:
+        return "-"
+    n = len(rounds)
+    med = rounds[n // 2] if n % 2 else (rounds[n // 2 - 1] + rounds[n // 2]) / 2
+    lo, hi = rounds[0], rounds[-1]
+    cell = _short(med) if n == 1 else f"{_short(med)} {_short(lo)}–{_short(hi)}"
+    return cell + ("~" if noisy(rounds) else "")
+
+
+SUMMARY = ("function", "shape", "mode", "ours ms", "÷torch", "÷naive", "bytes÷t")
+_DT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The console table, under 100 columns: per row our median time, the time ratios against
+    the built-in and the naive formula as ``median min–max`` over the interleaved rounds, marked
+    ``~`` where they are noise (`noisy`), and the bytes ratio against torch (counted, not timed).
+    """
+    all_specs = specs()
+    keys = index(result["results"])
+    several = len({k[2] for k in keys}) > 1  # dtypes: one (the default) is said in the header
+    body = []
+    for (fn, case, dt, _dev, mode), vs in keys.items():
+        spec = all_specs.get(fn)
+        ours = vs.get("stable")
+        t = ours.get("median_s") if ours else None
+        ms = ("ERROR" if ours and ours.get("error") else "n/a") if t is None else f"{t * 1e3:.3f}"
+        tref, nref = (spec.torch_ref, spec.naive_ref) if spec else ("torch", "naive")
+        by = ratio(moved(ours), moved(vs.get(spec.ref if spec else "torch")))
+        shape = f"{case} {_DT.get(dt, dt)}" if several else case
+        body.append([fn, shape, mode, ms, _spread_cell(round_ratios(ours, vs.get(tref) if tref else None)),
+                     _spread_cell(round_ratios(ours, vs.get(nref) if nref else None)),
+                     "-" if by is None else f"{by:.2f}"])
+    return render(list(SUMMARY), body, [True, True, True, False, False, False, False], markdown=False)
+
+
+def summary_legend(result: dict[str, Any]) -> str:
+    """What the summary's cells mean, and how far its timings can be trusted."""
+    n = result["settings"].get("repeats")
+    lines = [
+        f"÷torch, ÷naive: ours ÷ reference in each interleaved round: median min–max of {n} rounds;",
+        "  < 1 is faster. ~ marks noise: the spread includes 1 or spans more than 3×, so no",
+        "  difference was measured, whatever the median says.",
+        "bytes÷t: bytes read + written by the aten ops of one call ÷ torch's (counted, not timed).",
+    ]
+    if n is not None and n < 5:
+        lines.append(f"{n} rounds of short samples: a smoke run with rough timings; for numbers to")
+        lines.append("  quote, run without --quick (9 rounds) on an idle machine.")
+    return "\n".join(lines)

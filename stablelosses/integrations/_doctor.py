@@ -4,6 +4,7 @@ optimizer (whose step is the framework's) and one `DivergenceMonitor` per model.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, cast
 
 import torch
@@ -18,21 +19,33 @@ logger = logging.getLogger("stablelosses.integrations")
 
 class _FrameworkSteps:
     """An optimizer seen by `FiniteGuard`: its parameters, a ``zero_grad`` that drops the
-    gradients, and a ``step`` that does nothing because the training loop steps right after."""
+    gradients, and a ``step`` that does nothing because the training loop steps right after.
+
+    The optimizer is held weakly: the doctor outlives ``fit`` calls, and the optimizer (its
+    parameters and state) must not.
+    """
 
     def __init__(self, optimizer: Any) -> None:
-        self.optimizer = optimizer
+        try:
+            self._ref: Any = weakref.ref(optimizer)
+        except TypeError:  # an object without weak references: held only until `NaNDoctor.close`
+            self._ref = lambda o=optimizer: o
+
+    @property
+    def optimizer(self) -> Any:
+        return self._ref()
 
     @property
     def param_groups(self) -> list[dict]:
-        return self.optimizer.param_groups
+        opt = self._ref()
+        return [] if opt is None else opt.param_groups
 
     def step(self, closure: Any = None) -> None:
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         # straight on the parameters: a torch optimizer skips every parameter whose grad is None
-        for group in self.optimizer.param_groups:
+        for group in self.param_groups:
             for p in group["params"]:
                 p.grad = None
 
@@ -76,7 +89,8 @@ class NaNDoctor:
         self.max_consecutive = max_consecutive
         self.divergence = divergence
         self.window, self.growth, self.loss_floor = window, growth, loss_floor
-        self.guards: dict[int, FiniteGuard] = {}
+        self.guards: dict[int, FiniteGuard] = {}  # id(optimizer) → its guard, for the current fit
+        self._closed_skips = 0  # skips counted by the guards of earlier fits
         self.monitor: DivergenceMonitor | None = None
         self.error: DivergenceError | None = None
         self._losses: list[torch.Tensor] = []
@@ -88,7 +102,7 @@ class NaNDoctor:
 
     @property
     def skipped_steps(self) -> int:
-        return sum(g.total_skips for g in self.guards.values())
+        return self._closed_skips + sum(g.total_skips for g in self.guards.values())
 
     @property
     def stopped(self) -> bool:
@@ -102,10 +116,14 @@ class NaNDoctor:
                                              loss_floor=self.loss_floor)
 
     def close(self) -> None:
-        """Remove the monitor's hooks; the next `start` makes a fresh one (a second ``fit``)."""
+        """Remove the monitor's hooks and let go of the model and optimizers; the next `start`
+        makes a fresh monitor and guards (a second ``fit``); `skipped_steps` keeps counting."""
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
+        self._closed_skips = self.skipped_steps
+        self.guards = {}
+        self._losses = []
 
     def record_loss(self, loss: Any) -> None:
         """The loss of one backward (summed over gradient-accumulation micro-batches)."""
@@ -131,7 +149,7 @@ class NaNDoctor:
                 return True
         for opt in optimizers:
             guard = self.guards.get(id(opt))
-            if guard is None:
+            if guard is None or cast(_FrameworkSteps, guard.optimizer).optimizer is not opt:  # id reused
                 guard = self.guards[id(opt)] = FiniteGuard(_steps(opt), self.max_consecutive)
             if not guard.step():
                 logger.warning("stablelosses NaN doctor: optimizer step skipped: NaN/Inf gradients "

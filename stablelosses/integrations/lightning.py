@@ -68,6 +68,15 @@ class NaNDoctorCallback(DoctorAttributes, Callback if Callback is not None else 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.doctor.close()
 
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # After every fit, also one that raised: the doctor lets go of the model and optimizers,
+        # and so does this callback: Lightning binds the module's ``log``/``log_dict`` onto each
+        # callback at setup (the next fit binds them again), which keeps the module, its trainer
+        # and their optimizers alive as long as the callback lives.
+        self.doctor.close()
+        for name in ("log", "log_dict"):
+            self.__dict__.pop(name, None)
+
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self.doctor.record_loss(loss)
 

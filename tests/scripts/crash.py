@@ -1,5 +1,5 @@
 """A script that crashes (for `stablelosses trace` exit codes): KeyError, sys.exit(N), or FiniteGuard
-giving up on NaN gradients (``guard``)."""
+giving up on NaN gradients (``guard``), or a ValueError before any tensor op (``config``)."""
 
 import sys
 
@@ -25,4 +25,6 @@ if __name__ == "__main__":
         sys.exit(int(sys.argv[2]))
     if sys.argv[1:2] == ["guard"]:
         guarded_steps()
+    if sys.argv[1:2] == ["config"]:
+        raise ValueError("bad config file")  # CONFIG
     load("missing")

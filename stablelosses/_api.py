@@ -1,0 +1,39 @@
+"""Everything ``import stablelosses`` offers, loaded on first use (``stablelosses.__getattr__``),
+so that ``stablelosses --help`` and ``--version`` answer without importing torch.
+
+New public names go here and into ``__all__`` in ``stablelosses/__init__.py``.
+"""
+
+# ruff: noqa: F401 - imported to be re-exported by `stablelosses.__getattr__`
+
+
+from stablelosses import _torch_import  # noqa: F401 - first: torch without its NumPy warning
+
+# isort: split
+from stablelosses import functional
+from stablelosses._backend import backend, get_backend, set_backend
+from stablelosses.functional import (
+    cosine_similarity,
+    entropy,
+    log_softmax,
+    logaddexp,
+    logsumexp,
+    masked_mean,
+    normalize,
+    safe_div,
+    safe_sqrt,
+    softmax,
+    xlogy,
+)
+from stablelosses.losses import (
+    CrossEntropyLoss,
+    DiceLoss,
+    FocalLoss,
+    InfoNCELoss,
+    KLDivLoss,
+    LinearCrossEntropyLoss,
+    LinearFocalLoss,
+    LogCoshLoss,
+    RMSELoss,
+    SigmoidFocalLoss,
+)
