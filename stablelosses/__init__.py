@@ -15,11 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-# isort: split
-# The kernels register themselves into the core's backend table (stablelosses/_backend.py);
-# this imports no triton. Nothing in functional/, _autograd/ or losses.py imports _triton.
-from stablelosses import _triton  # noqa: F401
-
 __version__ = "0.2.0"
 
 __all__ = [

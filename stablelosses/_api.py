@@ -11,6 +11,11 @@ from stablelosses import _torch_import  # noqa: F401 - first: torch without its 
 
 # isort: split
 from stablelosses import functional
+
+# isort: split
+# The kernels register themselves into the core's backend table (stablelosses/_backend.py);
+# this imports no triton. Nothing in functional/, _autograd/ or losses.py imports _triton.
+from stablelosses import _triton
 from stablelosses._backend import backend, get_backend, set_backend
 from stablelosses.functional import (
     cosine_similarity,
