@@ -41,6 +41,11 @@ from stablelosses.losses import (
     SigmoidFocalLoss,
 )
 
+# isort: split
+# post-training (0.4): preference and policy losses, token log-probs
+from stablelosses.functional import kl_penalty, sequence_logps, token_logps
+from stablelosses.losses import CPOLoss, DPOLoss, KTOLoss, ORPOLoss, PolicyLoss, SimPOLoss
+
 __version__ = "0.2.0"
 
 __all__ = [
@@ -70,4 +75,14 @@ __all__ = [
     "get_backend",
     "set_backend",
     "__version__",
+    # post-training (0.4)
+    "DPOLoss",
+    "ORPOLoss",
+    "SimPOLoss",
+    "CPOLoss",
+    "KTOLoss",
+    "PolicyLoss",
+    "token_logps",
+    "sequence_logps",
+    "kl_penalty",
 ]

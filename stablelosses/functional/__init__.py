@@ -21,10 +21,11 @@ from stablelosses.functional._sqrt import safe_sqrt
 from stablelosses.functional._vector import cosine_similarity, normalize
 from stablelosses.functional._xlogy import xlogy
 
+# isort: split
 # post-training (0.4): token log-probs, preference and policy losses
-from stablelosses.functional._policy import kl_penalty, policy_loss  # noqa: E402, I001
-from stablelosses.functional._preference import cpo_loss, dpo_loss, kto_loss, orpo_loss, simpo_loss  # noqa: E402
-from stablelosses.functional._token_logps import sequence_logps, token_logps  # noqa: E402
+from stablelosses.functional._policy import kl_penalty, policy_loss
+from stablelosses.functional._preference import cpo_loss, dpo_loss, kto_loss, orpo_loss, simpo_loss
+from stablelosses.functional._token_logps import sequence_logps, token_logps
 
 __all__ = [
     "safe_sqrt",

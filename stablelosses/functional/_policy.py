@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._spec import REDUCTION, Arg, OneOf, OpSpec, Real
+from stablelosses._spec import Arg, OneOf, OpSpec, Real
 from stablelosses._utils import cast, check_floating, promote_types
 from stablelosses.functional._preference import BETA
 
@@ -277,7 +277,9 @@ def policy_loss(
     if adv.shape == lp.shape[:1]:
         adv = adv.unsqueeze(-1)
     elif adv.shape != lp.shape:
-        raise ValueError(f"{fn}: advantages shape {tuple(adv.shape)} must be (B,) or (B, T) = {tuple(lp.shape)}")
+        raise ValueError(
+            f"{fn}: advantages shape {tuple(adv.shape)} must be (B,) or (B, T) = {tuple(lp.shape)}"
+        )
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         what = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
         raise TypeError(f"{fn}: mask must be a bool tensor, got {what}")

@@ -118,6 +118,18 @@ def reduced(loss: Tensor, reduction: str) -> Tensor:
     return total if reduction == "sum" else total / max(loss.numel(), 1)
 
 
+def check_dpo_options(fn: str, beta: object, loss_type: object, label_smoothing: object,
+                      reduction: object) -> list:
+    """`DPO_SPEC`'s checks and the two that join arguments: ``'ipo'`` divides by ``beta``, and
+    robust DPO divides by ``1 − 2ε``."""
+    beta, loss_type, eps, reduction = DPO_SPEC.check_as(fn, beta, loss_type, label_smoothing, reduction)
+    if loss_type == "ipo" and beta == 0.0:
+        raise ValueError(f"{fn}: beta must be > 0 with loss_type='ipo' (1/(2 beta)), got {beta}")
+    if loss_type == "robust" and eps >= 0.5:
+        raise ValueError(f"{fn}: label_smoothing must be < 0.5 with loss_type='robust', got {eps}")
+    return [beta, loss_type, eps, reduction]
+
+
 def logistic(z: Tensor, eps: float) -> Tensor:
     """``−(1 − ε)·log σ(z) − ε·log σ(−z)`` (cDPO); a term whose weight is 0 is left out, so
     that ``z = ±inf`` gives ``inf`` or 0, never ``0 · inf``."""
@@ -136,12 +148,12 @@ def dpo_loss(
     r"""Direct Preference Optimization and its variants, on per-sequence log-probabilities.
 
     With $\rho_c = c - c_{\text{ref}}$, $\rho_r = r - r_{\text{ref}}$ and the margin
-    $m = \rho_c - \rho_r$:
+    $m = \rho_c - \rho_r$ and $z = \beta m$:
 
     | ``loss_type`` | per pair |
     |---|---|
     | ``'sigmoid'`` | $-(1-\varepsilon)\log\sigma(\beta m) - \varepsilon\log\sigma(-\beta m)$ (cDPO) |
-    | ``'robust'`` | $\big(-(1-\varepsilon)\log\sigma(\beta m) + \varepsilon\log\sigma(-\beta m)\big)/(1-2\varepsilon)$ |
+    | ``'robust'`` | $\frac{-(1-\varepsilon)\log\sigma(z) + \varepsilon\log\sigma(-z)}{1-2\varepsilon}$ |
     | ``'hinge'`` | $\max(0, 1 - \beta m)$ |
     | ``'ipo'`` | $(m - \tfrac{1}{2\beta})^2$ (pass length-averaged log-probs, as TRL does) |
     | ``'apo_zero'`` | $\sigma(-\beta\rho_c) + \sigma(\beta\rho_r)$ |
@@ -197,11 +209,7 @@ def dpo_loss(
     Replaces TRL's per-sequence DPO losses.
     """
     fn = "dpo_loss"
-    beta, loss_type, eps, reduction = DPO_SPEC.check(beta, loss_type, label_smoothing, reduction)
-    if loss_type == "ipo" and beta == 0.0:
-        raise ValueError(f"{fn}: beta must be > 0 with loss_type='ipo' (1/(2 beta)), got {beta}")
-    if loss_type == "robust" and eps >= 0.5:
-        raise ValueError(f"{fn}: label_smoothing must be < 0.5 with loss_type='robust', got {eps}")
+    beta, loss_type, eps, reduction = check_dpo_options(fn, beta, loss_type, label_smoothing, reduction)
     (c, r, rc, rr), _ = operands(fn, chosen_logps=chosen_logps, rejected_logps=rejected_logps,
                                  ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     rho_c, rho_r = c - rc, r - rr
@@ -394,8 +402,11 @@ def kto_loss(
 
     With $\rho = \text{policy} - \text{ref}$ and the reference point $z_0$ = ``kl``:
 
-    $$ \ell_i = \begin{cases} \lambda_D\,\big(1 - \sigma(\beta(\rho_i - z_0))\big) = \lambda_D\,\sigma(-\beta(\rho_i - z_0)) & \text{desirable} \\
-       \lambda_U\,\big(1 - \sigma(\beta(z_0 - \rho_i))\big) = \lambda_U\,\sigma(\beta(\rho_i - z_0)) & \text{undesirable} \end{cases} $$
+    $$ \ell_i = \begin{cases}
+         \lambda_D\,\big(1 - \sigma(\beta(\rho_i - z_0))\big) = \lambda_D\,\sigma(-\beta(\rho_i - z_0))
+         & \text{desirable} \\
+         \lambda_U\,\big(1 - \sigma(\beta(z_0 - \rho_i))\big) = \lambda_U\,\sigma(\beta(\rho_i - z_0))
+         & \text{undesirable} \end{cases} $$
 
     ``'mean'`` divides by $N$ (every example, as TRL's mean over the concatenated losses).
     ``1 − σ`` is computed as ``σ(−·)``: exact tails. Each example picks its branch by a
