@@ -25,7 +25,12 @@ from stablelosses.functional._xlogy import xlogy
 # post-training (0.4): token log-probs, preference and policy losses
 from stablelosses.functional._policy import kl_penalty, policy_loss
 from stablelosses.functional._preference import cpo_loss, dpo_loss, kto_loss, orpo_loss, simpo_loss
-from stablelosses.functional._token_logps import sequence_logps, token_logps
+from stablelosses.functional._token_logps import (
+    linear_sequence_logps,
+    linear_token_logps,
+    sequence_logps,
+    token_logps,
+)
 
 __all__ = [
     "safe_sqrt",
@@ -59,6 +64,8 @@ __all__ = [
     "kto_loss",
     "policy_loss",
     "kl_penalty",
+    "linear_token_logps",
+    "linear_sequence_logps",
 ]
 
 # Each public function is the wrapper that carries the NaN detector's hook (stablelosses/_public.py):

@@ -14,7 +14,9 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.cross_entropy import _class_index_ce
-from stablelosses._spec import FLAG, IGNORE_INDEX, TEMPERATURE, Arg, OpSpec
+from stablelosses._autograd.linear import linear_chunks
+from stablelosses._autograd.token_logps import TokenLogpsHead
+from stablelosses._spec import CHUNK_SIZE, FLAG, IGNORE_INDEX, TEMPERATURE, Arg, OpSpec
 from stablelosses._utils import check_floating, check_tensor, upcast
 
 TOKEN_LOGPS_SPEC = OpSpec(
@@ -30,6 +32,23 @@ SEQUENCE_LOGPS_SPEC = OpSpec(
     replaces="(token_logps * mask).sum(-1) / mask.sum(-1) (TRL's get_batch_logps)",
     reference="the float64 masked sum (mean) of the token log-probs; 0 for an empty sequence",
     tensors=("logits", "labels"),
+)
+
+LINEAR_TOKEN_LOGPS_SPEC = OpSpec(
+    "linear_token_logps",
+    (Arg("ignore_index", IGNORE_INDEX), Arg("temperature", TEMPERATURE), Arg("chunk_size", CHUNK_SIZE),
+     Arg("return_entropy", FLAG)),
+    replaces="torch.log_softmax(input @ W.T + b, -1).gather(-1, labels[..., None]).squeeze(-1)",
+    reference="the float64 unfused log-softmax gathered at the labels (and its entropy)",
+    tensors=("input", "linear_weight", "labels", "linear_bias"),
+)
+LINEAR_SEQUENCE_LOGPS_SPEC = OpSpec(
+    "linear_sequence_logps",
+    (Arg("ignore_index", IGNORE_INDEX), Arg("average", FLAG), Arg("temperature", TEMPERATURE),
+     Arg("chunk_size", CHUNK_SIZE)),
+    replaces="sequence log-probs from log_softmax(h @ W.T) (TRL's get_batch_logps on the logits)",
+    reference="the float64 unfused masked sum (mean) of the token log-probs",
+    tensors=("input", "linear_weight", "labels", "linear_bias"),
 )
 
 
@@ -208,3 +227,159 @@ def sequence_logps(
         raise ValueError(f"{fn}: labels must have a sequence (last) dimension, got a 0-d tensor")
     logp, valid = _token_logps(fn, logits, labels, ignore_index, temperature)
     return masked_sum_or_mean(logp, valid, average)
+
+
+def _linear_token_logps(
+    fn: str, input: Tensor, linear_weight: Tensor, labels: Tensor, linear_bias: Tensor | None,
+    ignore_index: int, temperature: float | Tensor, chunk_size: int | None, entropy: bool,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``(log p, entropy or None, labels)`` in the engine's compute dtype, ``labels``' shape."""
+    x = check_floating(fn, "input", input)
+    w = check_floating(fn, "linear_weight", linear_weight)
+    if w.dim() != 2:
+        raise ValueError(f"{fn}: linear_weight must be (V, H), got shape {tuple(w.shape)}")
+    if x.dim() == 0 or x.shape[-1] != w.shape[1]:
+        raise ValueError(
+            f"{fn}: input's last dimension must be H = {w.shape[1]} (linear_weight (V, H)), got shape "
+            f"{tuple(x.shape)}"
+        )
+    if w.shape[0] == 0:
+        raise ValueError(f"{fn}: linear_weight must have at least one class, got shape {tuple(w.shape)}")
+    b = None
+    if linear_bias is not None:
+        b = check_floating(fn, "linear_bias", linear_bias)
+        if tuple(b.shape) != (w.shape[0],):
+            raise ValueError(f"{fn}: linear_bias shape {tuple(b.shape)} must be (V,) = ({w.shape[0]},)")
+    lab = check_labels(fn, x.shape, labels, "input")
+    n = lab.numel()
+    rows: tuple[Tensor, ...] = (lab.reshape(n).long(),)
+    scaled_t = isinstance(temperature, Tensor) or temperature != 1.0
+    if scaled_t:
+        # 1/T per row, a constant of the engine's rows (float64: exact for float64 logits)
+        if isinstance(temperature, Tensor):
+            inv_t = 1.0 / temperature.detach().to(device=x.device, dtype=torch.float64).reshape(1)
+        else:
+            inv_t = torch.full((1,), 1.0 / temperature, dtype=torch.float64, device=x.device)
+        rows = (*rows, inv_t.expand(n))
+    head = TokenLogpsHead(ignore_index=ignore_index, entropy=entropy, scaled=scaled_t, fn=fn)
+    out = linear_chunks(head, [(x.reshape(n, x.shape[-1]), w, b)], rows, chunk_size=chunk_size)
+    logp = out[:, 0].view(lab.shape)
+    return logp, (out[:, 1].view(lab.shape) if entropy else None), lab
+
+
+def linear_token_logps(
+    input: Tensor, linear_weight: Tensor, labels: Tensor, *, linear_bias: Tensor | None = None,
+    ignore_index: int = -100, temperature: float = 1.0, chunk_size: int | None = None,
+    return_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    r"""`token_logps` of the logits ``input @ linear_weight.T + linear_bias`` without holding them.
+
+    $$ \ell_i = \log\operatorname{softmax}\!ig((h_i W^	op + b)/Tig)_{t_i}, \qquad
+       H_i = -\sum_j p_{ij}\log p_{ij} $$
+
+    The rows are processed in chunks of ``chunk_size`` rows on the library's one chunk engine:
+    only ``chunk_size × V`` logits exist at once, and the backward recomputes each chunk's
+    logits. The values are those of [`token_logps`][stablelosses.functional.token_logps] on
+    the float32 (float64 for float64 inputs) logits: 0 with gradient 0 at ignored positions,
+    the exact tail of ``log p_t`` as ``p_t → 1``. With ``return_entropy=True`` the same pass
+    gives each token's entropy, finite with ``-inf`` logits (the ``nan_to_num`` of
+    ``-(p * log p)`` gives the right value with a NaN gradient, TRL #7221) and 0 at ignored
+    positions.
+
+    **Gradient.** With respect to the logits
+    $(g_\ell(\delta_{jt} - p_j) - g_H\,p_j(\log p_j + H))/T$, 0 where $p_j = 0$ and on ignored
+    rows, then through the matmul to ``input``, ``linear_weight`` and ``linear_bias`` (first
+    order only: a second derivative raises).
+
+    Args:
+        input: hidden states ``(..., H)``.
+        linear_weight: the output layer ``(V, H)``.
+        labels: ``(...)`` integer class indices.
+        linear_bias: ``(V,)`` or ``None``. Default: ``None``.
+        ignore_index: label value of positions that give 0. Default: ``-100``.
+        temperature: ``T > 0`` (a 0-d tensor is used as a constant). Default: ``1.0``.
+        chunk_size: rows per chunk; ``None``: the engine's default (64 MiB of logits).
+            Default: ``None``.
+        return_entropy: also return each token's entropy. Default: ``False``.
+
+    Returns:
+        ``labels.shape`` in float32 (float64 when an input is float64), or ``(logps, entropy)``.
+
+    Raises:
+        TypeError: a tensor has the wrong dtype, or a scalar argument the wrong type.
+        ValueError: the shapes do not fit, or a scalar argument is out of range.
+        IndexError: a label that is not ``ignore_index`` is out of range.
+
+    Example:
+        >>> import torch
+        >>> import stablelosses.functional as SF
+        >>> h, w = torch.randn(2, 3, 8), torch.randn(50, 8, requires_grad=True)
+        >>> labels = torch.tensor([[1, 2, -100], [4, -100, -100]])
+        >>> logps, ent = SF.linear_token_logps(h, w, labels, return_entropy=True)
+        >>> logps.shape, bool((logps[labels == -100] == 0).all())
+        (torch.Size([2, 3]), True)
+        >>> torch.allclose(logps, SF.token_logps(h @ w.T, labels), atol=1e-5)
+        True
+
+    Replaces ``torch.log_softmax(F.linear(input, W, b) / T, -1).gather(...)``.
+    """
+    fn = "linear_token_logps"
+    ignore_index, temperature, chunk_size, return_entropy = LINEAR_TOKEN_LOGPS_SPEC.check(
+        ignore_index, temperature, chunk_size, return_entropy
+    )
+    logp, ent, _ = _linear_token_logps(fn, input, linear_weight, labels, linear_bias, ignore_index,
+                                       temperature, chunk_size, return_entropy)
+    return (logp, ent) if ent is not None else logp
+
+
+def linear_sequence_logps(
+    input: Tensor, linear_weight: Tensor, labels: Tensor, *, linear_bias: Tensor | None = None,
+    ignore_index: int = -100, average: bool = False, temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> Tensor:
+    r"""`sequence_logps` of the logits ``input @ linear_weight.T + linear_bias`` without holding
+    them: the sum (or mean) over the last dimension of `linear_token_logps`.
+
+    Every preference loss is a cheap function of these per-sequence numbers, so
+    ``dpo_loss(*linear_sequence_logps(...).chunk(2), ...)`` is a fused DPO: no per-loss chunked
+    class. An empty sequence gives 0 with gradient 0 (also for ``average=True``).
+
+    **Gradient.** That of `linear_token_logps`, times $1/\max(1, n_b)$ for the mean.
+
+    Args:
+        input: hidden states ``(..., T, H)``.
+        linear_weight: the output layer ``(V, H)``.
+        labels: ``(..., T)`` integer class indices.
+        linear_bias: ``(V,)`` or ``None``. Default: ``None``.
+        ignore_index: label value of positions that do not count. Default: ``-100``.
+        average: the mean over the counted positions instead of the sum. Default: ``False``.
+        temperature: ``T > 0``. Default: ``1.0``.
+        chunk_size: rows per chunk; ``None``: the engine's default. Default: ``None``.
+
+    Returns:
+        ``labels.shape[:-1]`` in float32 (float64 when an input is float64).
+
+    Raises:
+        TypeError: a tensor has the wrong dtype, or a scalar argument the wrong type.
+        ValueError: the shapes do not fit, ``labels`` is 0-d, or a scalar argument is out of range.
+        IndexError: a label that is not ``ignore_index`` is out of range.
+
+    Example:
+        >>> import torch
+        >>> import stablelosses.functional as SF
+        >>> h, w = torch.randn(2, 3, 8), torch.randn(50, 8)
+        >>> labels = torch.tensor([[1, 2, 3], [-100, -100, -100]])  # an empty sequence
+        >>> SF.linear_sequence_logps(h, w, labels, average=True)[1]
+        tensor(0.)
+
+    Replaces ``(log_softmax(h @ W.T).gather(...) * mask).sum(-1)`` (and ``/ mask.sum(-1)``).
+    """
+    fn = "linear_sequence_logps"
+    ignore_index, average, temperature, chunk_size = LINEAR_SEQUENCE_LOGPS_SPEC.check(
+        ignore_index, average, temperature, chunk_size
+    )
+    if isinstance(labels, Tensor) and labels.dim() == 0:
+        raise ValueError(f"{fn}: labels must have a sequence (last) dimension, got a 0-d tensor")
+    logp, _, lab = _linear_token_logps(fn, input, linear_weight, labels, linear_bias, ignore_index,
+                                       temperature, chunk_size, False)
+    return masked_sum_or_mean(logp, lab != ignore_index, average)
