@@ -42,8 +42,15 @@ def log1mexp(x: Tensor) -> Tensor:
     )
 
 
-def _odds_grads(c: Tensor, r: Tensor, big_l: Tensor) -> tuple[Tensor, Tensor]:
-    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` in the forms of the module docstring."""
+def _log_odds_ratio(c: Tensor, r: Tensor) -> Tensor:
+    """``L = logodds(c) − logodds(r) = (c − r) − (log1mexp(c) − log1mexp(r))``."""
+    return (c - r) - (log1mexp(c) - log1mexp(r))
+
+
+def _odds_grads(c: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` in the forms of the module docstring, from
+    ``c`` and ``r`` in differentiable ops (double backward differentiates them)."""
+    big_l = _log_odds_ratio(c, r)
     pos = big_l > 0
     lo_r = r - log1mexp(r)
     # exponent of −∂ℓ/∂c: log σ(L) + logodds(r) − c where L > 0, log σ(−L) − log1mexp(c) else
@@ -55,48 +62,40 @@ def _odds_grads(c: Tensor, r: Tensor, big_l: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class _OddsRatio(torch.autograd.Function):
-    """``(ℓ, L)``: ORPO's ``ℓ = −log σ(L)``, ``L = (c − r) − (log1mexp(c) − log1mexp(r))``, per
-    element of the length-averaged log-probabilities ``c`` (chosen) and ``r`` (rejected);
-    ``L`` is returned (and dropped by the wrapper) so that the backward reads it.
+    """ORPO's ``ℓ = −log σ(L)``, ``L = (c − r) − (log1mexp(c) − log1mexp(r))``, per element of the
+    length-averaged log-probabilities ``c`` (chosen) and ``r`` (rejected).
 
-    Backward and jvp: the gradients of the module docstring, in differentiable ops (double
-    backward differentiates them), finite at ``c = 0``.
+    Backward and jvp: the gradients of the module docstring, recomputed from the saved inputs
+    in differentiable ops (N-sized; double backward differentiates them), finite at ``c = 0``.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(c: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
-        big_l = (c - r) - (log1mexp(c) - log1mexp(r))
-        return torch.rsub(F.logsigmoid(big_l), 0.0), big_l  # 0 − log σ: +0.0 at L = +inf
+    def forward(c: Tensor, r: Tensor) -> Tensor:
+        return torch.rsub(F.logsigmoid(_log_odds_ratio(c, r)), 0.0)  # 0 − log σ: +0.0 at L = +inf
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        c, r = inputs
-        _, big_l = output
-        ctx.mark_non_differentiable(big_l)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(c, r, big_l)
-        ctx.save_for_forward(c, r, big_l)
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
-    def backward(ctx, grad: Tensor | None, _grad_l: Tensor | None):
-        c, r, big_l = ctx.saved_tensors
-        if grad is None:
-            return None, None
-        gc, gr = _odds_grads(c, r, big_l)
+    def backward(ctx, grad: Tensor):
+        c, r = ctx.saved_tensors
+        gc, gr = _odds_grads(c, r)
         return grad * gc, grad * gr
 
     @staticmethod
     def jvp(ctx, c_t: Tensor | None, r_t: Tensor | None):
-        c, r, big_l = ctx.saved_tensors
-        gc, gr = _odds_grads(c, r, big_l)
-        out = torch.zeros_like(big_l)
+        c, r = ctx.saved_tensors
+        gc, gr = _odds_grads(c, r)
+        out = torch.zeros_like(gc)
         if c_t is not None:
             out = out + gc * c_t
         if r_t is not None:
             out = out + gr * r_t
-        return out, None
+        return out
 
 
 _odds_ratio = applier(_OddsRatio)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from stablelosses._autograd.preference import _odds_ratio
 from stablelosses._spec import REDUCTION, Arg, OneOf, OpSpec, Real
-from stablelosses._utils import cast, check_floating, promote_types
+from stablelosses._utils import broadcasts_to, cast, check_floating, promote_types
 
 DPO_LOSS_TYPES = ("sigmoid", "robust", "hinge", "ipo", "apo_zero", "apo_down")
 
@@ -288,7 +288,7 @@ def orpo_loss(
     fn = "orpo_loss"
     beta, reduction = ORPO_SPEC.check(beta, reduction)
     (c, r), _ = operands(fn, chosen_logps=chosen_logps, rejected_logps=rejected_logps)
-    return reduced(beta * _odds_ratio(c, r)[0], reduction)
+    return reduced(beta * _odds_ratio(c, r), reduction)
 
 
 def simpo_loss(
@@ -463,7 +463,7 @@ def kto_loss(
         )
     if isinstance(kl, Tensor):
         z0 = cast(check_floating(fn, "kl", kl), dtype)
-        if not torch.broadcast_shapes(z0.shape, p.shape) == p.shape:
+        if not broadcasts_to(z0.shape, p.shape):
             raise ValueError(f"{fn}: kl shape {tuple(z0.shape)} does not broadcast to {tuple(p.shape)}")
     else:
         z0 = REAL.check(fn, "kl", kl)
