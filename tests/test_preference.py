@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import stablelosses as sl
 import stablelosses.functional as SF
+from conftest import assert_compiled_matches_eager
 
 mpmath.mp.dps = 60
 D = torch.float64
@@ -386,7 +387,5 @@ def test_compiles_fullgraph(name):
         "cpo": lambda a: SF.cpo_loss(a, r, label_smoothing=0.1),
         "kto": lambda a: SF.kto_loss(a, rc, d, kl=0.2),
     }
-    from tests.conftest import assert_compiled_matches_eager
-
     torch._dynamo.reset()
     assert_compiled_matches_eager(fns[name], c)

@@ -298,7 +298,8 @@ def policy_loss(
     use_r = mask & ~clipped & (adv != 0)
     # double where: exp sees 0 wherever its value is not used
     r = torch.exp(torch.where(use_r, log_r, 0.0))
-    bound = torch.where(pos, 1.0 + eps_high, 1.0 - clip_eps)
+    # (a tensor operand: torch.where of two Python floats would be float32)
+    bound = torch.where(pos, torch.full_like(adv, 1.0 + eps_high), 1.0 - clip_eps)
     per_token = -adv * torch.where(use_r, r, bound)
     if beta > 0:
         ref = ops[3]
