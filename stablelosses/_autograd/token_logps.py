@@ -43,25 +43,28 @@ class _Row(NamedTuple):
 
 @dataclass(frozen=True)
 class TokenLogpsHead(Head):
-    """``rows``: ``(labels,)``, or ``(labels, 1/T)`` per row when ``scaled``. Outputs:
-    ``log p_t``, and the entropy as a second column when ``entropy`` (``n_out = 2``)."""
+    """``rows``: ``(labels, valid)``, and ``1/T`` per row when ``scaled``. Outputs: ``log p_t``,
+    and the entropy as a second column when ``entropy`` (``n_out = 2``).
 
-    ignore_index: int = -100
+    The configuration lives in four subclasses' defaults, built once (`token_logps_head`), never
+    in constructor arguments: torch.compile (2.13) rebuilds a frozen-dataclass head from its
+    field defaults when it turns it into the engine's registry key, so a field given to the
+    constructor would be lost there. ``ignore_index`` is therefore applied by the caller, who
+    passes the ``valid`` rows.
+    """
+
     entropy: bool = False
     scaled: bool = False
     n_out: int = 1
     fn: str = "linear_token_logps"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "n_out", 2 if self.entropy else 1)
-
     def _rows(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> _Row:
         (u,) = logits
-        t = rows[0]
+        t, valid = rows[0], rows[1]
         if self.scaled:
-            u = u.mul_(rows[1].to(u.dtype).unsqueeze(1))  # the engine's own buffer
+            u = u.mul_(rows[2].to(u.dtype).unsqueeze(1))  # the engine's own buffer
         lsm, m = exact_log_softmax(u, 1)
-        valid = (t != self.ignore_index) & (m.squeeze(1) != -_INF)
+        valid = valid & (m.squeeze(1) != -_INF)
         idx = torch.where(valid, t, 0).unsqueeze(1)
         p = torch.exp(lsm)
         h = None
@@ -92,7 +95,7 @@ class TokenLogpsHead(Head):
             probs = torch.exp(row.lsm)
             g = g.sub_(probs.mul_(lsm0.add_(h)).mul_(g1))
         if self.scaled:
-            g = g.mul_(rows[1].to(g.dtype).unsqueeze(1))
+            g = g.mul_(rows[2].to(g.dtype).unsqueeze(1))
         # invalid rows: 0 whatever they hold (NaN included)
         return g.masked_fill_(~row.valid.unsqueeze(1), 0.0)
 
@@ -108,3 +111,32 @@ class TokenLogpsHead(Head):
         row = self._rows(logits, rows)
         out = self._outputs(row)
         return out, (self._grad(row, rows, grad_out),)
+
+
+@dataclass(frozen=True)
+class _EntropyHead(TokenLogpsHead):
+    entropy: bool = True
+    n_out: int = 2
+
+
+@dataclass(frozen=True)
+class _ScaledHead(TokenLogpsHead):
+    scaled: bool = True
+
+
+@dataclass(frozen=True)
+class _ScaledEntropyHead(TokenLogpsHead):
+    entropy: bool = True
+    scaled: bool = True
+    n_out: int = 2
+
+
+_HEADS = {
+    (False, False): TokenLogpsHead(), (True, False): _EntropyHead(),
+    (False, True): _ScaledHead(), (True, True): _ScaledEntropyHead(),
+}
+
+
+def token_logps_head(entropy: bool, scaled: bool) -> TokenLogpsHead:
+    """The head with the entropy column and with the ``1/T`` row, or without."""
+    return _HEADS[(entropy, scaled)]

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from stablelosses._autograd.cross_entropy import _class_index_ce
 from stablelosses._autograd.linear import linear_chunks
-from stablelosses._autograd.token_logps import TokenLogpsHead
+from stablelosses._autograd.token_logps import token_logps_head
 from stablelosses._spec import CHUNK_SIZE, FLAG, IGNORE_INDEX, TEMPERATURE, Arg, OpSpec
 from stablelosses._utils import check_floating, check_tensor, upcast
 
@@ -252,7 +252,8 @@ def _linear_token_logps(
             raise ValueError(f"{fn}: linear_bias shape {tuple(b.shape)} must be (V,) = ({w.shape[0]},)")
     lab = check_labels(fn, x.shape, labels, "input")
     n = lab.numel()
-    rows: tuple[Tensor, ...] = (lab.reshape(n).long(),)
+    flat = lab.reshape(n).long()
+    rows: tuple[Tensor, ...] = (flat, flat != ignore_index)
     scaled_t = isinstance(temperature, Tensor) or temperature != 1.0
     if scaled_t:
         # 1/T per row, a constant of the engine's rows (float64: exact for float64 logits)
@@ -261,7 +262,7 @@ def _linear_token_logps(
         else:
             inv_t = torch.full((1,), 1.0 / temperature, dtype=torch.float64, device=x.device)
         rows = (*rows, inv_t.expand(n))
-    head = TokenLogpsHead(ignore_index=ignore_index, entropy=entropy, scaled=scaled_t, fn=fn)
+    head = token_logps_head(entropy, scaled_t)
     out = linear_chunks(head, [(x.reshape(n, x.shape[-1]), w, b)], rows, chunk_size=chunk_size)
     logp = out[:, 0].view(lab.shape)
     return logp, (out[:, 1].view(lab.shape) if entropy else None), lab
