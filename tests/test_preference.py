@@ -10,12 +10,12 @@ import mpmath
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_compiled_matches_eager
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stablelosses as sl
 import stablelosses.functional as SF
-from conftest import assert_compiled_matches_eager
 
 mpmath.mp.dps = 60
 D = torch.float64
