@@ -281,8 +281,9 @@ def linear_token_logps(
     The rows are processed in chunks of ``chunk_size`` rows on the library's one chunk engine:
     only ``chunk_size × V`` logits exist at once, and the backward recomputes each chunk's
     logits. The values are those of [`token_logps`][stablelosses.functional.token_logps] on
-    the float32 (float64 for float64 inputs) logits: 0 with gradient 0 at ignored positions,
-    the exact tail of ``log p_t`` as ``p_t → 1``. With ``return_entropy=True`` the same pass
+    the float32 (float64 for float64 inputs) logits, 0 with gradient 0 at ignored positions,
+    except that ``log p_t`` rounds as ``log_softmax`` does as ``p_t → 1`` (the exact tail
+    would cost each chunk five more passes). With ``return_entropy=True`` the same pass
     gives each token's entropy, finite with ``-inf`` logits (the ``nan_to_num`` of
     ``-(p * log p)`` gives the right value with a NaN gradient, TRL #7221) and 0 at ignored
     positions.
