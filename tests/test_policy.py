@@ -307,3 +307,11 @@ def test_compiles_fullgraph(importance):
         lambda lp: SF.policy_loss(lp, old, adv, mask, importance=importance, ref_logps=ref, beta=0.1)
         + SF.kl_penalty(lp, ref).sum(), logps.detach())
     assert torch.isfinite(g).all()
+
+
+def test_forward_mode_matches_reverse_mode():
+    x = torch.randn(4, dtype=D)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    for f in (lambda a: SF.kl_penalty(a, a * 0.3).sum(),
+              lambda a: SF.policy_loss(a.view(2, 2), a.view(2, 2) * 0.9, a[:2], mask, importance="sequence")):
+        torch.testing.assert_close(torch.func.jacfwd(f)(x), torch.func.jacrev(f)(x))

@@ -304,3 +304,11 @@ def test_compiles_fullgraph(name):
     f, arg = fns[name]
     torch._dynamo.reset()
     assert_compiled_matches_eager(f, arg.detach())
+
+
+def test_forward_mode_and_hessian():
+    x, labels = _data(shape=(2, 3, 5))
+    f = lambda z: SF.sequence_logps(z, labels, average=True).sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.jacfwd(f)(x.detach()), torch.func.jacrev(f)(x.detach()))
+    torch.testing.assert_close(torch.func.hessian(f)(x.detach()),
+                               torch.func.jacrev(torch.func.jacrev(f))(x.detach()))
