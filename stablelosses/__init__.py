@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# isort: split
+# post-training (0.4): preference and policy losses, token log-probs
+from stablelosses.functional import kl_penalty, sequence_logps, token_logps
+from stablelosses.losses import CPOLoss, DPOLoss, KTOLoss, ORPOLoss, PolicyLoss, SimPOLoss
+
 __version__ = "0.2.0"
 
 __all__ = [
@@ -44,6 +49,16 @@ __all__ = [
     "get_backend",
     "set_backend",
     "__version__",
+    # post-training (0.4)
+    "DPOLoss",
+    "ORPOLoss",
+    "SimPOLoss",
+    "CPOLoss",
+    "KTOLoss",
+    "PolicyLoss",
+    "token_logps",
+    "sequence_logps",
+    "kl_penalty",
 ]
 
 if TYPE_CHECKING:  # type checkers and editors see the names where they live

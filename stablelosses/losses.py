@@ -496,3 +496,224 @@ class LinearFocalLoss(_LinearLoss):
         )
         check_finite_nonnegative("LinearFocalLoss", "gamma", self.gamma)
         check_linear_options("LinearFocalLoss", self.ignore_index, self.z_loss, self.softcap, self.chunk_size)
+
+
+# --- post-training (0.4): preference and policy losses -----------------------------------------
+# Thin modules over stablelosses.functional: the configuration is checked at construction with
+# the function's own spec (the same messages, naming the class), stored as plain attributes
+# (``repr`` shows them) and passed to the function in ``forward``.
+
+from stablelosses.functional._policy import POLICY_LOSS_SPEC  # noqa: E402
+from stablelosses.functional._preference import (  # noqa: E402
+    CPO_SPEC,
+    KTO_SPEC,
+    ORPO_SPEC,
+    SIMPO_SPEC,
+    check_dpo_options,
+)
+
+
+class _ConfiguredLoss(nn.Module):
+    """A module whose ``forward`` is one call of ``_function`` with the stored ``_config``."""
+
+    _config: tuple[str, ...] = ()
+    _function: Callable[..., Tensor]
+
+    def _store(self, values: list[Any]) -> None:
+        for name, value in zip(self._config, values):
+            setattr(self, name, value)
+
+    def _options(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._config}
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._config)
+
+
+class DPOLoss(_ConfiguredLoss):
+    r"""Direct Preference Optimization (and robust, hinge, IPO, APO) on per-sequence log-probs.
+
+    Called as ``loss_fn(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)``.
+    See [`dpo_loss`][stablelosses.functional.dpo_loss] for the formulas.
+
+    Args:
+        beta: ``>= 0`` (``> 0`` for ``'ipo'``). Default: ``0.1``.
+        loss_type: ``'sigmoid'``, ``'robust'``, ``'hinge'``, ``'ipo'``, ``'apo_zero'`` or
+            ``'apo_down'``. Default: ``'sigmoid'``.
+        label_smoothing: in ``[0, 1]`` (``< 0.5`` for ``'robust'``). Default: ``0.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> loss_fn = sl.DPOLoss(beta=0.5)
+        >>> loss_fn
+        DPOLoss(beta=0.5, loss_type='sigmoid', label_smoothing=0.0, reduction='mean')
+        >>> c = torch.tensor([-1e4], requires_grad=True)
+        >>> loss_fn(c, torch.zeros(1), torch.zeros(1), torch.zeros(1)).backward(); c.grad
+        tensor([-0.5000])
+    """
+
+    _config = ("beta", "loss_type", "label_smoothing", "reduction")
+    _function = staticmethod(SF.dpo_loss)
+
+    def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        self._store(check_dpo_options("DPOLoss", beta, loss_type, label_smoothing, reduction))
+
+    def forward(self, chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Tensor,
+                ref_rejected_logps: Tensor) -> Tensor:
+        return self._function(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
+                              **self._options())
+
+
+class _PairLoss(_ConfiguredLoss):
+    """``loss_fn(chosen_logps, rejected_logps)``."""
+
+    def forward(self, chosen_logps: Tensor, rejected_logps: Tensor) -> Tensor:
+        return self._function(chosen_logps, rejected_logps, **self._options())
+
+
+class ORPOLoss(_PairLoss):
+    r"""ORPO's odds-ratio term on length-averaged log-probs, with an exact ``log1mexp``.
+
+    Called as ``loss_fn(chosen_logps, rejected_logps)``; see
+    [`orpo_loss`][stablelosses.functional.orpo_loss].
+
+    Args:
+        beta: ``>= 0``. Default: ``0.1``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> sl.ORPOLoss(beta=0.2)
+        ORPOLoss(beta=0.2, reduction='mean')
+    """
+
+    _config = ("beta", "reduction")
+    _function = staticmethod(SF.orpo_loss)
+
+    def __init__(self, beta: float = 0.1, reduction: str = "mean") -> None:
+        super().__init__()
+        self._store(ORPO_SPEC.check_as("ORPOLoss", beta, reduction))
+
+
+class SimPOLoss(_PairLoss):
+    r"""SimPO on length-averaged log-probs.
+
+    Called as ``loss_fn(chosen_logps, rejected_logps)``; see
+    [`simpo_loss`][stablelosses.functional.simpo_loss].
+
+    Args:
+        beta: ``>= 0``. Default: ``2.0``.
+        gamma_beta_ratio: the target margin over ``beta``. Default: ``0.5``.
+        label_smoothing: in ``[0, 1]``. Default: ``0.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import stablelosses as sl
+        >>> sl.SimPOLoss()
+        SimPOLoss(beta=2.0, gamma_beta_ratio=0.5, label_smoothing=0.0, reduction='mean')
+    """
+
+    _config = ("beta", "gamma_beta_ratio", "label_smoothing", "reduction")
+    _function = staticmethod(SF.simpo_loss)
+
+    def __init__(self, beta: float = 2.0, gamma_beta_ratio: float = 0.5, label_smoothing: float = 0.0,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        self._store(SIMPO_SPEC.check_as("SimPOLoss", beta, gamma_beta_ratio, label_smoothing, reduction))
+
+
+class CPOLoss(_PairLoss):
+    r"""CPO's preference term.
+
+    Called as ``loss_fn(chosen_logps, rejected_logps)``; see
+    [`cpo_loss`][stablelosses.functional.cpo_loss].
+
+    Args:
+        beta: ``>= 0``. Default: ``0.1``.
+        label_smoothing: in ``[0, 1]``. Default: ``0.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import stablelosses as sl
+        >>> sl.CPOLoss(beta=0.5)
+        CPOLoss(beta=0.5, label_smoothing=0.0, reduction='mean')
+    """
+
+    _config = ("beta", "label_smoothing", "reduction")
+    _function = staticmethod(SF.cpo_loss)
+
+    def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
+        super().__init__()
+        self._store(CPO_SPEC.check_as("CPOLoss", beta, label_smoothing, reduction))
+
+
+class KTOLoss(_ConfiguredLoss):
+    r"""KTO on per-sequence log-probs of unpaired examples.
+
+    Called as ``loss_fn(policy_logps, ref_logps, desirable, kl=0.0)`` (``kl``: the detached
+    reference point of this batch); see [`kto_loss`][stablelosses.functional.kto_loss].
+
+    Args:
+        beta: ``>= 0``. Default: ``0.1``.
+        desirable_weight: ``>= 0``. Default: ``1.0``.
+        undesirable_weight: ``>= 0``. Default: ``1.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import stablelosses as sl
+        >>> sl.KTOLoss(undesirable_weight=1.33)
+        KTOLoss(beta=0.1, desirable_weight=1.0, undesirable_weight=1.33, reduction='mean')
+    """
+
+    _config = ("beta", "desirable_weight", "undesirable_weight", "reduction")
+    _function = staticmethod(SF.kto_loss)
+
+    def __init__(self, beta: float = 0.1, desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        self._store(KTO_SPEC.check_as("KTOLoss", beta, desirable_weight, undesirable_weight, reduction))
+
+    def forward(self, policy_logps: Tensor, ref_logps: Tensor, desirable: Tensor,
+                kl: float | Tensor = 0.0) -> Tensor:
+        return self._function(policy_logps, ref_logps, desirable, kl=kl, **self._options())
+
+
+class PolicyLoss(_ConfiguredLoss):
+    r"""PPO's clipped surrogate (GRPO / GSPO importance, TRL's aggregations, optional ref KL).
+
+    Called as ``loss_fn(logps, old_logps, advantages, mask, ref_logps=None, normalizer=None)``
+    (``normalizer`` per call: the token count of this step); see
+    [`policy_loss`][stablelosses.functional.policy_loss].
+
+    Args:
+        clip_eps: in ``[0, 1)``. Default: ``0.2``.
+        clip_eps_high: ``None`` (= ``clip_eps``) or ``>= 0``. Default: ``None``.
+        importance: ``'token'`` | ``'sequence'``. Default: ``'token'``.
+        loss_type: ``'grpo'`` | ``'bnpo'`` | ``'dr_grpo'`` | ``'dapo'``. Default: ``'grpo'``.
+        beta: the KL coefficient, ``>= 0``. Default: ``0.0``.
+        kl_estimator: ``'k1'`` | ``'k2'`` | ``'k3'``. Default: ``'k3'``.
+
+    Example:
+        >>> import stablelosses as sl
+        >>> sl.PolicyLoss(clip_eps_high=0.28, loss_type="dapo")
+        PolicyLoss(clip_eps=0.2, clip_eps_high=0.28, importance='token', loss_type='dapo', beta=0.0,
+        kl_estimator='k3')
+    """
+
+    _config = ("clip_eps", "clip_eps_high", "importance", "loss_type", "beta", "kl_estimator")
+    _function = staticmethod(SF.policy_loss)
+
+    def __init__(self, clip_eps: float = 0.2, clip_eps_high: float | None = None, importance: str = "token",
+                 loss_type: str = "grpo", beta: float = 0.0, kl_estimator: str = "k3") -> None:
+        super().__init__()
+        values = POLICY_LOSS_SPEC.check_as("PolicyLoss", clip_eps, clip_eps_high, importance, loss_type, beta,
+                                           kl_estimator, None)
+        self._store(values[:-1])
+
+    def forward(self, logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
+                ref_logps: Tensor | None = None, normalizer: float | Tensor | None = None) -> Tensor:
+        return self._function(logps, old_logps, advantages, mask, ref_logps=ref_logps, normalizer=normalizer,
+                              **self._options())

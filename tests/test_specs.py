@@ -30,6 +30,10 @@ class Reduction(getattr(enum, "StrEnum", str), enum.Enum):  # a typed config's r
     AVG = "avg"
 
 
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
 # op -> a valid call with the keyword arguments under test
 CALLS = {
     "cross_entropy": lambda **kw: SF.cross_entropy(X, T, **kw),
@@ -53,6 +57,19 @@ CALLS = {
     "safe_sqrt": lambda **kw: SF.safe_sqrt(X.abs(), **kw),
     "xlogy": lambda **kw: SF.xlogy(X, Y.abs(), **kw),
     "logaddexp": lambda **kw: SF.logaddexp(X, Y, **kw),
+    # post-training (0.4)
+    "token_logps": lambda **kw: SF.token_logps(X, T.clamp(max=2), **kw),
+    "sequence_logps": lambda **kw: SF.sequence_logps(X[None], T[None].clamp(max=2), **kw),
+    # (the log-probs of return_entropy's pair)
+    "linear_token_logps": lambda **kw: _first(SF.linear_token_logps(H, W, T.clamp(max=2), **kw)),
+    "linear_sequence_logps": lambda **kw: SF.linear_sequence_logps(H[None], W, T[None].clamp(max=2), **kw),
+    "dpo_loss": lambda **kw: SF.dpo_loss(-X[:, 0].abs(), -X[:, 1].abs(), -Y[:, 0].abs(), -Y[:, 1].abs(), **kw),
+    "orpo_loss": lambda **kw: SF.orpo_loss(-X[:, 0].abs(), -X[:, 1].abs(), **kw),
+    "simpo_loss": lambda **kw: SF.simpo_loss(X[:, 0], X[:, 1], **kw),
+    "cpo_loss": lambda **kw: SF.cpo_loss(X[:, 0], X[:, 1], **kw),
+    "kto_loss": lambda **kw: SF.kto_loss(X[:, 0], X[:, 1], MASK[:, 0] & (T > 0), **kw),
+    "policy_loss": lambda **kw: SF.policy_loss(X, Y, X[:, 0], MASK, ref_logps=Y, **kw),
+    "kl_penalty": lambda **kw: SF.kl_penalty(X, Y, **kw),
 }
 
 # ------------------------------------------------------------ the samples, one per kind

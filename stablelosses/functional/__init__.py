@@ -21,6 +21,17 @@ from stablelosses.functional._sqrt import safe_sqrt
 from stablelosses.functional._vector import cosine_similarity, normalize
 from stablelosses.functional._xlogy import xlogy
 
+# isort: split
+# post-training (0.4): token log-probs, preference and policy losses
+from stablelosses.functional._policy import kl_penalty, policy_loss
+from stablelosses.functional._preference import cpo_loss, dpo_loss, kto_loss, orpo_loss, simpo_loss
+from stablelosses.functional._token_logps import (
+    linear_sequence_logps,
+    linear_token_logps,
+    sequence_logps,
+    token_logps,
+)
+
 __all__ = [
     "safe_sqrt",
     "safe_div",
@@ -43,6 +54,18 @@ __all__ = [
     "dice_loss",
     "linear_cross_entropy",
     "linear_focal_loss",
+    # post-training (0.4)
+    "token_logps",
+    "sequence_logps",
+    "dpo_loss",
+    "orpo_loss",
+    "simpo_loss",
+    "cpo_loss",
+    "kto_loss",
+    "policy_loss",
+    "kl_penalty",
+    "linear_token_logps",
+    "linear_sequence_logps",
 ]
 
 # Each public function is the wrapper that carries the NaN detector's hook (stablelosses/_public.py):

@@ -1,0 +1,314 @@
+"""token_logps, sequence_logps and their linear forms (the token log-prob head on the chunk
+engine): the float64 log-softmax gathered at the labels, ignored positions 0 with gradient 0
+whatever their row holds, ``-inf`` logits, the exact tail against mpmath, entropy, gradcheck,
+transforms, compile, the argument checks."""
+
+from __future__ import annotations
+
+import mpmath
+import pytest
+import torch
+from conftest import assert_compiled_matches_eager
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stablelosses.functional as SF
+
+mpmath.mp.dps = 50
+D = torch.float64
+INF = float("inf")
+
+
+def ref_token_logps(x, labels, ignore_index=-100, temperature=1.0):
+    """The float64 log-softmax of the logits over T at the labels; 0 where ignored."""
+    lsm = torch.log_softmax(x.double() / temperature, -1)
+    valid = labels != ignore_index
+    lt = lsm.gather(-1, torch.where(valid, labels, 0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid, lt, 0.0)
+
+
+def ref_entropy(x, labels, ignore_index=-100):
+    lsm = torch.log_softmax(x.double(), -1)
+    p = lsm.exp()
+    h = -torch.where(p > 0, p * lsm, 0.0).sum(-1)
+    return torch.where(labels != ignore_index, h, 0.0)
+
+
+def _data(shape=(2, 4, 7), dtype=D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (3 * torch.randn(*shape, generator=g, dtype=D)).to(dtype).requires_grad_()
+    labels = torch.randint(0, shape[-1], shape[:-1], generator=g)
+    labels[0, 1] = -100
+    labels[-1, -1] = -100
+    return x, labels
+
+
+# --- token_logps --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [(torch.float64, 1e-12, 1e-13), (torch.float32, 1e-5, 1e-6)])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0])
+def test_token_logps_matches_float64_reference(dtype, rtol, atol, temperature):
+    x, labels = _data(dtype=dtype)
+    out = SF.token_logps(x, labels, temperature=temperature)
+    assert out.shape == labels.shape and out.dtype == dtype
+    x64 = x.detach().double().requires_grad_()
+    want = ref_token_logps(x64, labels, temperature=temperature)
+    torch.testing.assert_close(out.double(), want, rtol=rtol, atol=atol)
+    gout = torch.randn(labels.shape, dtype=D)
+    (g,) = torch.autograd.grad((out * gout.to(dtype)).sum(), x)
+    (g_ref,) = torch.autograd.grad((want * gout).sum(), x64)
+    torch.testing.assert_close(g.double(), g_ref, rtol=rtol, atol=atol)
+
+
+def test_ignored_position_is_zero_with_zero_gradient_whatever_its_row_holds():
+    x = torch.tensor([[0.0, 1.0, 2.0], [-INF, -INF, -INF], [1e30, -1e30, 0.0], [INF, 0.0, -INF]],
+                     requires_grad=True)
+    labels = torch.tensor([2, -100, -100, -100])
+    out = SF.token_logps(x, labels)
+    assert torch.equal(out[1:], torch.zeros(3))
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert torch.all(g[1:] == 0)
+    assert torch.isfinite(g).all()
+    # the hand-written masked gather is NaN there
+    naive = torch.log_softmax(x, -1).gather(-1, labels.clamp(min=0)[:, None]).squeeze(-1)
+    (gn,) = torch.autograd.grad((naive * (labels != -100)).sum(), x)
+    assert torch.isnan(gn).any()
+
+
+def test_neg_inf_logits_and_a_label_at_neg_inf():
+    x = torch.tensor([[0.0, -INF, 1.0], [0.0, -INF, 1.0]], dtype=D, requires_grad=True)
+    labels = torch.tensor([0, 1])
+    out = SF.token_logps(x, labels)
+    want = ref_token_logps(x.detach(), labels)
+    assert out[0].item() == pytest.approx(want[0].item(), rel=1e-14)
+    assert out[1].item() == -INF  # the true value
+    (g,) = torch.autograd.grad(out[1], x)
+    p = torch.softmax(x.detach()[1], -1)
+    torch.testing.assert_close(g[1], torch.tensor([0.0, 1.0, 0.0], dtype=D) - p)  # onehot − p, finite
+    assert torch.all(g[0] == 0)
+
+
+def test_fully_masked_row_counts_as_ignored():
+    x = torch.full((1, 4), -INF, requires_grad=True)
+    out = SF.token_logps(x, torch.tensor([2]))
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert out.item() == 0.0 and torch.all(g == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("gap", [10.0, 20.0, 30.0, 60.0])
+def test_exact_tail_as_p_t_goes_to_one(gap, dtype):
+    x = torch.tensor([[gap, 0.0, -1.0, 0.5]], dtype=dtype)
+    out = SF.token_logps(x, torch.tensor([0]))
+    row = [mpmath.mpf(v) for v in (gap, 0.0, -1.0, 0.5)]
+    want = float(row[0] - mpmath.log(sum(mpmath.exp(v) for v in row)))
+    assert out.item() == pytest.approx(want, rel=4 * torch.finfo(dtype).eps)
+    assert out.item() < 0  # x_t − lse rounds to 0 here; the tail does not
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), v=st.integers(1, 6), n=st.integers(0, 5))
+def test_masks_and_ignored_rows_never_give_nan(data, v, n):
+    vals = st.sampled_from([-INF, 0.0, 1.0, -3.0, 1e30, -1e30, 80.0]) | st.floats(-50, 50)
+    x = torch.tensor(data.draw(st.lists(st.lists(vals, min_size=v, max_size=v), min_size=n, max_size=n)),
+                     dtype=torch.float32).reshape(n, v).requires_grad_()
+    labels = torch.tensor(data.draw(st.lists(st.sampled_from([-100, *range(v)]), min_size=n, max_size=n)),
+                          dtype=torch.long).reshape(n)
+    out = SF.token_logps(x, labels)
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert not torch.isnan(out).any()
+    assert torch.isfinite(g).all()
+    assert torch.all(g[labels == -100] == 0)
+    assert torch.all(out[labels == -100] == 0)
+    # against the float64 reference wherever the row is finite and not fully masked
+    finite_rows = torch.isfinite(x.detach()).all(-1) & (labels != -100)
+    if finite_rows.any():
+        want = ref_token_logps(x.detach()[finite_rows], labels[finite_rows])
+        torch.testing.assert_close(out.detach()[finite_rows].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gradcheck_and_gradgradcheck_float64():
+    x, labels = _data(shape=(2, 3, 5))
+    assert torch.autograd.gradcheck(lambda z: SF.token_logps(z, labels, temperature=0.7), (x,))
+    assert torch.autograd.gradgradcheck(lambda z: SF.sequence_logps(z, labels, average=True), (x,))
+
+
+def test_vmap_and_func_grad():
+    x, labels = _data(shape=(3, 4, 5))
+    f = lambda z: SF.sequence_logps(z, labels[0], average=True).sum()  # noqa: E731
+    out = torch.vmap(f)(x.detach())
+    torch.testing.assert_close(out, torch.stack([f(x.detach()[i]) for i in range(3)]))
+    g = torch.func.grad(f)(x.detach()[0])
+    (g_ref,) = torch.autograd.grad(f(x[0]), x)
+    torch.testing.assert_close(g, g_ref[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_logits_are_computed_in_float32(dtype):
+    x, labels = _data(dtype=dtype)
+    out = SF.token_logps(x, labels)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref_token_logps(x.detach().float(), labels).float(), rtol=1e-5, atol=1e-5)
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert g.dtype == dtype
+
+
+# --- sequence_logps -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_sequence_logps_sum_and_mean(average):
+    x, labels = _data()
+    labels[1] = -100  # an empty sequence
+    out = SF.sequence_logps(x, labels, average=average)
+    tok = ref_token_logps(x.detach(), labels)
+    n = (labels != -100).sum(-1).clamp(min=1)
+    want = tok.sum(-1) / n if average else tok.sum(-1)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-13)
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert out[1].item() == 0.0 and torch.all(g[1] == 0)
+
+
+# --- the linear forms ---------------------------------------------------------------------------
+
+
+def _linear(n_rows=(2, 5), h=6, v=11, dtype=D, bias=True, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*n_rows, h, generator=g, dtype=D).to(dtype).requires_grad_()
+    w = torch.randn(v, h, generator=g, dtype=D).to(dtype).requires_grad_()
+    b = torch.randn(v, generator=g, dtype=D).to(dtype).requires_grad_() if bias else None
+    labels = torch.randint(0, v, n_rows, generator=g)
+    labels[0, 1] = -100
+    return x, w, b, labels
+
+
+def _unfused(x, w, b):
+    u = x.double() @ w.double().T
+    return u if b is None else u + b.double()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 3])
+@pytest.mark.parametrize("temperature", [1.0, 0.6, torch.tensor(1.7)])
+def test_linear_token_logps_and_entropy_match_the_unfused_reference(chunk_size, temperature):
+    x, w, b, labels = _linear()
+    lp, ent = SF.linear_token_logps(x, w, labels, linear_bias=b, temperature=temperature, chunk_size=chunk_size,
+                                    return_entropy=True)
+    copies = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    u = _unfused(*copies) / temperature
+    want_lp, want_h = ref_token_logps(u, labels), ref_entropy(u, labels)
+    torch.testing.assert_close(lp, want_lp, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(ent, want_h, rtol=1e-12, atol=1e-13)
+    g1, g2 = torch.randn(labels.shape, dtype=D), torch.randn(labels.shape, dtype=D)
+    grads = torch.autograd.grad((lp * g1).sum() + (ent * g2).sum(), (x, w, b))
+    want = torch.autograd.grad((want_lp * g1).sum() + (want_h * g2).sum(), copies)
+    for a, c in zip(grads, want):
+        torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-12)
+
+
+def test_linear_forms_equal_the_logits_forms():
+    x, w, b, labels = _linear(dtype=torch.float32)
+    u = x @ w.T + b
+    torch.testing.assert_close(SF.linear_token_logps(x, w, labels, linear_bias=b), SF.token_logps(u, labels))
+    for average in (False, True):
+        torch.testing.assert_close(SF.linear_sequence_logps(x, w, labels, linear_bias=b, average=average),
+                                   SF.sequence_logps(u, labels, average=average))
+
+
+def test_linear_entropy_is_finite_with_neg_inf_logits():
+    # a -inf bias masks vocabulary entries: the nan_to_num spelling has a NaN gradient (TRL #7221)
+    x, w, b, labels = _linear(dtype=torch.float32)
+    b = b.detach().clone()
+    b[[0, 3, 4]] = -INF
+    labels = torch.where((labels == 0) | (labels == 3) | (labels == 4), 2, labels)
+    lp, ent = SF.linear_token_logps(x, w, labels, linear_bias=b, return_entropy=True)
+    grads = torch.autograd.grad(lp.sum() + ent.sum(), (x, w))
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
+    assert all(torch.isfinite(g).all() for g in grads)
+    u = (x @ w.T + b).detach()
+    torch.testing.assert_close(ent, ref_entropy(u, labels).float(), rtol=1e-5, atol=1e-5)
+    # the naive entropy with nan_to_num
+    x2 = x.detach().clone().requires_grad_()
+    p = torch.softmax(x2 @ w.detach().T + b, -1)
+    naive = -(p * torch.log(p)).nan_to_num().sum()
+    (gn,) = torch.autograd.grad(naive, x2)
+    assert torch.isnan(gn).any()
+
+
+def test_linear_ignored_rows_and_empty_sequence_have_zero_gradient():
+    x, w, b, labels = _linear()
+    labels[1] = -100
+    out = SF.linear_sequence_logps(x, w, labels, linear_bias=b, average=True)
+    (gx,) = torch.autograd.grad(out.sum(), x)
+    assert out[1].item() == 0.0
+    assert torch.all(gx[1] == 0) and torch.all(gx[0, 1] == 0)
+
+
+def test_linear_gradcheck_float64():
+    x, w, b, labels = _linear(n_rows=(2, 3), h=4, v=5)
+    assert torch.autograd.gradcheck(
+        lambda a, c, d: SF.linear_token_logps(a, c, labels, linear_bias=d, return_entropy=True, chunk_size=2),
+        (x, w, b))
+
+
+def test_linear_bfloat16_weight():
+    x, w, b, labels = _linear(dtype=torch.bfloat16)
+    out = SF.linear_sequence_logps(x, w, labels, linear_bias=b)
+    assert out.dtype == torch.float32
+    want = ref_token_logps(_unfused(x.detach().float(), w.detach().float(), b.detach().float()), labels).sum(-1)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+    gx, gw = torch.autograd.grad(out.sum(), (x, w))
+    assert gx.dtype == gw.dtype == torch.bfloat16
+
+
+# --- arguments and compile ----------------------------------------------------------------------
+
+_X, _L = torch.randn(2, 3, 5), torch.tensor([[0, 1, 2], [3, 4, -100]])
+_H, _W = torch.randn(2, 3, 4), torch.randn(5, 4)
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda: SF.token_logps(_X, _L.float()), TypeError, "token_logps: labels must be an integer"),
+    (lambda: SF.token_logps(_X, _L[:, :2]), ValueError, "token_logps: labels shape"),
+    (lambda: SF.token_logps(_X.long(), _L), TypeError, "token_logps: logits must be a floating"),
+    (lambda: SF.token_logps(_X, _L, temperature=0.0), ValueError, "token_logps: temperature must be"),
+    (lambda: SF.token_logps(_X, _L, ignore_index=True), TypeError, "token_logps: ignore_index must be an int"),
+    (lambda: SF.token_logps(torch.randn(2, 0), torch.zeros(2, dtype=torch.long)), ValueError, "at least one"),
+    (lambda: SF.token_logps(_X, torch.full((2, 3), 7)), IndexError, "out of bounds"),
+    (lambda: SF.sequence_logps(_X, _L, average=1), TypeError, "sequence_logps: average must be a bool"),
+    (lambda: SF.sequence_logps(torch.randn(5), torch.tensor(1)), ValueError, "sequence_logps: labels must have"),
+    (lambda: SF.linear_token_logps(_H, _W.T, _L), ValueError, "linear_token_logps: input's last dimension"),
+    (lambda: SF.linear_token_logps(_H, _W[None], _L), ValueError, "linear_token_logps: linear_weight must be"),
+    (lambda: SF.linear_token_logps(_H, _W, _L, linear_bias=torch.zeros(4)), ValueError, "linear_bias shape"),
+    (lambda: SF.linear_token_logps(_H, _W, _L, chunk_size=0), ValueError, "chunk_size must be >= 1"),
+    (lambda: SF.linear_token_logps(_H, _W, _L, return_entropy="yes"), TypeError, "return_entropy must be a bool"),
+    (lambda: SF.linear_sequence_logps(_H, _W, _L[:, :1]), ValueError, "linear_sequence_logps: labels shape"),
+])
+def test_argument_checks(bad, error, match):
+    with pytest.raises(error, match=match):
+        bad()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["token_logps", "sequence_logps", "linear_token_logps", "linear_sequence_logps"])
+def test_compiles_fullgraph(name):
+    x, labels = _data(dtype=torch.float32)
+    h, w, _, lab = _linear(dtype=torch.float32)
+    fns = {
+        "token_logps": (lambda z: SF.token_logps(z, labels, temperature=0.5).sum(), x),
+        "sequence_logps": (lambda z: SF.sequence_logps(z, labels, average=True).sum(), x),
+        "linear_token_logps": (lambda z: sum(t.sum() for t in SF.linear_token_logps(
+            z, w.detach(), lab, return_entropy=True, chunk_size=3)), h),
+        "linear_sequence_logps": (lambda z: SF.linear_sequence_logps(z, w.detach(), lab, average=True).sum(), h),
+    }
+    f, arg = fns[name]
+    torch._dynamo.reset()
+    assert_compiled_matches_eager(f, arg.detach())
+
+
+def test_forward_mode_and_hessian():
+    x, labels = _data(shape=(2, 3, 5))
+    f = lambda z: SF.sequence_logps(z, labels, average=True).sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.jacfwd(f)(x.detach()), torch.func.jacrev(f)(x.detach()))
+    torch.testing.assert_close(torch.func.hessian(f)(x.detach()),
+                               torch.func.jacrev(torch.func.jacrev(f))(x.detach()))
