@@ -24,12 +24,14 @@ from stablelosses._utils import (
     upcast,
 )
 from stablelosses.functional._masked import check_mask
+from stablelosses.functional._normalizer import NORMALIZER, check_normalizer, divide
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
 SPEC = OpSpec(
     "cross_entropy",
-    (Arg("reduction", REDUCTION), Arg("label_smoothing", LABEL_SMOOTHING), Arg("ignore_index", IGNORE_INDEX)),
+    (Arg("reduction", REDUCTION), Arg("label_smoothing", LABEL_SMOOTHING), Arg("ignore_index", IGNORE_INDEX),
+     Arg("normalizer", NORMALIZER)),
     replaces="torch.nn.functional.cross_entropy",
     reference=(
         "torch.nn.functional.cross_entropy in float64 where torch is finite; mpmath for the exact tails"
@@ -81,15 +83,22 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
 
 
 def _reduce(
-    loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool, empty_zero: bool = False
+    loss: Tensor, denom: Tensor, reduction: str, overflow_safe: bool, empty_zero: bool = False,
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """The one place the class losses reduce: ``Σ ℓ`` or ``Σ ℓ / Σ denom`` as torch.
 
     ``overflow_safe`` (label smoothing): where ``Σ ℓ`` overflows but the mean does not
     (logits near ``±1e37``), the mean is ``Σ (ℓ / Σ denom)`` instead (N-sized, no sync).
-    ``empty_zero`` (a ``mask`` was given): a zero denominator gives 0, as ``masked_mean``."""
+    ``empty_zero`` (a ``mask`` was given): a zero denominator gives 0, as ``masked_mean``.
+    ``normalizer`` replaces ``Σ denom``; a zero normalizer gives 0 with gradient 0."""
     if reduction == "sum":
         return loss.sum()
+    if reduction == "mean" and normalizer is not None:
+        out = divide(loss.sum(), normalizer)
+        if not overflow_safe:
+            return out
+        return torch.where(torch.isinf(out), divide(loss, normalizer).sum(), out)
     if reduction == "mean":
         total = denom.sum()
         if empty_zero:
@@ -104,7 +113,7 @@ def _reduce(
 
 def _index_loss_reduced(
     x: Tensor, target: Tensor, w: Tensor | None, ignore_index: int, gamma: float, eps: float,
-    cdim: int, reduction: str, mask: Tensor | None = None,
+    cdim: int, reduction: str, mask: Tensor | None = None, normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
     ``w``, so ``weight.grad`` is the gradient of the reduced loss. A masked-out row (``mask``
@@ -121,14 +130,14 @@ def _index_loss_reduced(
         if reduction != "mean":
             return _reduce(loss, invalid, reduction, False)
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
-        return _reduce(loss, denom, reduction, False, mask is not None)
+        return _reduce(loss, denom, reduction, False, mask is not None, normalizer)
     idx = torch.where(target != ignore_index, target, 0)
     assert gamma == 0.0  # the focal loss has no smoothing
     res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, res.valid, reduction, False)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
-    return _reduce(res.loss, denom, reduction, True, mask is not None)
+    return _reduce(res.loss, denom, reduction, True, mask is not None, normalizer)
 
 
 def _no_classes(
@@ -159,6 +168,7 @@ def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Ten
 def _index_targets(
     fn: str, input: Tensor, target: Tensor, weight: Tensor | None, mask: Tensor | None,
     ignore_index: int, gamma: float, eps: float, cdim: int, reduction: str,
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Class-index targets: cross_entropy (``gamma = 0``) and focal_loss (``eps = 0``)."""
     _check_index_target(fn, input, target, cdim)
@@ -167,7 +177,7 @@ def _index_targets(
     rows: Tensor | None = None
     if mask is not None:
         rows, x = _mask_rows(fn, mask, x, cdim)
-    out = _index_loss_reduced(x, target, w, ignore_index, gamma, eps, cdim, reduction, rows)
+    out = _index_loss_reduced(x, target, w, ignore_index, gamma, eps, cdim, reduction, rows, normalizer)
     return cast(out, loss_out_dtype(input))
 
 
@@ -182,6 +192,7 @@ def cross_entropy(
     size_average: bool | None = None,
     reduce: bool | None = None,
     mask: Tensor | None = None,
+    normalizer: float | Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy between logits and class indices or class probabilities, masked-class safe.
 
@@ -264,6 +275,10 @@ def cross_entropy(
         reduce: deprecated alias (as in torch); overrides `reduction` when given.
         mask: bool tensor, True = counts, broadcastable to the unreduced loss's shape (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        normalizer: replaces the denominator of ``'mean'`` (keyword-only): a number $\ge 0$ or a
+            0-dim tensor, e.g. the token count over gradient accumulation and ranks; a zero
+            normalizer (a fully ignored batch) gives 0 with gradient 0, with no host sync
+            (see the normalizer page). Default: ``None``.
 
     Returns:
         The loss: shape of `target` (index targets) or `input` without its class dimension
@@ -280,6 +295,8 @@ def cross_entropy(
         TypeError: `input` not a floating-point tensor; `ignore_index` not an int;
             `label_smoothing` not a real number.
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
+        ValueError: ``normalizer`` negative, infinite, NaN or a tensor that is not 0-dim, or
+            given with a ``reduction`` other than ``'mean'``.
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -298,18 +315,21 @@ def cross_entropy(
     Replaces `torch.nn.functional.cross_entropy` / `torch.nn.CrossEntropyLoss`.
     """
     fn = "cross_entropy"
-    out = _triton.class_index_loss(  # the kernels when selected (stablelosses.set_backend), else None
+    out = None if normalizer is not None else _triton.class_index_loss(  # the kernels when selected
         input, target, weight, ignore_index, reduction, label_smoothing, 0.0, mask,
         size_average is not None or reduce is not None)
     if out is not None:
         return out
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce, reduction)
-    reduction, eps, ignore_index = SPEC.check(reduction, label_smoothing, ignore_index)
+    reduction, eps, ignore_index, normalizer = SPEC.check(reduction, label_smoothing, ignore_index, normalizer)
+    check_normalizer(fn, normalizer, reduction)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
     if input.shape[cdim] == 0:
+        if normalizer is not None:  # the sum over no classes, divided
+            return divide(_no_classes(input, target, weight, mask, ignore_index, "sum", eps), normalizer)
         return _no_classes(input, target, weight, mask, ignore_index, reduction, eps)
     if target.shape == input.shape:
         if not target.is_floating_point():
@@ -329,13 +349,14 @@ def cross_entropy(
         y = target.to(x.dtype)
         if mask is None:
             res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
-            out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0)
+            out = _reduce(res.loss, res.valid.to(x.dtype), reduction, eps > 0.0, False, normalizer)
         else:
             m, x = _mask_rows(fn, mask, x, cdim)
             y = torch.where(m.unsqueeze(cdim), y, 0.0)
             res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
             kept = res.valid & m
             loss = torch.where(m, res.loss, 0.0)
-            out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True)
+            out = _reduce(loss, kept.to(x.dtype), reduction, eps > 0.0, True, normalizer)
         return cast(out, out_dtype)
-    return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction)
+    return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction,
+                          normalizer)

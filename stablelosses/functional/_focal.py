@@ -9,10 +9,12 @@ from stablelosses import _triton
 from stablelosses._spec import GAMMA, IGNORE_INDEX, REDUCTION, Arg, OpSpec
 from stablelosses._utils import check_floating, check_tensor
 from stablelosses.functional._cross_entropy import _class_dim, _index_targets, _no_classes
+from stablelosses.functional._normalizer import NORMALIZER, check_normalizer, divide
 
 SPEC = OpSpec(
     "focal_loss",
-    (Arg("reduction", REDUCTION), Arg("gamma", GAMMA), Arg("ignore_index", IGNORE_INDEX)),
+    (Arg("reduction", REDUCTION), Arg("gamma", GAMMA), Arg("ignore_index", IGNORE_INDEX),
+     Arg("normalizer", NORMALIZER)),
     replaces="the softmax-then-log FocalLoss snippet, kornia.losses.focal_loss",
     reference="Lin et al., Focal Loss for Dense Object Detection (2017); a float64 torch formula "
     "with 1 - p_t from the other classes, mpmath for the tails",
@@ -29,6 +31,7 @@ def focal_loss(
     reduction: str = "mean",
     *,
     mask: Tensor | None = None,
+    normalizer: float | Tensor | None = None,
 ) -> Tensor:
     r"""Multi-class focal loss on logits, with a finite gradient for every $\gamma \ge 0$.
 
@@ -83,6 +86,9 @@ def focal_loss(
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
         mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        normalizer: replaces the denominator of ``'mean'`` (keyword-only), as in
+            `cross_entropy`: a number $\ge 0$ or a 0-dim tensor; 0 gives 0 with gradient 0.
+            Default: ``None``.
 
     Returns:
         The loss: shape of `target` for `'none'`, else a scalar; dtype of `input` (float32 for
@@ -97,6 +103,8 @@ def focal_loss(
             int64/uint8.
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
+        ValueError: ``normalizer`` negative, infinite, NaN or a tensor that is not 0-dim, or
+            given with a ``reduction`` other than ``'mean'``.
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -113,13 +121,18 @@ def focal_loss(
     Replaces the hand-written softmax → log `FocalLoss` snippet and `kornia.losses.focal_loss`.
     """
     fn = "focal_loss"
-    out = _triton.class_index_loss(input, target, weight, ignore_index, reduction, 0.0, gamma, mask)
+    out = None if normalizer is not None else _triton.class_index_loss(
+        input, target, weight, ignore_index, reduction, 0.0, gamma, mask)
     if out is not None:  # the kernels when selected (stablelosses.set_backend)
         return out
-    reduction, gamma, ignore_index = SPEC.check(reduction, gamma, ignore_index)
+    reduction, gamma, ignore_index, normalizer = SPEC.check(reduction, gamma, ignore_index, normalizer)
+    check_normalizer(fn, normalizer, reduction)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
     if input.shape[cdim] == 0:
+        if normalizer is not None:  # the sum over no classes, divided
+            return divide(_no_classes(input, target, weight, mask, ignore_index, "sum", 0.0), normalizer)
         return _no_classes(input, target, weight, mask, ignore_index, reduction, 0.0)
-    return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction)
+    return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction,
+                          normalizer)
