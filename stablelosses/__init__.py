@@ -40,6 +40,7 @@ from stablelosses.losses import (
     RMSELoss,
     SigmoidFocalLoss,
 )
+from stablelosses.losses import DistillationLoss, LinearDistillationLoss  # noqa: I001
 
 __version__ = "0.2.0"
 
@@ -70,4 +71,6 @@ __all__ = [
     "get_backend",
     "set_backend",
     "__version__",
+    "DistillationLoss",
+    "LinearDistillationLoss",
 ]

@@ -486,3 +486,84 @@ class LinearFocalLoss(_LinearLoss):
         )
         GAMMA.check("LinearFocalLoss", "gamma", self.gamma)
         check_linear_options("LinearFocalLoss", self.ignore_index, self.z_loss, self.softcap, self.chunk_size)
+
+
+# --- distillation (0.4) -------------------------------------------------------------------------
+
+
+class DistillationLoss(_Loss):
+    r"""Distillation divergence between student and teacher logits, exact with ``-inf`` logits.
+
+    See [`distillation_loss`][stablelosses.functional.distillation_loss] for the formulas and
+    the ``-inf`` contract. Called as ``loss_fn(student_logits, teacher_logits, mask=None,
+    normalizer=None)``.
+
+    Args:
+        kind: ``'forward_kl'`` | ``'reverse_kl'`` | ``'jsd'`` | ``'tvd'``. Default: ``'forward_kl'``.
+        beta: the JSD interpolation in ``[0, 1]``. Default: ``0.5``.
+        temperature: divides both logits (no ``T²`` factor). Default: ``1.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> s = torch.tensor([[1.0, float("-inf")]], requires_grad=True)
+        >>> sl.DistillationLoss(kind="jsd")(s, torch.tensor([[0.0, float("-inf")]])).backward()
+        >>> s.grad
+        tensor([[0., 0.]])
+    """
+
+    _config = ("kind", "beta", "temperature", "reduction")
+
+    def __init__(self, kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
+                 reduction: str = "mean") -> None:
+        from stablelosses.functional._distillation import SPEC
+
+        super().__init__(kind=kind, beta=beta, temperature=temperature, reduction=reduction)
+        SPEC.check_as("DistillationLoss", kind, beta, temperature, reduction, None)
+
+    def forward(self, student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None,
+                normalizer: float | Tensor | None = None) -> Tensor:
+        return SF.distillation_loss(student_logits, teacher_logits, mask=mask, normalizer=normalizer,
+                                    **self._options())
+
+
+class LinearDistillationLoss(_Loss):
+    r"""Fused distillation from both models' hidden states; neither ``(N, V)`` is held.
+
+    See [`linear_distillation_loss`][stablelosses.functional.linear_distillation_loss]. Called
+    as ``loss_fn(student_input, student_weight, teacher_input, teacher_weight,
+    student_bias=None, teacher_bias=None, mask=None, normalizer=None)`` (the weights are the
+    models' own output layers, passed in, as tied embeddings often are).
+
+    Args:
+        kind, beta, temperature, reduction: as in
+            [`DistillationLoss`][stablelosses.DistillationLoss].
+        chunk_size: rows per chunk (``None``: the engine's default). Default: ``None``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> ws = torch.randn(20, 4, requires_grad=True)
+        >>> loss = sl.LinearDistillationLoss(kind="tvd")(torch.randn(3, 4), ws, torch.randn(3, 6),
+        ...                                               torch.randn(20, 6))
+        >>> loss.backward()
+        >>> ws.grad.shape
+        torch.Size([20, 4])
+    """
+
+    _config = ("kind", "beta", "temperature", "reduction", "chunk_size")
+
+    def __init__(self, kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
+                 reduction: str = "mean", chunk_size: int | None = None) -> None:
+        from stablelosses.functional._distillation import LINEAR_SPEC
+
+        super().__init__(kind=kind, beta=beta, temperature=temperature, reduction=reduction,
+                         chunk_size=chunk_size)
+        LINEAR_SPEC.check_as("LinearDistillationLoss", kind, beta, temperature, reduction, None, chunk_size)
+
+    def forward(self, student_input: Tensor, student_weight: Tensor, teacher_input: Tensor,  # type: ignore[override]
+                teacher_weight: Tensor, student_bias: Tensor | None = None,
+                teacher_bias: Tensor | None = None, mask: Tensor | None = None,
+                normalizer: float | Tensor | None = None) -> Tensor:
+        return SF.linear_distillation_loss(
+            student_input, student_weight, teacher_input, teacher_weight, student_bias=student_bias,
+            teacher_bias=teacher_bias, mask=mask, normalizer=normalizer, **self._options())

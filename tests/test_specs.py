@@ -45,6 +45,8 @@ CALLS = {
     "safe_sqrt": lambda **kw: SF.safe_sqrt(X.abs(), **kw),
     "xlogy": lambda **kw: SF.xlogy(X, Y.abs(), **kw),
     "logaddexp": lambda **kw: SF.logaddexp(X, Y, **kw),
+    "distillation_loss": lambda **kw: SF.distillation_loss(X, Y, **kw),
+    "linear_distillation_loss": lambda **kw: SF.linear_distillation_loss(H, W, H, W, **kw),
 }
 
 CASES = [(op, a.name) for op, spec in sorted(SPECS.items()) for a in spec.args]

@@ -32,12 +32,14 @@ linear head.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
+from stablelosses._autograd.linear import Head
 from stablelosses._autograd.logaddexp import _logaddexp
 from stablelosses._autograd.softmax import _log_softmax
 
@@ -100,13 +102,18 @@ def _logps(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return _log_softmax(a, a.dim() - 1), _log_softmax(b, b.dim() - 1)
 
 
-def row_loss(kind: str, beta: float, a: Tensor, b: Tensor) -> Tensor:
-    """The divergence of each row (the last dimension summed) of student ``a`` and teacher
-    ``b`` scaled logits of one shape."""
-    ls, lt = _logps(a, b)
-    if kind == "forward_kl" or (kind == "jsd" and beta == 0.0):
+def _is_forward(kind: str, beta: float) -> bool:
+    return kind == "forward_kl" or (kind == "jsd" and beta == 0.0)
+
+
+def _is_reverse(kind: str, beta: float) -> bool:
+    return kind == "reverse_kl" or (kind == "jsd" and beta == 1.0)
+
+
+def _loss_of(kind: str, beta: float, ls: Tensor, lt: Tensor) -> Tensor:
+    if _is_forward(kind, beta):
         return _kl_parts(ls, lt)[0]
-    if kind == "reverse_kl" or (kind == "jsd" and beta == 1.0):
+    if _is_reverse(kind, beta):
         return _kl_parts(lt, ls)[0]
     if kind == "jsd":
         r, u = _jsd_parts(ls, lt, beta)
@@ -114,13 +121,10 @@ def row_loss(kind: str, beta: float, a: Tensor, b: Tensor) -> Tensor:
     return 0.5 * (torch.exp(ls) - torch.exp(lt)).abs().sum(-1)
 
 
-def row_grads(kind: str, beta: float, a: Tensor, b: Tensor, need_a: bool, need_b: bool) -> Grads:
-    """``d row_loss / d a`` and ``d row_loss / d b`` (``None`` where not needed), in
-    differentiable ops."""
-    ls, lt = _logps(a, b)
-    if kind == "forward_kl" or (kind == "jsd" and beta == 0.0):
+def _grads_of(kind: str, beta: float, ls: Tensor, lt: Tensor, need_a: bool, need_b: bool) -> Grads:
+    if _is_forward(kind, beta):
         return Grads(*_kl_grads(ls, lt, need_a, need_b))
-    if kind == "reverse_kl" or (kind == "jsd" and beta == 1.0):
+    if _is_reverse(kind, beta):
         g_t, g_s = _kl_grads(lt, ls, need_b, need_a)
         return Grads(g_s, g_t)
     q, p = torch.exp(ls), torch.exp(lt)
@@ -131,6 +135,25 @@ def row_grads(kind: str, beta: float, a: Tensor, b: Tensor, need_a: bool, need_b
     sigma = torch.sign(q - p)
     return Grads(0.5 * _spread(q, sigma) if need_a else None,
                  -0.5 * _spread(p, sigma) if need_b else None)
+
+
+def row_loss(kind: str, beta: float, a: Tensor, b: Tensor) -> Tensor:
+    """The divergence of each row (the last dimension summed) of student ``a`` and teacher
+    ``b`` scaled logits of one shape."""
+    return _loss_of(kind, beta, *_logps(a, b))
+
+
+def row_grads(kind: str, beta: float, a: Tensor, b: Tensor, need_a: bool, need_b: bool) -> Grads:
+    """``d row_loss / d a`` and ``d row_loss / d b`` (``None`` where not needed), in
+    differentiable ops."""
+    return _grads_of(kind, beta, *_logps(a, b), need_a, need_b)
+
+
+def row_loss_grads(kind: str, beta: float, a: Tensor, b: Tensor, need_a: bool,
+                   need_b: bool) -> tuple[Tensor, Grads]:
+    """`row_loss` and `row_grads` from one pair of log-softmaxes."""
+    ls, lt = _logps(a, b)
+    return _loss_of(kind, beta, ls, lt), _grads_of(kind, beta, ls, lt, need_a, need_b)
 
 
 def _inputs(s: Tensor, t: Tensor, mask: Tensor | None, temperature: float) -> tuple[Tensor, Tensor]:
@@ -197,3 +220,67 @@ class _Distillation(torch.autograd.Function):
 
 
 _distillation = applier(_Distillation)
+
+
+# --- the fused form: a head on the chunk engine (stablelosses/_autograd/linear.py) ---------------
+
+
+def _pad_to(u: Tensor, v: int) -> Tensor:
+    """``u`` ``(n, V_k)`` widened to ``v`` columns with ``-inf`` (classes this model cannot
+    produce: probability 0, exactly)."""
+    if u.shape[1] == v:
+        return u
+    return torch.nn.functional.pad(u, (0, v - u.shape[1]), value=-_INF)
+
+
+@dataclass(frozen=True)
+class DistillationHead(Head):
+    """Stream 0 the student, stream 1 the teacher; ``rows`` holds the token mask when
+    ``masked``. The narrower vocabulary is padded with ``-inf`` to the wider one; the padded
+    columns' gradients are dropped. ``student_grad``/``teacher_grad``: which logit gradients
+    `backward` returns (``None`` for the other)."""
+
+    kind: str
+    beta: float
+    temperature: float
+    masked: bool
+    student_grad: bool
+    teacher_grad: bool
+    fn: str = "linear_distillation_loss"
+    n_out: int = 1
+
+    def _scaled(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
+        s, t = logits
+        v = max(s.shape[1], t.shape[1])
+        mask = rows[0] if self.masked else None
+        a, b = _inputs(_pad_to(s, v), _pad_to(t, v), mask, self.temperature)
+        return a, b, mask
+
+    def _out(self, loss: Tensor, mask: Tensor | None) -> Tensor:
+        return (loss if mask is None else torch.where(mask, loss, 0.0)).unsqueeze(1)
+
+    def _logit_grads(self, g: Grads, logits: tuple[Tensor, ...], mask: Tensor | None,
+                     grad_out: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        scale = grad_out[:, :1] / self.temperature
+        if mask is not None:
+            scale = torch.where(mask.unsqueeze(1), scale, 0.0)
+        s, t = logits
+        g_s = None if g.student is None else (g.student[:, : s.shape[1]] * scale)
+        g_t = None if g.teacher is None else (g.teacher[:, : t.shape[1]] * scale)
+        return g_s, g_t
+
+    def forward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        a, b, mask = self._scaled(logits, rows)
+        return self._out(row_loss(self.kind, self.beta, a, b), mask)
+
+    def backward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...],
+                 grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        a, b, mask = self._scaled(logits, rows)
+        g = row_grads(self.kind, self.beta, a, b, self.student_grad, self.teacher_grad)
+        return self._logit_grads(g, logits, mask, grad_out)
+
+    def forward_backward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...],
+                         grad_out: Tensor) -> tuple[Tensor, tuple[Tensor | None, ...]]:
+        a, b, mask = self._scaled(logits, rows)
+        loss, g = row_loss_grads(self.kind, self.beta, a, b, self.student_grad, self.teacher_grad)
+        return self._out(loss, mask), self._logit_grads(g, logits, mask, grad_out)

@@ -20,6 +20,7 @@ from stablelosses.functional._softmax import log_softmax, logsumexp, softmax
 from stablelosses.functional._sqrt import safe_sqrt
 from stablelosses.functional._vector import cosine_similarity, normalize
 from stablelosses.functional._xlogy import xlogy
+from stablelosses.functional._distillation import distillation_loss, linear_distillation_loss  # noqa: I001
 
 __all__ = [
     "safe_sqrt",
@@ -43,6 +44,8 @@ __all__ = [
     "dice_loss",
     "linear_cross_entropy",
     "linear_focal_loss",
+    "distillation_loss",
+    "linear_distillation_loss",
 ]
 
 # Each public function is the wrapper that carries the NaN detector's hook (stablelosses/_public.py):

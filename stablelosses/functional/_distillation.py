@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.distillation import KINDS, _distillation
-from stablelosses._spec import REDUCTION, Arg, OneOf, OpSpec, Real
+from stablelosses._autograd.distillation import KINDS, DistillationHead, _distillation
+from stablelosses._autograd.linear import compute_dtype, linear_chunks, linear_chunks_reduced
+from stablelosses._spec import CHUNK_SIZE, REDUCTION, Arg, OneOf, OpSpec, Real
 from stablelosses._utils import check_floating, promote_types, upcast
 from stablelosses.functional._masked import check_mask
 from stablelosses.functional._normalizer import NORMALIZER, check_normalizer, divide
@@ -168,7 +169,7 @@ def distillation_loss(
         tensor(nan, grad_fn=...)
         >>> loss = SF.distillation_loss(s, t)
         >>> loss
-        tensor(0.0266, grad_fn=...)
+        tensor(0.0671, grad_fn=...)
         >>> loss.backward()
         >>> s.grad
         tensor([[-0.1497,  0.1497,  0.0000]])
@@ -198,3 +199,138 @@ def distillation_loss(
     s, t = student_logits.to(dtype), teacher_logits.to(dtype)
     loss = _distillation(s, t, rows, kind, beta, temperature)
     return reduce_tokens(loss, rows, reduction, normalizer)
+
+
+LINEAR_SPEC = OpSpec(
+    "linear_distillation_loss",
+    (*DISTILLATION_ARGS, Arg("chunk_size", CHUNK_SIZE)),
+    replaces="distillation_loss(F.linear(student_input, student_weight), F.linear(teacher_input, "
+    "teacher_weight)); Liger-Kernel's LigerFusedLinearJSDLoss",
+    reference="distillation_loss of the float64 logits",
+    tensors=("student_input", "student_weight", "teacher_input", "teacher_weight", "student_bias",
+             "teacher_bias", "mask"),
+)
+
+
+def _check_linear_tensors(fn: str, si: Any, sw: Any, ti: Any, tw: Any, sb: Any, tb: Any) -> None:
+    for name, t in (("student_input", si), ("student_weight", sw), ("teacher_input", ti),
+                    ("teacher_weight", tw)):
+        check_floating(fn, name, t)
+    for name, b in (("student_bias", sb), ("teacher_bias", tb)):
+        if b is not None:
+            check_floating(fn, name, b)
+    if si.dim() == 0:
+        raise ValueError(f"{fn}: student_input must have a hidden dimension, got a 0-d tensor")
+    if si.shape[:-1] != ti.shape[:-1]:
+        raise ValueError(
+            f"{fn}: student_input and teacher_input must have the same token shape, got "
+            f"{tuple(si.shape)} and {tuple(ti.shape)}"
+        )
+    for side, x, w, b in (("student", si, sw, sb), ("teacher", ti, tw, tb)):
+        if w.dim() != 2 or w.shape[1] != x.shape[-1]:
+            raise ValueError(
+                f"{fn}: {side}_weight must have shape (V, {x.shape[-1]}) for {side}_input of shape "
+                f"{tuple(x.shape)}, got {tuple(w.shape)}"
+            )
+        if b is not None and tuple(b.shape) != (w.shape[0],):
+            raise ValueError(f"{fn}: {side}_bias must have shape ({w.shape[0]},), got {tuple(b.shape)}")
+
+
+def linear_distillation_loss(
+    student_input: Tensor,
+    student_weight: Tensor,
+    teacher_input: Tensor,
+    teacher_weight: Tensor,
+    *,
+    student_bias: Tensor | None = None,
+    teacher_bias: Tensor | None = None,
+    kind: str = "forward_kl",
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
+    normalizer: float | Tensor | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
+    r"""`distillation_loss` from both models' hidden states, without holding either ``(N, V)``.
+
+    Equal to ``distillation_loss(F.linear(student_input, student_weight, student_bias),
+    F.linear(teacher_input, teacher_weight, teacher_bias), ...)`` (the same formulas, the same
+    ``-inf`` contract, the same reductions and ``normalizer``), computed by the chunk engine:
+    ``chunk_size`` rows of both logits at a time (in float32, float64 for float64 inputs),
+    never the whole ``(N, V_s)`` and ``(N, V_t)``.
+
+    **Vocabularies of different sizes.** When $V_s \ne V_t$ the narrower logits are padded with
+    $-\infty$ to the wider size, exactly: the model with the smaller vocabulary puts probability
+    0 on the extra classes. So a forward KL where the teacher has mass on a class beyond the
+    student's vocabulary is $+\infty$, JSD and TVD stay finite, and the padded columns carry no
+    gradient. (Liger-Kernel pads with zeros, a logit of 0: a wrong, finite probability.)
+
+    **Gradients.** The student's input, weight and bias get theirs; the teacher side is
+    computed only when one of its tensors requires grad (otherwise no teacher logit gradient is
+    formed). First order only: a double backward raises (use `distillation_loss` on
+    ``F.linear`` outputs for second derivatives). ``normalizer`` and ``mask`` are constants.
+
+    Args:
+        student_input: $(\dots, H_s)$ hidden states.
+        student_weight: $(V_s, H_s)$ output layer of the student.
+        teacher_input: $(\dots, H_t)$ hidden states with the token shape of ``student_input``.
+        teacher_weight: $(V_t, H_t)$ output layer of the teacher.
+        student_bias: $(V_s,)$ or ``None``. Default: ``None``.
+        teacher_bias: $(V_t,)$ or ``None``. Default: ``None``.
+        kind, beta, temperature, mask, reduction, normalizer: as in `distillation_loss`.
+        chunk_size: rows per chunk of the flattened tokens (``None``: the engine's default, the
+            chunk's logits within 64 MiB). Default: ``None``.
+
+    Returns:
+        The token shape for ``'none'``, else a scalar; float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: as `distillation_loss`; the token shapes of the two inputs differ; a weight or
+            bias whose shape does not fit its input; ``chunk_size`` < 1.
+        TypeError: a tensor argument not floating point; a Python argument of the wrong type.
+
+    Example:
+        >>> import torch, stablelosses.functional as SF
+        >>> hs, ht = torch.randn(6, 8), torch.randn(6, 16)
+        >>> ws = torch.randn(50, 8, requires_grad=True)
+        >>> wt = torch.randn(60, 16)  # the teacher knows 10 more classes
+        >>> loss = SF.linear_distillation_loss(hs, ws, ht, wt, kind="jsd", chunk_size=4)
+        >>> loss.backward()
+        >>> bool(loss.isfinite()) and bool(ws.grad.isfinite().all())
+        True
+    """
+    fn = "linear_distillation_loss"
+    _check_linear_tensors(fn, student_input, student_weight, teacher_input, teacher_weight,
+                          student_bias, teacher_bias)
+    kind, beta, temperature, reduction, normalizer = check_distillation_args(
+        fn, LINEAR_SPEC, kind, beta, temperature, reduction, normalizer)
+    chunk_size = CHUNK_SIZE.check(fn, "chunk_size", chunk_size)
+    tokens = student_input.shape[:-1]
+    rows: tuple[Tensor, ...] = ()
+    m = None
+    if mask is not None:
+        m = check_mask(fn, mask, tokens, "the token shape", device=student_input.device)
+        m = m.to(student_input.device).expand(tokens).reshape(-1)
+        rows = (m,)
+    grad_on = torch.is_grad_enabled()
+
+    def wants(*ts: Tensor | None) -> bool:
+        return grad_on and any(t is not None and t.requires_grad for t in ts)
+
+    head = DistillationHead(kind, beta, temperature, m is not None,
+                            wants(student_input, student_weight, student_bias),
+                            wants(teacher_input, teacher_weight, teacher_bias))
+    streams = ((student_input.reshape(-1, student_input.shape[-1]), student_weight, student_bias),
+               (teacher_input.reshape(-1, teacher_input.shape[-1]), teacher_weight, teacher_bias))
+    if reduction == "none":
+        return linear_chunks(head, streams, rows, chunk_size=chunk_size)[:, 0].reshape(tokens)
+    n = streams[0][0].shape[0]
+    cd = compute_dtype([t for s in streams for t in s])
+    keep = torch.ones(n, dtype=cd, device=student_input.device) if m is None else m.to(cd)
+    if reduction == "mean":
+        if normalizer is None:
+            normalizer = keep.sum()
+        keep = divide(keep, normalizer.detach() if isinstance(normalizer, Tensor) else normalizer)
+    total, _ = linear_chunks_reduced(head, streams, rows, keep.unsqueeze(1), chunk_size=chunk_size)
+    return total
