@@ -25,12 +25,15 @@ instead of giving a wrong second derivative.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
 
+from stablelosses._autograd.rows import focal_rows, target_nll
 from stablelosses._utils import no_autocast
 
 # Logits of one chunk (all streams): at most this many bytes (64 MiB) in the compute dtype.
@@ -50,6 +53,8 @@ class Head:
     """
 
     n_out: int = 1
+    # float fields that may be symbolic under torch.compile(dynamic=True) (None allowed)
+    numeric: ClassVar[tuple[str, ...]] = ()
 
     def forward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
         """``(n, n_out)`` per-row outputs for one chunk. ``logits``: one ``(n, V_k)`` tensor per
@@ -132,9 +137,9 @@ def _input_grad_into(g: Tensor, w: Tensor, out: Tensor) -> None:
 
 
 def run_chunks(
-    head: Head, xs: Sequence[Tensor], ws: Sequence[Tensor], bs: Sequence[Tensor | None],
+    head: Head | Packed, xs: Sequence[Tensor], ws: Sequence[Tensor], bs: Sequence[Tensor | None],
     rows: Sequence[Tensor], chunk: int, cd: torch.dtype, grad_out: Tensor | None, want_out: bool,
-    needs: Sequence[bool],
+    needs: Sequence[bool], consts: Sequence[Tensor] = (),
 ) -> tuple[Tensor | None, list[Tensor | None]]:
     """The chunk loop: the ``(N, n_out)`` outputs (when ``want_out``) and the gradients.
 
@@ -144,18 +149,21 @@ def run_chunks(
     compiling, the loop runs inside one opaque custom op (:func:`_chunks_op`).
     """
     if torch.compiler.is_compiling():
+        cls, structure, params = head if isinstance(head, tuple) else pack(head)
         res = torch.ops.stablelosses.linear_chunks(
-            head_key(head), chunk, cd, list(xs), list(ws), list(bs), list(rows), grad_out, want_out,
-            list(needs),
+            _registered(cls, structure), list(params), chunk, cd, list(xs), list(ws), list(bs), list(rows),
+            list(consts), grad_out, want_out, list(needs),
         )
         return (res[0] if want_out else None), [g if need else None for g, need in zip(res[1:], needs)]
-    return _run_chunks_eager(head, xs, ws, bs, rows, chunk, cd, grad_out, want_out, needs)
+    if isinstance(head, tuple):
+        head = _with_params(_registered(head[0], head[1]), head[2])
+    return _run_chunks_eager(head, xs, ws, bs, rows, chunk, cd, grad_out, want_out, needs, consts)
 
 
 def _run_chunks_eager(
     head: Head, xs: Sequence[Tensor], ws: Sequence[Tensor], bs: Sequence[Tensor | None],
     rows: Sequence[Tensor], chunk: int, cd: torch.dtype, grad_out: Tensor | None, want_out: bool,
-    needs: Sequence[bool],
+    needs: Sequence[bool], consts: Sequence[Tensor] = (),
 ) -> tuple[Tensor | None, list[Tensor | None]]:
     n_rows, n_streams = xs[0].shape[0], len(xs)
     dev = xs[0].device
@@ -172,7 +180,7 @@ def _run_chunks_eager(
             sl = slice(start, start + chunk)
             xcs = [x[sl].to(cd) for x in xs]
             logits = tuple(logits_of(xc, w, b) for xc, w, b in zip(xcs, ws, bcs))
-            rc = tuple(r[sl] for r in rows)
+            rc = (*(r[sl] for r in rows), *consts)
             gs: tuple[Tensor | None, ...] = (None,) * n_streams
             if go is None:
                 outs.append(head.forward(logits, rc))
@@ -227,9 +235,36 @@ _HEADS: list[Head] = []
 _HEAD_KEYS: dict[Head, int] = {}
 
 
+# A head under torch.compile: its class, its fields with each ``numeric`` one replaced by whether
+# it is None (constants), and the values of the numeric ones (symbolic under dynamic=True).
+Packed = tuple[type, tuple[Any, ...], tuple[float, ...]]
+
+
+def pack(head: Head) -> Packed:
+    """``head`` as (class, structure, numeric values): what a compiled graph can carry."""
+    numeric = type(head).numeric
+    structure = tuple(
+        (getattr(head, f.name) is None) if f.name in numeric else getattr(head, f.name)
+        for f in dataclasses.fields(head)  # type: ignore[arg-type]
+    )
+    params = tuple(0.0 if getattr(head, n) is None else getattr(head, n) for n in numeric)
+    return type(head), structure, params
+
+
+def _with_params(key: int, params: Sequence[float]) -> Head:
+    """The registered template ``key`` with its numeric fields set to ``params``."""
+    head = _HEADS[key]
+    numeric = type(head).numeric
+    return dataclasses.replace(  # type: ignore[type-var]
+        head, **{n: None if getattr(head, n) is None else float(v) for n, v in zip(numeric, params)}
+    )
+
+
 @torch.compiler.assume_constant_result
-def head_key(head: Head) -> int:
-    """The registry key of ``head`` (equal heads share one): a constant of the compiled graph."""
+def _registered(cls: type, structure: tuple[Any, ...]) -> int:
+    numeric = cls.numeric  # type: ignore[attr-defined]
+    names = [f.name for f in dataclasses.fields(cls)]
+    head = cls(*(((None if v else 0.0) if n in numeric else v) for n, v in zip(names, structure)))
     key = _HEAD_KEYS.get(head)
     if key is None:
         key = _HEAD_KEYS[head] = len(_HEADS)
@@ -238,27 +273,31 @@ def head_key(head: Head) -> int:
 
 
 _SCHEMA = (
-    "(int head, int chunk, ScalarType cd, Tensor[] xs, Tensor[] ws, Tensor?[] bs, Tensor[] rows, "
-    "Tensor? grad_out, bool want_out, bool[] needs) -> Tensor[]"
+    "(int head, float[] params, int chunk, ScalarType cd, Tensor[] xs, Tensor[] ws, Tensor?[] bs, "
+    "Tensor[] rows, Tensor[] consts, Tensor? grad_out, bool want_out, bool[] needs) -> Tensor[]"
 )
 
 
 @torch.library.custom_op("stablelosses::linear_chunks", mutates_args=(), schema=_SCHEMA)
 def _chunks_op(
-    head: int, chunk: int, cd: torch.dtype, xs: list[Tensor], ws: list[Tensor], bs: list[Tensor | None],
-    rows: list[Tensor], grad_out: Tensor | None, want_out: bool, needs: list[bool],
+    head: int, params: list[float], chunk: int, cd: torch.dtype, xs: list[Tensor], ws: list[Tensor],
+    bs: list[Tensor | None], rows: list[Tensor], consts: list[Tensor], grad_out: Tensor | None,
+    want_out: bool, needs: list[bool],
 ) -> list[Tensor]:
     """The chunk loop as one op for ``torch.compile``: ``[out, dx_0, dW_0, db_0, dx_1, ...]`` (a
     fresh empty tensor for an output that is not wanted: the outputs of a custom op may not alias)."""
-    out, grads = _run_chunks_eager(_HEADS[head], xs, ws, bs, rows, chunk, cd, grad_out, want_out, needs)
+    out, grads = _run_chunks_eager(
+        _with_params(head, params), xs, ws, bs, rows, chunk, cd, grad_out, want_out, needs, consts
+    )
     empty = xs[0].new_empty
     return [empty(0, dtype=cd) if v is None else v for v in (out, *grads)]
 
 
 @_chunks_op.register_fake
 def _chunks_op_fake(
-    head: int, chunk: int, cd: torch.dtype, xs: list[Tensor], ws: list[Tensor], bs: list[Tensor | None],
-    rows: list[Tensor], grad_out: Tensor | None, want_out: bool, needs: list[bool],
+    head: int, params: list[float], chunk: int, cd: torch.dtype, xs: list[Tensor], ws: list[Tensor],
+    bs: list[Tensor | None], rows: list[Tensor], consts: list[Tensor], grad_out: Tensor | None,
+    want_out: bool, needs: list[bool],
 ) -> list[Tensor]:
     x0 = xs[0]
     res = [x0.new_empty((x0.shape[0], _HEADS[head].n_out) if want_out else (0,), dtype=cd)]
@@ -317,7 +356,9 @@ def _returned(
     return (grad if scale is None else grad * scale).to(like.dtype)
 
 
-def _name(head: Head) -> str:
+def _name(head: Head | Packed) -> str:
+    if isinstance(head, tuple):
+        return head[0].__name__
     return str(getattr(head, "fn", type(head).__name__))
 
 
@@ -328,40 +369,45 @@ def _needs(flags: Sequence[bool], bs: Sequence[Tensor | None]) -> list[bool]:
     return out
 
 
+def _split(tensors: tuple[Any, ...], layout: tuple[int, int]) -> tuple[tuple[Any, ...], ...]:
+    """The Functions' flat tensors as ``(streams, rows, consts)`` from ``layout = (S, n_consts)``."""
+    s3, nc = 3 * layout[0], layout[1]
+    return tensors[:s3], tensors[s3 : len(tensors) - nc], tensors[len(tensors) - nc :]
+
+
 class _LinearChunks(torch.autograd.Function):
     """Per-row outputs; the backward recomputes each chunk's logits. Arguments: the head, the
-    chunk, the compute dtype, the number of streams ``S``, then ``x_k, W_k, b_k`` per stream and
-    the per-row tensors."""
+    chunk, the compute dtype, ``(S, n_consts)``, then ``x_k, W_k, b_k`` per stream, the per-row
+    tensors and the constants."""
 
     @staticmethod
-    def forward(head: Head, chunk: int, cd: torch.dtype, n_streams: int, *tensors: Any) -> Tensor:
-        st, rows = tensors[: 3 * n_streams], tensors[3 * n_streams :]
+    def forward(
+        head: Head | Packed, chunk: int, cd: torch.dtype, layout: tuple[int, int], *tensors: Any
+    ) -> Tensor:
+        st, rows, consts = _split(tensors, layout)
         out, _ = run_chunks(head, st[0::3], st[1::3], st[2::3], rows, chunk, cd, None, True,
-                            [False] * (3 * n_streams))
+                            [False] * len(st), consts)
         assert out is not None
         return out
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        head, chunk, cd, n_streams, *tensors = inputs
+        head, chunk, cd, layout, *tensors = inputs
         ctx.save_for_backward(*tensors)
-        ctx.head, ctx.chunk, ctx.cd, ctx.n_streams = head, chunk, cd, n_streams
+        ctx.head, ctx.chunk, ctx.cd, ctx.layout = head, chunk, cd, layout
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Any:
-        tensors = ctx.saved_tensors
-        s3 = 3 * ctx.n_streams
-        st, rows = tensors[:s3], tensors[s3:]
-        needs = _needs(ctx.needs_input_grad[4 : 4 + s3], st[2::3])
-        nothing = (None,) * (4 + len(tensors))
+        st, rows, consts = _split(ctx.saved_tensors, ctx.layout)
+        needs = _needs(ctx.needs_input_grad[4 : 4 + len(st)], st[2::3])
         if not any(needs):
-            return nothing
+            return (None,) * len(ctx.needs_input_grad)
         with torch.no_grad():
             _, grads = run_chunks(ctx.head, st[0::3], st[1::3], st[2::3], rows, ctx.chunk, ctx.cd,
-                                  grad.to(ctx.cd), False, needs)
+                                  grad.to(ctx.cd), False, needs, consts)
         fn, anchors = _name(ctx.head), (*st, grad)
         res = [_returned(g, None, like, fn, anchors) for g, like in zip(grads, st)]
-        return (None,) * 4 + tuple(res) + (None,) * len(rows)
+        return (None,) * 4 + tuple(res) + (None,) * (len(rows) + len(consts))
 
 
 class _LinearChunksReduced(torch.autograd.Function):
@@ -371,28 +417,28 @@ class _LinearChunksReduced(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        head: Head, chunk: int, cd: torch.dtype, n_streams: int, needs: tuple[bool, ...], coef: Tensor,
-        *tensors: Any,
+        head: Head | Packed, chunk: int, cd: torch.dtype, layout: tuple[int, int], needs: tuple[bool, ...],
+        coef: Tensor, *tensors: Any,
     ) -> tuple[Tensor, ...]:
-        st, rows = tensors[: 3 * n_streams], tensors[3 * n_streams :]
+        st, rows, consts = _split(tensors, layout)
         coef = coef.to(cd)
         go = coef if any(needs) else None  # no gradient wanted: the forward alone
-        out, grads = run_chunks(head, st[0::3], st[1::3], st[2::3], rows, chunk, cd, go, True, needs)
+        out, grads = run_chunks(head, st[0::3], st[1::3], st[2::3], rows, chunk, cd, go, True, needs, consts)
         assert out is not None
         # a zero weight drops its output (an inf output with weight 0 adds 0, not NaN)
         total = torch.where(coef == 0, 0.0, out * coef).sum()
-        empty = out.new_empty(0)
-        return (total, out, *(empty if g is None else g for g in grads))
+        # a fresh empty tensor per gradient not wanted (one shared object confuses dynamo)
+        return (total, out, *(out.new_empty(0) if g is None else g for g in grads))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        head, _, cd, n_streams, needs, _, *tensors = inputs
+        head, _, _, layout, needs, _, *tensors = inputs
         _, out, *grads = output
         ctx.mark_non_differentiable(out, *grads)
         ctx.set_materialize_grads(False)
         # the inputs are saved as anchors for the double-backward guard (references, no copy)
-        ctx.save_for_backward(*grads, *tensors[: 3 * n_streams])
-        ctx.head, ctx.needs, ctx.n_grads = head, needs, len(grads)
+        ctx.save_for_backward(*grads, *tensors[: 3 * layout[0]])
+        ctx.fn, ctx.needs, ctx.n_grads = _name(head), needs, len(grads)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None, *_: Any) -> Any:
@@ -401,7 +447,7 @@ class _LinearChunksReduced(torch.autograd.Function):
         n_in = len(ctx.needs_input_grad)
         if grad is None:
             return (None,) * n_in
-        fn, anchors = _name(ctx.head), tuple(st)
+        fn, anchors = ctx.fn, tuple(st)
         res = [
             _returned(g, grad, like, fn, anchors) if need else None
             for g, like, need in zip(grads, st, ctx.needs)
@@ -411,7 +457,7 @@ class _LinearChunksReduced(torch.autograd.Function):
 
 def _flatten(
     fn: str, streams: Sequence[tuple[Tensor, Tensor, Tensor | None]], rows: Sequence[Tensor],
-    chunk_size: int | None,
+    chunk_size: int | None, dtype: torch.dtype | None,
 ) -> tuple[list[Tensor | None], int, torch.dtype, int]:
     """The streams as a flat list, the rows per chunk, the compute dtype and ``N``."""
     if not streams:
@@ -430,7 +476,7 @@ def _flatten(
     for r in rows:
         if r.dim() == 0 or r.shape[0] != n:
             raise ValueError(f"{fn}: every row tensor's first dim must be N = {n}, got {tuple(r.shape)}")
-    cd = compute_dtype(flat)
+    cd = compute_dtype(flat) if dtype is None else dtype
     if chunk_size is None:
         chunk = default_chunk_size(sum(w.shape[0] for _, w, _ in streams), cd)
     elif chunk_size < 1:
@@ -442,24 +488,30 @@ def _flatten(
 
 def linear_chunks(
     head: Head, streams: Sequence[tuple[Tensor, Tensor, Tensor | None]], rows: Sequence[Tensor], *,
-    chunk_size: int | None = None,
+    chunk_size: int | None = None, consts: Sequence[Tensor] = (), dtype: torch.dtype | None = None,
 ) -> Tensor:
     """``(N, n_out)`` head outputs in the compute dtype, chunk by chunk.
 
     ``streams``: ``(input (N, H_k), weight (V_k, H_k), bias (V_k,) | None)`` per stream (stream 0
     the model, stream 1 e.g. a teacher). ``rows``: tensors whose first dim is ``N`` (labels,
     masks, per-row scalars), sliced per chunk and treated as constants (no gradient).
-    Differentiable with respect to every input, weight and bias that requires grad (first
-    order); a stream with nothing requiring grad gets no backward work. The backward recomputes
-    each chunk's logits; bf16/fp16 weights are never copied to float32 whole.
+    ``consts``: tensors passed whole to every chunk after the rows (``rows`` of the head ends
+    with them), e.g. per-class weights; constants too. ``dtype``: the compute dtype (``None``:
+    float32, float64 when a stream tensor is float64). Differentiable with respect to every
+    input, weight and bias that requires grad (first order); a stream with nothing requiring
+    grad gets no backward work. The backward recomputes each chunk's logits; bf16/fp16 weights
+    are never copied to float32 whole.
     """
-    flat, chunk, cd, _ = _flatten("linear_chunks", streams, rows, chunk_size)
-    return _LinearChunks.apply(head, chunk, cd, len(streams), *flat, *rows)
+    flat, chunk, cd, _ = _flatten("linear_chunks", streams, rows, chunk_size, dtype)
+    # compiled: the head as constants and its numeric values (see Packed)
+    h = pack(head) if torch.compiler.is_compiling() else head
+    return _LinearChunks.apply(h, chunk, cd, (len(streams), len(consts)), *flat, *rows, *consts)
 
 
 def linear_chunks_reduced(
     head: Head, streams: Sequence[tuple[Tensor, Tensor, Tensor | None]], rows: Sequence[Tensor],
-    coef: Tensor, *, chunk_size: int | None = None,
+    coef: Tensor, *, chunk_size: int | None = None, consts: Sequence[Tensor] = (),
+    dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The fast path of a reduction known in the forward: ``(Σ coef · out, out)``.
 
@@ -468,354 +520,305 @@ def linear_chunks_reduced(
     over the logits fewer than :func:`linear_chunks` and a backward), and its backward scales
     them by the incoming gradient. ``out`` ``(N, n_out)`` is not differentiable (read counts and
     denominators off it). A zero ``coef`` entry drops its output, an infinite one included.
+    ``consts`` and ``dtype`` as in :func:`linear_chunks`.
     """
-    flat, chunk, cd, _ = _flatten("linear_chunks_reduced", streams, rows, chunk_size)
+    flat, chunk, cd, _ = _flatten("linear_chunks_reduced", streams, rows, chunk_size, dtype)
     grad_on = torch.is_grad_enabled()
     needs = tuple(_needs([grad_on and t is not None and t.requires_grad for t in flat], flat[2::3]))
+    h = pack(head) if torch.compiler.is_compiling() else head
     total, out, *_ = _LinearChunksReduced.apply(
-        head, chunk, cd, len(streams), needs, coef.detach(), *flat, *rows
+        h, chunk, cd, (len(streams), len(consts)), needs, coef.detach(), *flat, *rows, *consts
     )
     return total, out
 
 
-# --- legacy: the CE/focal Functions of the previous chunk loop (removed once CE and focal are
-# heads on the engine above) ----------------------------------------------------------------------
 
-from typing import NamedTuple  # noqa: E402
-
-from stablelosses._autograd.rows import focal_rows, target_nll  # noqa: E402
+# --- the class-index heads: cross-entropy and focal loss -----------------------------------------
+#
+# Per row, with m = max_j l_j (0 for an all -inf row; amax, no index), the target's shift
+# w = m - l_t and D = Σ_{j ≠ t} e^{l_j - m} (the target's term zeroed before the sum), the row core
+# (rows.target_nll) gives S - 1 = D + expm1(-w), lse = m + log1p(S - 1), -log p_t = log1p(S - 1) + w,
+# exact as p_t → 1. The gradient with respect to the logits is α p - β onehot(t) - δ_c [unmasked]
+# with row scales (w_c the class weights, 1 without; W_U their sum over the K unmasked classes):
+# cross-entropy α = (1 - ε) w_t + ε W_U / K + 2 z w_t lse, β = (1 - ε) w_t, δ_c = ε w_c / K;
+# focal α = w_t (A + 2 z lse), β = w_t A, A = (1 - p_t)^γ (1 + γ p_t r), r = -log p_t / (1 - p_t)
+# (rows.focal_rows). Softcapping l = c tanh(u / c) multiplies it by 1 - tanh².
+# One process, a chunk does it all in one (n, V) buffer (_IndexHead). A vocabulary shard computes
+# the per-row statistics of its logits (_ShardStats), the ranks combine them (N-sized, in
+# functional/_linear_parallel.py) and a second pass forms the gradient (_ShardGrad).
 
 _NEG_INF = float("-inf")
 
 
+def capped(
+    u: Tensor, softcap: float | None, need_masked: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(l, tanh(u / c) or None, masked or None)`` from the logits buffer ``u`` (in place): a
+    ``-inf`` (masked) logit stays masked; without softcap ``+inf → finfo.max`` (the limit
+    distribution, uniform over the ``+inf`` entries)."""
+    masked = u == _NEG_INF if (softcap is not None or need_masked) else None
+    if softcap is None:
+        return u.clamp_(max=torch.finfo(u.dtype).max), None, masked
+    assert masked is not None
+    th = u.div_(softcap).tanh_()
+    return (th * softcap).masked_fill_(masked, _NEG_INF), th, masked
 
-class LinearLossConfig(NamedTuple):
-    """Python-level settings shared by both Functions (hashable, constant under compile)."""
 
-    fn: str
-    ignore_index: int
-    label_smoothing: float
-    z_loss: float
-    softcap: float | None
-    gamma: float | None  # None: cross-entropy; a number: focal loss
-    chunk: int
+class LocalRows(NamedTuple):
+    """What one pass over a chunk's logits reads off each row (every field ``(n, 1)`` but ``e``)."""
+
+    e: Tensor  # e^{l - m_safe} (n, V_k), the owned target's entry zeroed (the logits buffer)
+    m: Tensor  # the row max, -inf on an all -inf row (and on an empty shard)
+    m_safe: Tensor  # m, 0 where it is -inf
+    lt: Tensor  # the target's logit (0 where not owned)
+    d: Tensor  # D = Σ_{j ≠ t} e_j
+    masked: Tensor | None  # (n, V_k) the -inf logits (softcap or label smoothing)
+    th: Tensor | None  # (n, V_k) tanh(u / c) (softcap)
+    smooth: Tensor | None  # Σ_{c ∈ U} w_c (m_safe - l_c) (label smoothing)
+    k: Tensor | None  # |U| in the compute dtype, not clamped (label smoothing)
+    wu: Tensor | None  # Σ_{c ∈ U} w_c (label smoothing)
 
 
-def chunk_loss(
-    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
-    row_scale: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Loss of each row of one chunk, its row weight and ``row_scale · d loss / d u`` (``u = x W^T + b``).
-
-    ``x`` is ``(n, H)`` and ``b`` ``(V,)`` in the compute dtype, ``w`` ``(V, H)`` in its own dtype
-    (converted one vocabulary block at a time when that is narrower), ``t`` ``(n,)`` int64,
-    ``cw`` the class weights ``(V,)`` in the compute dtype or ``None``. ``row_scale`` ``(n, 1)``
-    (``None``: no gradient). Returns the loss ``(n,)`` (0 on invalid rows), the row weight
-    ``(n,)`` (``w_{t_i}`` on valid rows, 0 elsewhere: the denominator of ``'mean'``) and the
-    ``(n, V)`` gradient, which reuses the logits buffer.
-
-    One function on purpose (about 80 lines): the one ``(n, V)`` buffer goes through every step in
-    place (logits, ``exp``, gradient), and a split would pass a dozen per-row intermediates.
-    """
-    u = logits_of(x, w, b)
-    eps, zl = cfg.label_smoothing, cfg.z_loss
-    masked = u == _NEG_INF if (cfg.softcap is not None or eps > 0.0) else None
-    th = None
-    if cfg.softcap is not None:
-        assert masked is not None
-        # l = c tanh(u / c); a -inf (masked) logit stays masked.
-        th = u.div_(cfg.softcap).tanh_()
-        logits = (th * cfg.softcap).masked_fill_(masked, _NEG_INF)
+def local_rows(
+    u: Tensor, t_safe: Tensor, owned: Tensor | None, cw: Tensor | None, eps: float, softcap: float | None
+) -> LocalRows:
+    """The per-row statistics of one chunk's logits ``u`` (overwritten). ``t_safe`` ``(n, 1)``
+    the target's column (0 where there is none), ``owned`` ``(n, 1)`` where the target is in
+    this vocabulary (``None``: every row, one process)."""
+    logits, th, masked = capped(u, softcap, eps > 0.0)
+    n, v = logits.shape
+    if v == 0:  # an empty shard: no logit, no target (amax and gather need a class)
+        m = logits.new_full((n, 1), _NEG_INF)
+        lt = logits.new_zeros((n, 1))
     else:
-        # +inf -> finfo.max: the limit distribution, uniform over the +inf entries.
-        logits = u.clamp_(max=torch.finfo(u.dtype).max)
-    # amax, not max with its index: torch's CPU index reduction is not vectorised
-    m = logits.amax(dim=1, keepdim=True)
-    dead = m == _NEG_INF  # all -inf rows
-    m_safe = torch.where(dead, 0.0, m)
-    kept = t != cfg.ignore_index
-    valid = kept & ~dead.squeeze(1)
-    t_safe = torch.where(kept, t, 0).unsqueeze(1)
-    lt_shift = logits.gather(1, t_safe) - m_safe
-    # the target class's weight w_t (n, 1); None: every weight is 1
-    wt = None if cw is None else cw.gather(0, t_safe.squeeze(1)).unsqueeze(1)
+        # amax, not max with its index: torch's CPU index reduction is not vectorised
+        m = logits.amax(dim=1, keepdim=True)
+        lt = logits.gather(1, t_safe)
+        if owned is not None:
+            lt = torch.where(owned, lt, 0.0)
+    m_safe = torch.where(m == _NEG_INF, 0.0, m)
+    smooth = k = wu = None
     if eps > 0.0:
         assert masked is not None
-        k = (logits.shape[1] - masked.sum(1, keepdim=True)).clamp_(min=1).to(logits.dtype)
+        k = (v - masked.sum(1, keepdim=True)).to(logits.dtype)
         # Σ_{unmasked c} w_c (m - l_c): non-negative terms, no cancellation, no inf - inf.
         diff = (m_safe - logits).masked_fill_(masked, 0.0)
         if cw is None:
             smooth, wu = diff.sum(1, keepdim=True), k
         else:
             smooth = (diff @ cw).unsqueeze(1)
-            # W_U = Σ_{unmasked c} w_c
             wu = (cw.sum() - masked.to(cw.dtype) @ cw).unsqueeze(1)
         del diff
     e = logits.sub_(m_safe).exp_()
-    e.scatter_(1, t_safe, 0.0)
-    d = e.sum(1, keepdim=True)
+    if v > 0:
+        e.scatter_(1, t_safe, 0.0 if owned is None else torch.where(owned, 0.0, e.gather(1, t_safe)))
+    return LocalRows(e, m, m_safe, lt, e.sum(1, keepdim=True), masked, th, smooth, k, wu)
+
+
+class RowTerms(NamedTuple):
+    """The per-row loss and what its gradient needs (all ``(n, 1)``), from the combined rows."""
+
+    loss: Tensor  # 0 on invalid rows
+    row_w: Tensor  # w_t on valid rows, 0 elsewhere: the terms of 'mean''s denominator
+    valid: Tensor  # kept and not all -inf
+    sm1: Tensor  # S - 1
+    lse: Tensor
+    a_focal: Tensor | None  # focal's A
+    wt: Tensor | None
+    k: Tensor | None  # K clamped to 1
+    wu: Tensor | None
+
+
+def row_terms(
+    head: IndexHead, shift: Tensor, d: Tensor, m: Tensor, kept: Tensor, wt: Tensor | None,
+    smooth: Tensor | None, k: Tensor | None, wu: Tensor | None,
+) -> RowTerms:
+    """The loss of each row from its (combined) statistics: ``shift = l_t - m_safe``, ``D``,
+    the max ``m`` (``-inf``: an all ``-inf`` row), ``kept`` (a target to score)."""
+    eps, zl = head.label_smoothing, head.z_loss
+    dead = m == _NEG_INF
     # the row core's formula (rows.target_nll): S - 1 = D + expm1(-w), -log p_t = log S + w;
     # on all -inf rows z = -inf and D = 0: S = 1 there (log p_t = -inf, finite scales)
-    sm1, log_s, nll = target_nll(lt_shift.neg(), d, dead=dead)
+    sm1, log_s, nll = target_nll(shift.neg(), d, dead=dead)
     lse = m + log_s
-    if cfg.gamma is None:
+    a_focal = None
+    if head.gamma is None:
         nlpt = nll if wt is None else wt * nll
-        loss = nlpt if eps == 0.0 else eps * (smooth / k + (wu / k) * log_s)
-        if 0.0 < eps < 1.0:
-            loss = loss + (1.0 - eps) * nlpt
+        if eps == 0.0:
+            loss = nlpt
+        else:
+            assert smooth is not None and k is not None and wu is not None
+            k = k.clamp(min=1.0)
+            loss = eps * (smooth / k + (wu / k) * log_s)
+            if eps < 1.0:
+                loss = loss + (1.0 - eps) * nlpt
     else:
         # the row core's focal term: 1 - p_t = D / S, p_t = e^{-nll}
-        val, a_focal = focal_rows(d / (1.0 + sm1), torch.exp(nll.neg()), nll, cfg.gamma)
+        val, a_focal = focal_rows(d / (1.0 + sm1), torch.exp(nll.neg()), nll, head.gamma)
         loss = val if wt is None else wt * val
     if zl > 0.0:
         z_row = zl * lse.square()
         loss = loss + (z_row if wt is None else wt * z_row)
-    vcol = valid.unsqueeze(1)
-    loss = torch.where(vcol, loss, 0.0).squeeze(1)
-    row_w = valid.to(loss.dtype) if wt is None else torch.where(vcol, wt, 0.0).squeeze(1)
-    if row_scale is None:
-        return loss, row_w, None
-    s = torch.where(vcol, row_scale, 0.0)
-    sw = s if wt is None else s * wt
-    if cfg.gamma is None:
+    valid = kept & ~dead
+    loss = torch.where(valid, loss, 0.0)
+    row_w = valid.to(loss.dtype) if wt is None else torch.where(valid, wt, 0.0)
+    return RowTerms(loss, row_w, valid, sm1, lse, a_focal, wt, k, wu)
+
+
+def row_scales(head: IndexHead, r: RowTerms, s: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(α / S, β, s ε / K)`` per row for the logit gradient of ``Σ s ℓ``:
+    ``(α / S) e^{l - m} - β onehot(t) - δ w_c [unmasked]``."""
+    eps, zl = head.label_smoothing, head.z_loss
+    s = torch.where(r.valid, s, 0.0)
+    sw = s if r.wt is None else s * r.wt
+    if head.gamma is None:
         # α = s ((1 - ε) w_t + ε W_U / K): s alone without class weights (W_U = K)
         beta = sw * (1.0 - eps)
         if eps == 0.0:
             alpha = beta
         else:
-            alpha = s if wt is None else beta + s * (eps * wu / k)
+            assert r.k is not None and r.wu is not None
+            alpha = s if r.wt is None else beta + s * (eps * r.wu / r.k)
     else:
-        alpha = beta = sw * a_focal
+        assert r.a_focal is not None
+        alpha = beta = sw * r.a_focal
     if zl > 0.0:
-        alpha = alpha + sw * (2.0 * zl) * lse
+        alpha = alpha + sw * (2.0 * zl) * r.lse
     # lse = -inf on all -inf rows: 0 * -inf would be NaN.
-    alpha = torch.where(vcol, alpha, 0.0)
-    g = e.scatter_(1, t_safe, torch.exp(lt_shift)).mul_(alpha / (1.0 + sm1))
+    alpha = torch.where(r.valid, alpha, 0.0)
+    delta = None
     if eps > 0.0:
+        assert r.k is not None
+        delta = s * (eps / r.k)
+    return alpha / (1.0 + r.sm1), beta, delta
+
+
+def logit_grad(
+    e: Tensor, t_safe: Tensor, a_over_s: Tensor, beta: Tensor, delta: Tensor | None, cw: Tensor | None,
+    masked: Tensor | None, th: Tensor | None,
+) -> Tensor:
+    """``(α / S) e - β onehot(t) - δ w_c [unmasked]`` through softcap, in ``e``'s buffer (``e`` =
+    ``e^{l - m}`` with its target entry; ``β`` 0 where the target is not in this vocabulary)."""
+    g = e.mul_(a_over_s)
+    if delta is not None:
         assert masked is not None
         if cw is None:
-            g.sub_(s * (eps / k))
+            g.sub_(delta)
         else:
-            g.addcmul_(s * (eps / k), cw, value=-1.0)
+            g.addcmul_(delta, cw, value=-1.0)
         g.masked_fill_(masked, 0.0)
-    g.scatter_add_(1, t_safe, beta.neg())
+    if g.shape[1] > 0:
+        g.scatter_add_(1, t_safe, beta.neg())
     if th is not None:
         # d c tanh(u / c) / du = 1 - tanh²: 0 at masked (-inf) entries.
         g.mul_(th.square_().neg_().add_(1.0))
-    return loss, row_w, g
+    return g
 
 
-class Grads(NamedTuple):
-    """Gradients of the summed loss with respect to input, weight and bias (None: not wanted)."""
+@dataclass(frozen=True)
+class IndexHead(Head):
+    """Cross-entropy (``gamma=None``) or focal loss of class-index targets, one process.
 
-    input: Tensor | None
-    weight: Tensor | None
-    bias: Tensor | None
-
-
-def _input_grad(g: Tensor, w: Tensor) -> Tensor:
-    """``g W`` ``(n, H)`` in ``g``'s dtype; a narrower ``w`` is converted block by block."""
-    cd = g.dtype
-    if w.dtype == cd:
-        return g @ w
-    rows = block_rows(w, cd)
-    out = torch.zeros((g.shape[0], w.shape[1]), dtype=cd, device=g.device)
-    for v0 in range(0, w.shape[0], rows):
-        out.addmm_(g[:, v0 : v0 + rows], w[v0 : v0 + rows].to(cd))
-    return out
-
-
-def _old_run_chunks(
-    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
-    needs: tuple[bool, bool, bool], row_scale: Tensor | None, cd: torch.dtype,
-) -> tuple[Tensor, Tensor, Grads]:
-    """Loop over row chunks: per-row loss ``(N,)``, row weight ``(N,)`` and the summed gradients.
-
-    ``row_scale`` ``(N,)`` weighs each row's gradient (``None``: weight 1 when any of ``needs``).
-    Gradients are accumulated in the compute dtype ``cd`` (the weight's in a ``(V, H)``
-    accumulator in ``cd``, which is the returned gradient itself when ``w`` is in ``cd``).
-    While compiling, the loop runs inside one opaque custom op (:func:`_old_chunks_op`): the graph
-    does not depend on ``N`` and the loop is not unrolled.
-    """
-    if torch.compiler.is_compiling():
-        loss, row_w, gx, gw, gb = torch.ops.stablelosses.linear_loss_chunks(
-            x, w, b, t, cw, row_scale, cfg.ignore_index, cfg.label_smoothing, cfg.z_loss, cfg.softcap,
-            cfg.gamma, cfg.chunk, needs[0], needs[1], needs[2] and b is not None, cd,
-        )
-        return loss, row_w, Grads(gx if needs[0] else None, gw if needs[1] else None,
-                                  gb if needs[2] and b is not None else None)
-    return _old_run_chunks_eager(x, w, b, t, cw, cfg, needs, row_scale, cd)
-
-
-def _old_run_chunks_eager(
-    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
-    needs: tuple[bool, bool, bool], row_scale: Tensor | None, cd: torch.dtype,
-) -> tuple[Tensor, Tensor, Grads]:
-    want = any(needs)
-    bc = None if b is None else b.to(cd)
-    cwc = None if cw is None else cw.to(cd)
-    need_b = needs[2] and bc is not None
-    gw: Tensor | None = None
-    gb: Tensor | None = None
-    losses, row_ws, gxs = [], [], []
-    ones = torch.ones((), dtype=cd, device=x.device)
-    # The logits in cd, never in autocast's lower precision.
-    with no_autocast(x.device.type):
-        for start in range(0, x.shape[0], cfg.chunk):
-            xc = x[start : start + cfg.chunk].to(cd)
-            tc = t[start : start + cfg.chunk]
-            rs = None
-            if want:
-                rs = (
-                    ones.expand(xc.shape[0], 1) if row_scale is None
-                    else row_scale[start : start + cfg.chunk, None]
-                )
-            loss, row_w, g = chunk_loss(xc, w, bc, tc, cwc, cfg, rs)
-            losses.append(loss)
-            row_ws.append(row_w)
-            if g is not None:
-                if needs[0]:
-                    gxs.append(_input_grad(g, w))
-                # The first chunk writes the accumulators (no zero fill of a (V, H) buffer).
-                if needs[1]:
-                    gw = g.t() @ xc if gw is None else gw.addmm_(g.t(), xc)
-                if need_b:
-                    gb = g.sum(0) if gb is None else gb.add_(g.sum(0))
-            del g  # free this chunk's buffer before the next chunk's matmul
-    gx = torch.cat(gxs) if gxs else (torch.zeros(x.shape, dtype=cd, device=x.device) if needs[0] else None)
-    if needs[1] and gw is None:  # no rows
-        gw = torch.zeros(w.shape, dtype=cd, device=w.device)
-    if need_b and gb is None and bc is not None:
-        gb = torch.zeros_like(bc)
-    loss = torch.cat(losses) if losses else x.new_zeros(0, dtype=cd)
-    row_weight = torch.cat(row_ws) if row_ws else x.new_zeros(0, dtype=cd)
-    return loss, row_weight, Grads(gx, gw, gb)
-
-
-_old_SCHEMA = (
-    "(Tensor x, Tensor w, Tensor? b, Tensor t, Tensor? cw, Tensor? row_scale, int ignore_index, "
-    "float label_smoothing, float z_loss, float? softcap, float? gamma, int chunk, bool need_x, "
-    "bool need_w, bool need_b, ScalarType cd) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
-)
-
-
-@torch.library.custom_op("stablelosses::linear_loss_chunks", mutates_args=(), schema=_old_SCHEMA)
-def _old_chunks_op(
-    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, row_scale: Tensor | None,
-    ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None, gamma: float | None,
-    chunk: int, need_x: bool, need_w: bool, need_b: bool, cd: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The chunk loop as one op for ``torch.compile``: loss, row weight and the three gradients
-    (an empty tensor for a gradient that is not wanted)."""
-    cfg = LinearLossConfig("linear_loss", ignore_index, label_smoothing, z_loss, softcap, gamma, chunk)
-    loss, row_w, g = _old_run_chunks_eager(x, w, b, t, cw, cfg, (need_x, need_w, need_b), row_scale, cd)
-    # a fresh empty tensor for each missing gradient: the outputs of a custom op may not alias
-    gx, gw, gb = (x.new_empty(0, dtype=cd) if v is None else v for v in g)
-    return loss, row_w, gx, gw, gb
-
-
-@_old_chunks_op.register_fake
-def _old_chunks_op_fake(
-    x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, row_scale: Tensor | None,
-    ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None, gamma: float | None,
-    chunk: int, need_x: bool, need_w: bool, need_b: bool, cd: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    n = x.shape[0]
-    return (
-        x.new_empty((n,), dtype=cd), x.new_empty((n,), dtype=cd),
-        x.new_empty(x.shape if need_x else (0,), dtype=cd),
-        x.new_empty(w.shape if need_w else (0,), dtype=cd),
-        x.new_empty((w.shape[0],) if need_b else (0,), dtype=cd),
-    )
-
-
-def _scaled(
-    grad: Tensor | None, scale: Tensor, dtype: torch.dtype, fn: str, anchors: tuple[Tensor | None, ...]
-) -> Tensor | None:
-    """The returned gradient ``grad * scale`` in ``dtype``; guarded against double backward."""
-    if grad is None:
-        return None
-    if torch.is_grad_enabled():  # create_graph=True, torch.func.grad
-        return _ScaledGrad.apply(grad, scale, fn, *anchors).to(dtype)
-    return (grad * scale).to(dtype)
-
-
-class _LinearLossReduced(torch.autograd.Function):
-    """Summed (``mean=False``) or mean loss; the gradients are computed in the forward.
-
-    Outputs: the loss (a scalar in the compute dtype) and the gradients of that loss with
-    respect to input, weight and bias in their dtypes (non-differentiable, saved for backward).
+    rows: the targets ``(n,)`` int64, then the class weights ``(V,)`` in the compute dtype when
+    ``weighted`` (a constant). Outputs: the loss (0 on ignored and all ``-inf`` rows) and the
+    row weight (``w_t`` on the rows that count, 0 elsewhere: ``'mean'``'s denominator, no
+    gradient).
     """
 
-    @staticmethod
-    def forward(
-        x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
-        mean: bool, needs: tuple[bool, bool, bool], cd: torch.dtype,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
-        loss, row_w, g = _old_run_chunks(x, w, b, t, cw, cfg, needs, None, cd)
-        total = loss.sum()
-        if mean:
-            count = row_w.sum()  # Σ w_t over the valid rows (their number without class weights)
-            total = total / count  # 0 / 0 = NaN for an all-ignored batch, as torch
-            # ... but its gradient is 0, not 0 * inf.
-            scale = torch.where(count > 0, count.reciprocal(), 0.0)
-            g = Grads(*(None if t_ is None else t_.mul_(scale) for t_ in g))
-        gx = None if g.input is None else g.input.to(x.dtype)
-        gw = None if g.weight is None else g.weight.to(w.dtype)
-        gb = None if g.bias is None or b is None else g.bias.to(b.dtype)
-        return total, gx, gw, gb
+    fn: str
+    ignore_index: int
+    label_smoothing: float
+    z_loss: float
+    softcap: float | None
+    gamma: float | None
+    weighted: bool
+    n_out: int = 2
+    numeric: ClassVar[tuple[str, ...]] = ("label_smoothing", "z_loss", "softcap", "gamma")
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        cfg = inputs[5]
-        _, gx, gw, gb = output
-        ctx.mark_non_differentiable(*(t for t in (gx, gw, gb) if t is not None))
-        # No zero-filled (V, H) gradients for the non-differentiable outputs.
-        ctx.set_materialize_grads(False)
-        # The inputs are saved as anchors for the double-backward guard (references, no copy).
-        ctx.save_for_backward(gx, gw, gb, *inputs[:3])
-        ctx.fn = cfg.fn
-        ctx.dtypes = tuple(None if v is None else v.dtype for v in inputs[:3])
+    def _chunk(
+        self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...], grad_out: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        (u,) = logits
+        t = rows[0]
+        cw = rows[1] if self.weighted else None
+        kept = (t != self.ignore_index).unsqueeze(1)
+        t_safe = torch.where(kept, t.unsqueeze(1), 0)
+        loc = local_rows(u, t_safe, None, cw, self.label_smoothing, self.softcap)
+        wt = None if cw is None else cw.gather(0, t_safe.squeeze(1)).unsqueeze(1)
+        shift = loc.lt - loc.m_safe
+        r = row_terms(self, shift, loc.d, loc.m, kept, wt, loc.smooth, loc.k, loc.wu)
+        out = torch.cat([r.loss, r.row_w], 1)
+        if grad_out is None:
+            return out, None
+        a_over_s, beta, delta = row_scales(self, r, grad_out[:, :1])
+        e = loc.e.scatter_(1, t_safe, torch.exp(shift))  # the target's own term back
+        return out, logit_grad(e, t_safe, a_over_s, beta, delta, cw, loc.masked, loc.th)
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor | None, *_: Any) -> Any:
-        if grad is None:
-            return (None,) * 9
-        gx, gw, gb, *anchors = ctx.saved_tensors
-        dx, dw, db = ctx.dtypes
-        a = tuple(anchors)
-        return (
-            _scaled(gx, grad, dx, ctx.fn, a), _scaled(gw, grad, dw, ctx.fn, a),
-            _scaled(gb, grad, db, ctx.fn, a), None, None, None, None, None, None,
-        )
+    def forward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        return self._chunk(logits, rows, None)[0]
+
+    def backward(
+        self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...], grad_out: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        return (self._chunk(logits, rows, grad_out)[1],)
+
+    def forward_backward(
+        self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...], grad_out: Tensor
+    ) -> tuple[Tensor, tuple[Tensor | None, ...]]:
+        out, g = self._chunk(logits, rows, grad_out)
+        return out, (g,)
 
 
-class _LinearLossRows(torch.autograd.Function):
-    """Per-row loss (``reduction='none'``); the backward recomputes each chunk's logits."""
+# the statistics of a vocabulary shard, one column each (ShardStats' outputs)
+SHARD_COLUMNS = ("m", "d", "lt", "smooth", "k", "wu")
 
-    @staticmethod
-    def forward(
-        x: Tensor, w: Tensor, b: Tensor | None, t: Tensor, cw: Tensor | None, cfg: LinearLossConfig,
-        cd: torch.dtype,
-    ) -> Tensor:
-        loss, _, _ = _old_run_chunks(x, w, b, t, cw, cfg, (False, False, False), None, cd)
-        return loss
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        x, w, b, t, cw, cfg, cd = inputs
-        ctx.save_for_backward(x, w, b, t, cw)
-        ctx.cfg, ctx.cd = cfg, cd
+@dataclass(frozen=True)
+class ShardStats(Head):
+    """A vocabulary shard's per-row statistics (`LocalRows`: ``SHARD_COLUMNS``, 0 where a column
+    is not used) for the ranks to combine; no gradient. rows: the target's local column, whether
+    this shard owns it (bool), then the shard's class weights when ``head.weighted``."""
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Any:
-        x, w, b, t, cw = ctx.saved_tensors
-        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], b is not None and ctx.needs_input_grad[2])
-        with torch.no_grad():
-            _, _, g = _old_run_chunks(x, w, b, t, cw, ctx.cfg, needs, grad.to(ctx.cd), ctx.cd)
-        one = torch.ones((), dtype=ctx.cd, device=x.device)
-        fn, a = ctx.cfg.fn, (x, w, b, grad)
-        return (
-            _scaled(g.input, one, x.dtype, fn, a), _scaled(g.weight, one, w.dtype, fn, a),
-            None if b is None else _scaled(g.bias, one, b.dtype, fn, a), None, None, None, None,
-        )
+    head: IndexHead
+    n_out: int = len(SHARD_COLUMNS)
+
+    def forward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        (u,), h = logits, self.head
+        owned = rows[1].unsqueeze(1)
+        cw = rows[2] if h.weighted else None
+        loc = local_rows(u, rows[0].unsqueeze(1), owned, cw, h.label_smoothing, h.softcap)
+        zero = torch.zeros_like(loc.m)
+        cols = (loc.m, loc.d, loc.lt, loc.smooth, loc.k, loc.wu)
+        return torch.cat([zero if c is None else c for c in cols], 1)
+
+    def backward(
+        self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...], grad_out: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        raise NotImplementedError("ShardStats: the statistics are not differentiated (ShardGrad is)")
+
+
+@dataclass(frozen=True)
+class ShardGrad(Head):
+    """The gradient pass of a vocabulary shard: ``backward`` gives ``(α / S) e^{l - M} -
+    β onehot(t) - δ w_c`` with the combined row max ``M`` and the row scales of `row_scales` as
+    ``grad_out``'s three columns. rows: the target's local column, whether this shard owns it,
+    ``M`` (0 where ``-inf``), then the shard's class weights when ``head.weighted``."""
+
+    head: IndexHead
+    n_out: int = 3
+
+    def forward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        raise NotImplementedError("ShardGrad: a gradient pass only (ShardStats gives the values)")
+
+    def backward(
+        self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...], grad_out: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        (u,), h = logits, self.head
+        t_safe, owned, m_safe = rows[0].unsqueeze(1), rows[1].unsqueeze(1), rows[2].unsqueeze(1)
+        cw = rows[3] if h.weighted else None
+        lg, th, masked = capped(u, h.softcap, h.label_smoothing > 0.0)
+        e = lg.sub_(m_safe).exp_()
+        a_over_s, beta, delta = grad_out[:, :1], grad_out[:, 1:2], grad_out[:, 2:]
+        beta = torch.where(owned, beta, 0.0)
+        return (logit_grad(e, t_safe, a_over_s, beta, None if h.label_smoothing == 0.0 else delta, cw,
+                           masked, th),)

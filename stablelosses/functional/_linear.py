@@ -11,11 +11,12 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import fast_apply
 from stablelosses._autograd.linear import (
-    LinearLossConfig,
-    _LinearLossReduced,
-    _LinearLossRows,
+    CHUNK_BYTES,
+    IndexHead,
+    default_chunk_size,
+    linear_chunks,
+    linear_chunks_reduced,
 )
 from stablelosses._compat import forward_ad_active
 from stablelosses._spec import (
@@ -42,10 +43,7 @@ from stablelosses.functional._cross_entropy import _INDEX_DTYPES
 from stablelosses.functional._linear_parallel import is_dtensor, linear_loss_parallel
 from stablelosses.functional._masked import check_mask
 
-# Logits of one chunk: at most this many bytes (64 MiB) in the compute dtype.
-CHUNK_BYTES = 64 * 2**20
-
-_rows, _reduced = fast_apply(_LinearLossRows), fast_apply(_LinearLossReduced)
+__all__ = ["CHUNK_BYTES", "default_chunk_size", "linear_cross_entropy", "linear_focal_loss"]
 
 
 _LINEAR_ARGS = (
@@ -70,16 +68,6 @@ FOCAL_SPEC = OpSpec(
     tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
     elsewhere=("options", "process_group", "vocab_start"),
 )
-
-def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
-    """Rows per chunk for ``chunk_size=None``: the chunk's logits fit in ``CHUNK_BYTES``.
-
-    The largest power of two that fits (at least 1 row); it depends on the vocabulary and the
-    compute dtype only, so any problem whose logits exceed 64 MiB is split.
-    """
-    rows = max(1, CHUNK_BYTES // (max(vocab, 1) * (torch.finfo(dtype).bits // 8)))
-    return 1 << (rows.bit_length() - 1)
-
 
 # torch >= 2.13's options class (None on older torch, where ``options`` must be None)
 _OPTIONS_CLASS = getattr(torch.nn, "LinearCrossEntropyOptions", None)
@@ -317,7 +305,7 @@ def _linear_loss(
     fn: str, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weight: Tensor | None,
     ignore_index: int, reduction: str, label_smoothing: float, z_loss: float, softcap: float | None,
     gamma: float | None, chunk_size: int, mask: Tensor | None = None, options: object = None,
-    shapes: _Shapes = _PLAIN,
+    shapes: _Shapes = _PLAIN, normalizer: Tensor | float | None = None,
 ) -> Tensor:
     tensors = (input, weight) if bias is None else (input, weight, bias)
     cd = torch.float64 if any(v.dtype == torch.float64 for v in tensors) else torch.float32
@@ -336,45 +324,89 @@ def _linear_loss(
         shapes.probabilities or shapes.k_dim or forward_ad_active()
         or (class_weight is not None and class_weight.requires_grad and torch.is_grad_enabled())
     ):
-        return _unfused_loss(
-            fn, input, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
-            softcap, gamma, mask, cd, out_dtype, shapes.probabilities,
+        if normalizer is None:
+            return _unfused_loss(
+                fn, input, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
+                z_loss, softcap, gamma, mask, cd, out_dtype, shapes.probabilities,
+            )
+        total = _unfused_loss(
+            fn, input, weight, target, bias, class_weight, ignore_index, "sum", label_smoothing, z_loss,
+            softcap, gamma, mask, cd, cd, shapes.probabilities,
         )
+        return cast(reduce_rows(total, total, "mean", normalizer, True), out_dtype)
     chunk = default_chunk_size(weight.shape[0], cd) if chunk_size < 0 else chunk_size
-    cfg = LinearLossConfig(fn, int(ignore_index), label_smoothing, z_loss, softcap, gamma, chunk)
+    head = IndexHead(fn, int(ignore_index), label_smoothing, z_loss, softcap, gamma, class_weight is not None)
     # target.numel() rows, not -1: a reshape to (-1, 0) is ambiguous when H = 0
     x = input.reshape(target.numel(), h)
     t = target.reshape(-1).long()
-    cw = None if class_weight is None else class_weight.detach()
-    kept = None
+    consts = () if class_weight is None else (class_weight.detach().to(cd),)
     if mask is not None:
         # a masked-out row is an ignored row whose hidden state is never read (select, no multiply)
         m = check_mask(fn, mask, target.shape, "the per-row loss", device=x.device).to(x.device)
         m = m.expand(target.shape).reshape(-1)
         x = torch.where(m[:, None], x, 0.0)
         t = torch.where(m, t, int(ignore_index))
-        kept = (t != int(ignore_index)).any() if reduction == "mean" else None
+    streams = [(x, weight, bias)]
     if reduction == "none":
-        return cast(_rows(x, weight, bias, t, cw, cfg, cd).reshape(target.shape), out_dtype)
-    grad_on = torch.is_grad_enabled()
-    needs = (
-        grad_on and input.requires_grad,
-        grad_on and weight.requires_grad,
-        grad_on and bias is not None and bias.requires_grad,
-    )
-    loss = _reduced(x, weight, bias, t, cw, cfg, reduction == "mean", needs, cd)[0]
-    if kept is not None:
-        loss = torch.where(kept, loss, 0.0)  # no kept row: 0 (masked_mean), not 0 / 0
-    return cast(loss, out_dtype)
+        out = linear_chunks(head, streams, [t], chunk_size=chunk, consts=consts, dtype=cd)
+        return cast(out[:, 0].reshape(target.shape), out_dtype)
+    # 'mean'/'sum': the gradients in the forward, of the loss column (the row weights: none)
+    coef = torch.tensor([1.0, 0.0], dtype=cd, device=x.device)
+    total, out = linear_chunks_reduced(head, streams, [t], coef, chunk_size=chunk, consts=consts, dtype=cd)
+    return cast(reduce_rows(total, out[:, 1], reduction, normalizer, mask is not None), out_dtype)
+
+
+def check_normalizer(fn: str, normalizer: object, reduction: object) -> Tensor | float | None:
+    """``normalizer`` checked: ``None``, a finite number ``>= 0`` or a 0-d real tensor (its
+    value is not read: no host sync), with ``reduction='mean'`` only."""
+    if normalizer is None:
+        return None
+    if reduction != "mean":
+        raise ValueError(
+            f"{fn}: normalizer replaces 'mean''s denominator; it needs reduction='mean', got {reduction!r}"
+        )
+    if isinstance(normalizer, Tensor):
+        if normalizer.dim() != 0 or normalizer.is_complex() or normalizer.dtype == torch.bool:
+            raise ValueError(
+                f"{fn}: normalizer must be a number or a 0-d real tensor, got a {normalizer.dtype} tensor "
+                f"of shape {list(normalizer.shape)}"
+            )
+        return normalizer
+    if isinstance(normalizer, bool) or not isinstance(normalizer, (int, float)):
+        raise TypeError(
+            f"{fn}: normalizer must be a number, a 0-d tensor or None, got {type(normalizer).__name__}"
+        )
+    if not (math.isfinite(normalizer) and normalizer >= 0):
+        raise ValueError(f"{fn}: normalizer must be finite and >= 0, got {normalizer}")
+    return float(normalizer)
+
+
+def reduce_rows(
+    total: Tensor, row_w: Tensor, reduction: str, normalizer: Tensor | float | None, masked: bool
+) -> Tensor:
+    """The reduced loss from ``total = Σ ℓ`` and the row weights: ``'sum'`` the total; ``'mean'``
+    ``total / Σ w_t`` (no counted row: NaN as torch, 0 with a mask, gradient 0 either way), or
+    ``total / normalizer`` (a normalizer of 0 gives 0 with gradient 0). No host read."""
+    if reduction == "sum":
+        return total
+    if normalizer is None:
+        den = row_w.sum()
+    else:
+        den = torch.as_tensor(normalizer, dtype=total.dtype, device=total.device)
+    some = den != 0
+    empty = 0.0 if masked or normalizer is not None else math.nan
+    return torch.where(some, total / torch.where(some, den, 1.0), empty)
 
 
 def _parallel(
     fn: str, input: Any, linear_weight: Any, target: Any, linear_bias: Any, weight: Any, ignore_index: object,
     reduction: object, label_smoothing: object, z_loss: object, softcap: object, gamma: float | None,
     chunk_size: object, mask: Tensor | None, options: object, process_group: Any, vocab_start: int | None,
+    normalizer: object = None,
 ) -> Tensor:
     """The vocabulary-parallel call, its scalar arguments checked as in the one-process one."""
     REDUCTION.check(fn, "reduction", reduction)
+    norm = check_normalizer(fn, normalizer, reduction)
     ii = -100 if ignore_index is None else ignore_index
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     eps = LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)
@@ -383,7 +415,7 @@ def _parallel(
     assert isinstance(ii, int) and isinstance(reduction, str)
     return linear_loss_parallel(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, gamma, chunk,
-        mask, options, process_group, vocab_start,
+        mask, options, process_group, vocab_start, norm,
     )
 
 
@@ -441,7 +473,7 @@ def linear_cross_entropy(
     weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = None,
     label_smoothing: float = 0.0, options: Any = None, z_loss: float = 0.0, softcap: float | None = None,
     chunk_size: int | None = None, mask: Tensor | None = None, process_group: Any = None,
-    vocab_start: int | None = None,
+    vocab_start: int | None = None, normalizer: Tensor | float | None = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear layer's logits, computed chunk by chunk: the $(N, V)$ logits never exist.
 
@@ -604,7 +636,7 @@ def linear_cross_entropy(
     if process_group is not None or is_dtensor(linear_weight):
         return _parallel(
             fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, label_smoothing,
-            z_loss, softcap, None, chunk_size, mask, options, process_group, vocab_start,
+            z_loss, softcap, None, chunk_size, mask, options, process_group, vocab_start, normalizer,
         )
     if vocab_start is not None:
         raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
@@ -613,9 +645,10 @@ def linear_cross_entropy(
         chunk_size,
     )
     eps = LABEL_SMOOTHING.check(fn, "label_smoothing", label_smoothing)  # cross_entropy's kind
+    norm = check_normalizer(fn, normalizer, reduction)
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, None, chunk,
-        mask, options, shapes,
+        mask, options, shapes, norm,
     )
 
 
@@ -625,7 +658,7 @@ def linear_focal_loss(
     weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = None,
     options: Any = None, gamma: float = 2.0, z_loss: float = 0.0, softcap: float | None = None,
     chunk_size: int | None = None, mask: Tensor | None = None, process_group: Any = None,
-    vocab_start: int | None = None,
+    vocab_start: int | None = None, normalizer: Tensor | float | None = None,
 ) -> Tensor:
     r"""Focal loss of a linear layer's logits, chunked like `linear_cross_entropy`.
 
@@ -704,7 +737,7 @@ def linear_focal_loss(
         return _parallel(
             fn, input, linear_weight, target, linear_bias, weight, ignore_index, reduction, 0.0,
             z_loss, softcap, GAMMA.check(fn, "gamma", gamma), chunk_size, mask, options, process_group,
-            vocab_start,
+            vocab_start, normalizer,
         )
     if vocab_start is not None:
         raise ValueError(f"{fn}: vocab_start= is for a sharded linear_weight (with process_group=)")
@@ -713,8 +746,9 @@ def linear_focal_loss(
         chunk_size, focal=True,
     )
     g = GAMMA.check(fn, "gamma", gamma)
+    norm = check_normalizer(fn, normalizer, reduction)
     return _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, 0.0, z, cap, g, chunk, mask,
-        options, shapes,
+        options, shapes, norm,
     )
 
