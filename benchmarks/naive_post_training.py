@@ -91,15 +91,16 @@ def token_mean(loss: Tensor, mask: Tensor) -> Tensor:
 
 
 def sequence_mean(loss: Tensor, mask: Tensor) -> Tensor:
-    """GRPO's per-sequence mean: ``((loss * mask).sum(-1) / mask.sum(-1)).mean()``."""
+    """TRL GRPO's per-sequence mean: ``((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()``
+    (the clamp makes an empty completion 0; a masked ``inf`` still gives ``inf·0`` = NaN)."""
     m = mask.to(loss.dtype)
-    return ((loss * m).sum(-1) / m.sum(-1)).mean()
+    return ((loss * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
 
 
 def grpo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
                      clip_eps: float = 0.2) -> Tensor:
     """TRL GRPOTrainer's clipped surrogate (``loss_type='grpo'``): ``ratio = exp(logp − old)``
-    at every position, padding included, then the per-sequence masked mean."""
+    at every position, padding included, then the per-sequence masked mean (`sequence_mean`)."""
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages

@@ -556,3 +556,20 @@ def test_linear_compiles_fullgraph():
     torch.testing.assert_close(out, ref)
     for a, b in zip(_grads(out, h1, w1), _grads(ref, h2, w2)):
         torch.testing.assert_close(a, b)
+
+
+def test_hazard_matrix_stablelosses_cells_are_finite():
+    # benchmarks/hazard_matrix.py (the generator of docs/hazard-matrix.md): every distillation
+    # and normalizer cell of stablelosses is finite in value and gradient
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "hazard_matrix.py"
+    spec = importlib.util.spec_from_file_location("hazard_matrix", path)
+    assert spec is not None and spec.loader is not None
+    hm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hm)
+    columns, results, _, _ = hm.run()
+    ours = [c[0] for c in columns if c[1] == "stablelosses" and ("distillation" in c[0] or "normalizer" in c[0])]
+    assert len(ours) >= 6
+    bad = {(col, row): v for (col, row), v in results.items() if col in ours and v not in ("✓ / ✓", "·")}
+    assert bad == {}
+    naive_cells = [v for (col, _), v in results.items() if col.startswith("TRL generalized_jsd_loss")]
+    assert any("NaN" in v for v in naive_cells)  # the matrix shows the hazards it is about
