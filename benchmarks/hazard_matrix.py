@@ -172,7 +172,8 @@ def _all_ignored() -> Case:
 SCENARIOS: list[tuple[str, str, Callable[[], Case]]] = [
     ("ordinary inputs", "random logits, some padding", _ordinary),
     ("empty completion", "one sequence with no counted token", _empty_completion),
-    ("`-inf` at index 0", "a masked vocabulary entry (both models; a `-inf` bias for the fused ones)", _minus_inf_entry),
+    ("`-inf` at index 0", "a masked vocabulary entry (both models; a `-inf` bias for the fused ones)",
+     _minus_inf_entry),
     ("logp → 0", "a saturated model: the label's log-prob is exactly 0", _logp_zero),
     ("log-ratio ±200 at padding", "garbage log-ratios (and logits) at padded positions", _log_ratio_200),
     ("d = 1e-6", "teacher = student + 1e-6; log-ratios of 1e-6", _tiny_d),
@@ -242,8 +243,9 @@ def _ours() -> tuple[list[Column], list[str]]:
         cols.append((f"distillation_loss({kind!r})", "stablelosses", ALL,
                      lambda c, k=kind: SF.distillation_loss(c.s, c.t, kind=k, temperature=c.temperature,
                                                             mask=c.mask)))
-    cols.append(("linear_distillation_loss('jsd')", "stablelosses", NO_T, lambda c: SF.linear_distillation_loss(
-        c.hs, c.ws, c.ht, c.wt, student_bias=c.bs, teacher_bias=c.bt, kind="jsd", mask=c.mask)))
+    cols.append(("linear_distillation_loss('jsd')", "stablelosses", NO_T,
+                 lambda c: SF.linear_distillation_loss(c.hs, c.ws, c.ht, c.wt, student_bias=c.bs,
+                                                       teacher_bias=c.bt, kind="jsd", mask=c.mask)))
     cols.append(("entropy + masked_mean", "stablelosses", ALL,
                  lambda c: SF.masked_mean(SF.entropy(c.s / c.temperature), c.mask)))
     cols.append(("kl_div(log_target=True), forward KL", "stablelosses", ALL, lambda c: SF.kl_div(
@@ -330,7 +332,8 @@ def run() -> tuple[list[Column], dict[tuple[str, str], str], list[str], str]:
     return columns, results, absent, liger_note
 
 
-def render(columns: list[Column], results: dict[tuple[str, str], str], absent: list[str], liger_note: str) -> str:
+def render(columns: list[Column], results: dict[tuple[str, str], str], absent: list[str],
+           liger_note: str) -> str:
     names = [name for name, _, _ in SCENARIOS]
     lines = [
         "# Hazard matrix: post-training and distillation losses",

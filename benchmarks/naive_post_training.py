@@ -66,7 +66,8 @@ def trl_entropy_from_logits(logits: Tensor) -> Tensor:
     return -(torch.exp(logp) * logp).sum(-1)
 
 
-def prob_target_reverse_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
+def prob_target_reverse_kl(student_logits: Tensor, teacher_logits: Tensor,
+                           temperature: float = 1.0) -> Tensor:
     """Reverse KL with the student's probabilities as ``F.kl_div``'s target (the spelling of the
     report "Reverse-KL and JS distillation can return finite losses with NaN gradients",
     MakazhanAlpamys/Soup#719): per token ``Σ q (log q − log p)``."""

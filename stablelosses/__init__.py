@@ -40,7 +40,9 @@ from stablelosses.losses import (
     RMSELoss,
     SigmoidFocalLoss,
 )
-from stablelosses.losses import DistillationLoss, LinearDistillationLoss  # noqa: I001
+
+# isort: split
+from stablelosses.losses import DistillationLoss, LinearDistillationLoss
 
 __version__ = "0.2.0"
 

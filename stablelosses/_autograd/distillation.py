@@ -249,7 +249,8 @@ class DistillationHead(Head):
     fn: str = "linear_distillation_loss"
     n_out: int = 1
 
-    def _scaled(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _scaled(self, logits: tuple[Tensor, ...],
+                rows: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
         s, t = logits
         v = max(s.shape[1], t.shape[1])
         mask = rows[0] if self.masked else None

@@ -20,7 +20,9 @@ from stablelosses.functional._softmax import log_softmax, logsumexp, softmax
 from stablelosses.functional._sqrt import safe_sqrt
 from stablelosses.functional._vector import cosine_similarity, normalize
 from stablelosses.functional._xlogy import xlogy
-from stablelosses.functional._distillation import distillation_loss, linear_distillation_loss  # noqa: I001
+
+# isort: split
+from stablelosses.functional._distillation import distillation_loss, linear_distillation_loss
 
 __all__ = [
     "safe_sqrt",

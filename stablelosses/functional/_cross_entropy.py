@@ -322,7 +322,8 @@ def cross_entropy(
         return out
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce, reduction)
-    reduction, eps, ignore_index, normalizer = SPEC.check(reduction, label_smoothing, ignore_index, normalizer)
+    reduction, eps, ignore_index, normalizer = SPEC.check(
+        reduction, label_smoothing, ignore_index, normalizer)
     check_normalizer(fn, normalizer, reduction)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)

@@ -47,7 +47,8 @@ SPEC = OpSpec(
 def check_distillation_args(fn: str, spec: OpSpec, kind: Any, beta: Any, temperature: Any,
                             reduction: Any, normalizer: Any) -> tuple[str, float, float, str, Any]:
     """The checked scalar arguments shared by `distillation_loss` and its fused form."""
-    kind, beta, temperature, reduction, normalizer = spec.check(kind, beta, temperature, reduction, normalizer)
+    kind, beta, temperature, reduction, normalizer = spec.check(
+        kind, beta, temperature, reduction, normalizer)
     check_normalizer(fn, normalizer, reduction)
     return kind, beta, temperature, reduction, normalizer
 
