@@ -536,8 +536,10 @@ class LinearDistillationLoss(_Loss):
     models' own output layers, passed in, as tied embeddings often are).
 
     Args:
-        kind, beta, temperature, reduction: as in
-            [`DistillationLoss`][stablelosses.DistillationLoss].
+        kind: as in [`DistillationLoss`][stablelosses.DistillationLoss]. Default: ``'forward_kl'``.
+        beta: the JSD interpolation in ``[0, 1]``. Default: ``0.5``.
+        temperature: divides both logits. Default: ``1.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
         chunk_size: rows per chunk (``None``: the engine's default). Default: ``None``.
 
     Example:

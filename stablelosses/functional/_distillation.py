@@ -279,7 +279,12 @@ def linear_distillation_loss(
         teacher_weight: $(V_t, H_t)$ output layer of the teacher.
         student_bias: $(V_s,)$ or ``None``. Default: ``None``.
         teacher_bias: $(V_t,)$ or ``None``. Default: ``None``.
-        kind, beta, temperature, mask, reduction, normalizer: as in `distillation_loss`.
+        kind: as in `distillation_loss`. Default: ``'forward_kl'``.
+        beta: as in `distillation_loss`. Default: ``0.5``.
+        temperature: as in `distillation_loss`. Default: ``1.0``.
+        mask: bool, broadcastable to the token shape ``student_input.shape[:-1]``. Default: ``None``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        normalizer: as in `distillation_loss` (a constant here). Default: ``None``.
         chunk_size: rows per chunk of the flattened tokens (``None``: the engine's default, the
             chunk's logits within 64 MiB). Default: ``None``.
 
