@@ -4,8 +4,9 @@ Variants (forward+backward, gradients with respect to the student's hidden state
 the teacher takes none): ``unfused`` (``SF.distillation_loss(F.linear(hs, Ws), F.linear(ht, Wt))``,
 the same loss on materialised logits), ``trl`` (TRL's ``generalized_jsd_loss`` on the same
 logits, transcribed in ``naive_post_training.py``) and ``stable``
-(``SF.linear_distillation_loss``). ``kind='jsd'``, ``beta=0.5`` (the loss Liger-Kernel's
-``LigerFusedLinearJSDLoss`` fuses; it is not installed here).
+(``SF.linear_distillation_loss``); ``liger`` (Liger-Kernel's ``LigerFusedLinearJSDLoss``, its
+soft loss only, default ``compiled=True`` and ``chunk_size``) where ``liger_kernel`` imports (a
+bench-only package, not a dependency). ``kind='jsd'``, ``beta=0.5``.
 
 ``pytest benchmarks/test_bench_distillation.py`` times each variant and records the peak memory
 of one call in ``extra_info['peak_bytes']``; ``test_memory`` (not timed) checks that the fused
@@ -33,7 +34,11 @@ import stablelosses.functional as SF
 from stablelosses.bench.memory import peak_memory
 
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
-VARIANTS = ("unfused", "trl", "stable")
+try:
+    from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss  # type: ignore[import-not-found]
+except Exception:  # noqa: BLE001 - any import failure: the variant is skipped
+    LigerFusedLinearJSDLoss = None
+VARIANTS = ("unfused", "trl", "stable", "liger")
 CASES = [("4096x1024x32000-float32", 4096, 1024, 32000, torch.float32)]
 
 _spec = importlib.util.spec_from_file_location(
@@ -56,7 +61,13 @@ def make_call(label: str, variant: str, device: str = "cpu") -> Callable[[], Any
     labels = torch.where(mask, 1, -100)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
+    liger = None
+    if variant == "liger":
+        liger = LigerFusedLinearJSDLoss(weight_hard_loss=0.0, weight_soft_loss=1.0, beta=0.5)
+
     def loss() -> torch.Tensor:
+        if liger is not None:
+            return liger(hs, ws, ht, wt, labels)
         if variant == "stable":
             return SF.linear_distillation_loss(hs, ws, ht, wt, kind="jsd", mask=mask)
         s, t = F.linear(hs, ws), F.linear(ht, wt)
@@ -72,7 +83,10 @@ def make_call(label: str, variant: str, device: str = "cpu") -> Callable[[], Any
     return call
 
 
-PARAMS = [pytest.param(c[0], v, id=f"{c[0]}-cpu-{v}") for c in CASES for v in VARIANTS]
+_NO_LIGER = pytest.mark.skip(reason="liger_kernel does not import here")
+PARAMS = [pytest.param(c[0], v, id=f"{c[0]}-cpu-{v}",
+                       marks=[_NO_LIGER] if v == "liger" and LigerFusedLinearJSDLoss is None else [])
+          for c in CASES for v in VARIANTS]
 
 
 @pytest.mark.parametrize("case,variant", PARAMS)
@@ -102,12 +116,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; unfused always")
     args = parser.parse_args()
+    wanted = ["unfused"] + [v for v in args.variants.split(",") if v != "unfused"
+                            and (v != "liger" or LigerFusedLinearJSDLoss is not None)]
     torch.set_num_threads(args.threads)
     print("| case | variant | median time | peak | time / unfused | peak / unfused |")
     print("|---|---|---|---|---|---|")
     for label, *_ in CASES:
-        calls = {v: make_call(label, v) for v in VARIANTS}
+        calls = {v: make_call(label, v) for v in wanted}
         times: dict[str, list[float]] = {v: [] for v in calls}
         for c in calls.values():  # warm-up
             c()
