@@ -636,3 +636,82 @@ def test_linear_all_false_mask_gives_zero():
         assert got.item() == 0.0
         gx, gw = _grad(got, x, W)
         assert torch.equal(gx, torch.zeros_like(x)) and torch.equal(gw, torch.zeros_like(W))
+
+
+# --- normalizer: replaces 'mean''s denominator -----------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [SF.linear_cross_entropy, SF.linear_focal_loss])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_normalizer_replaces_the_mean_denominator(fn, as_tensor):
+    x, w, b, t = _data()
+    t[::4] = -100
+    a, e = _leaves(x, w, b), _leaves(x, w, b)
+    norm = torch.tensor(37.0, dtype=torch.float64) if as_tensor else 37
+    got = fn(a[0], a[1], t, linear_bias=a[2], normalizer=norm, chunk_size=7)
+    want = fn(e[0], e[1], t, linear_bias=e[2], reduction="sum", chunk_size=7) / 37.0
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+    for p, q in zip(_grads(got, a), _grads(want, e)):
+        torch.testing.assert_close(p, q, rtol=1e-14, atol=1e-16)
+
+
+def test_normalizer_zero_with_a_fully_masked_batch_gives_zero_and_zero_gradients():
+    x, w, b, t = _data()
+    a = _leaves(x, w, b)
+    mask = torch.zeros(N, dtype=torch.bool)
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], mask=mask, normalizer=torch.tensor(0.0))
+    assert loss.item() == 0.0
+    assert all(bool((g == 0).all()) for g in _grads(loss, a))
+
+
+def test_normalizer_on_the_unfused_path():
+    x, w, b, t = _data()
+    probs = torch.softmax(torch.randn(N, V, dtype=torch.float64), 1)
+    got = SF.linear_cross_entropy(x, w, probs, linear_bias=b, normalizer=5.0)
+    want = SF.linear_cross_entropy(x, w, probs, linear_bias=b, reduction="sum") / 5.0
+    torch.testing.assert_close(got, want)
+
+
+class _NoHostRead(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise AssertionError("a value was read on the host (.item())")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kw", [dict(normalizer=torch.tensor(12.0)), dict(), dict(reduction="sum"),
+                                dict(reduction="none"), dict(weight="cw", label_smoothing=0.1)])
+@pytest.mark.parametrize("fn", [SF.linear_cross_entropy, SF.linear_focal_loss])
+def test_no_host_read(kw, fn):
+    x, w, b, t = _data()
+    kw = dict(kw)
+    if kw.get("weight") == "cw":
+        if fn is SF.linear_focal_loss:
+            kw.pop("label_smoothing")
+        kw["weight"] = torch.rand(V, dtype=torch.float64) + 0.5
+    mask = torch.arange(N) % 3 != 0
+    a = _leaves(x, w, b)
+    with _NoHostRead():
+        loss = fn(a[0], a[1], t, linear_bias=a[2], mask=mask, chunk_size=5, **kw)
+        _grads(loss, a)
+    # the mode does raise on a host read (the check can fail)
+    with pytest.raises(AssertionError, match="read on the host"), _NoHostRead():
+        loss.sum().item()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        (dict(normalizer=2.0, reduction="sum"), ValueError, "normalizer replaces 'mean''s denominator; it needs"),
+        (dict(normalizer=-1.0), ValueError, "normalizer must be finite and >= 0, got -1.0"),
+        (dict(normalizer=math.inf), ValueError, "normalizer must be finite and >= 0"),
+        (dict(normalizer="3"), TypeError, "normalizer must be a number, a 0-d tensor or None, got str"),
+        (dict(normalizer=True), TypeError, "normalizer must be a number"),
+        (dict(normalizer=torch.ones(2)), ValueError, "normalizer must be a number or a 0-d real tensor"),
+    ],
+)
+def test_normalizer_errors(kwargs, exc, match):
+    x, w, b, t = _data()
+    for fn in (SF.linear_cross_entropy, SF.linear_focal_loss):
+        with pytest.raises(exc, match=f"{fn.__name__}: {match}"):
+            fn(x, w, t, **kwargs)

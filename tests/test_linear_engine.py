@@ -4,6 +4,7 @@ computation: values and gradients of every stream's input, weight and bias."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
@@ -238,3 +239,58 @@ def test_compiled_matches_eager(reduced: bool) -> None:
     torch.testing.assert_close(compiled, eager)
     for a, b in zip(g_comp, g_eager):
         torch.testing.assert_close(a, b)
+
+
+@dataclass(frozen=True)
+class WeightedLogProbHead(LogProbHead):
+    """``scale · w_t · (-log p_t)``: per-class weights as a constant, ``scale`` a numeric field."""
+
+    scale: float = 1.0
+    numeric: ClassVar[tuple[str, ...]] = ("scale",)
+
+    def forward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        t, cw = rows
+        return super().forward(logits, (t,)) * cw[t.clamp(min=0)][:, None] * self.scale
+
+    def backward(
+        self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...], grad_out: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        t, cw = rows
+        return super().backward(logits, (t,), grad_out * cw[t.clamp(min=0)][:, None] * self.scale)
+
+
+def test_consts_are_passed_whole_and_dtype_sets_the_compute_dtype() -> None:
+    streams = _streams(9, [(4, 6, True)])
+    t = torch.tensor([0, 5, 3, -1, 2, 2, 1, 4, 0])
+    cw = torch.rand(6, generator=torch.Generator().manual_seed(7), dtype=torch.float64) + 0.5
+    head = WeightedLogProbHead(scale=0.5)
+    out = linear_chunks(head, streams, [t], chunk_size=4, consts=[cw], dtype=torch.float64)
+    assert out.dtype == torch.float64
+    ref = _reference(LogProbHead(), streams, t) * cw[t.clamp(min=0)][:, None] * 0.5
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
+    leaves = _leaves(streams)
+    got = torch.autograd.grad(out.sum(), leaves)
+    want = torch.autograd.grad(ref.sum(), leaves)
+    for g, r in zip(got, want):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_compiled_numeric_field_may_be_symbolic() -> None:
+    streams = _streams(8, [(4, 6, False)])
+    t = torch.tensor([0, 5, 3, -1, 2, 2, 1, 4])
+    cw = torch.ones(6)
+    x, w, _ = streams[0]
+
+    def f(x: Tensor, w: Tensor, scale: float) -> Tensor:
+        head = WeightedLogProbHead(scale=scale)
+        return linear_chunks_reduced(head, [(x, w, None)], [t], torch.ones(1), chunk_size=3, consts=[cw])[0]
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    for scale in (0.5, 2.0):  # a Python float argument: a SymFloat under dynamic=True
+        got = compiled(x, w, scale)
+        want = f(x, w, scale)
+        torch.testing.assert_close(got, want)
+        for a, b in zip(torch.autograd.grad(got, [x, w]), torch.autograd.grad(want, [x, w])):
+            torch.testing.assert_close(a, b)

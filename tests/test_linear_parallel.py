@@ -1,10 +1,13 @@
 """Vocabulary-parallel linear losses (``process_group=`` / a ``Shard(0)`` DTensor).
 
 The multi-process tests run ``tests/scripts/dist_linear.py`` with 2 and 4 gloo processes on
-CPU: loss and gradients equal the one-process call (float64 1e-12 relative, float32 a few ulp)
-on every rank, bit-identical across ranks, with z-loss, softcap, label smoothing, class weights
-(replicated and sharded), ignore_index, mask, focal, a fully masked shard, an all-masked batch,
-uneven shards and the DTensor form. The argument checks need no process group.
+CPU (and 3 for torch's split (2, 2, 0) of 4 classes): loss and gradients equal the one-process
+call (float64 1e-12 relative, float32 a few ulp) on every rank, bit-identical across ranks, with
+z-loss, softcap, label smoothing, class weights (replicated and sharded), ignore_index, mask,
+focal, a fully masked shard, an all-masked batch, uneven shards (given and default
+``vocab_start``), empty shards and the DTensor form; the forward makes 2 all-reduces and the
+backward 1, with no host read; a layout that does not cover the vocabulary once raises
+ValueError. The argument checks need no process group.
 """
 
 from __future__ import annotations
@@ -39,8 +42,20 @@ def _run(world: int) -> str:
 def test_two_ranks_equal_one_process():
     out = _run(2)
     assert "all cases passed on 2 ranks" in out
-    assert out.count(": ok") == 14  # every case ran, the DTensor ones included
+    assert out.count(": ok") == 20  # every case ran, the DTensor ones included
     assert "dtensor none sharded-weight: ok" in out
+    assert "uneven shards, default vocab_start: ok" in out
+    assert "empty last shard, default vocab_start: ok" in out
+    assert "collectives: ok (forward {'all_reduce': 2}, forward and backward {'all_reduce': 3}" in out
+    assert "layout with a overlap raises ValueError: ok" in out and "layout with a gap raises ValueError: ok" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_three_ranks_torchs_split_of_four_classes_has_an_empty_shard():
+    out = _run(3)
+    assert "all cases passed on 3 ranks" in out
+    assert out.count(": ok") == 2
 
 
 @pytest.mark.slow

@@ -13,11 +13,11 @@ from torch import Tensor
 
 from stablelosses._autograd.linear import (
     CHUNK_BYTES,
-    IndexHead,
     default_chunk_size,
     linear_chunks,
     linear_chunks_reduced,
 )
+from stablelosses._autograd.linear_index import IndexHead
 from stablelosses._compat import forward_ad_active
 from stablelosses._spec import (
     CHUNK_SIZE,
@@ -58,7 +58,7 @@ SPEC = OpSpec(
     "torch.nn.functional.linear_cross_entropy",
     reference="cross_entropy of the float64 logits",
     tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
-    elsewhere=("options", "process_group", "vocab_start"),
+    elsewhere=("options", "process_group", "vocab_start", "normalizer"),
 )
 FOCAL_SPEC = OpSpec(
     "linear_focal_loss",
@@ -66,7 +66,7 @@ FOCAL_SPEC = OpSpec(
     replaces="focal_loss(F.linear(input, linear_weight, linear_bias), target)",
     reference="focal_loss of the float64 logits",
     tensors=("input", "linear_weight", "target", "linear_bias", "weight", "mask"),
-    elsewhere=("options", "process_group", "vocab_start"),
+    elsewhere=("options", "process_group", "vocab_start", "normalizer"),
 )
 
 # torch >= 2.13's options class (None on older torch, where ``options`` must be None)
@@ -581,11 +581,18 @@ def linear_cross_entropy(
             replicated $(V)$ or sharded like the matrix. The per-row max, exp-sum and target
             logit are combined in two all-reduces of N-sized tensors; every rank gets the
             identical loss; the input gradient is all-reduced, the weight gradient stays local.
-            A `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
+            No value is read on the host; the shard layout is checked on the first call (one
+            all-gather). A target outside the vocabulary gives NaN on its row. A
+            `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
             by itself (no `process_group`). Not with probability targets, K-dimensional weights,
             a class weight that requires grad or forward mode. Default: `None`.
-        vocab_start: with `process_group`, the global index of this shard's first row.
-            Default: rank × the local number of rows (equal shards).
+        vocab_start: with `process_group`, the global index of this shard's first row (on every
+            rank or on none). Default: the rows of the ranks before (uneven and empty shards
+            work); a layout that does not cover the vocabulary exactly once raises `ValueError`.
+        normalizer: a number $\ge 0$ or a 0-d tensor that replaces `'mean'`'s denominator
+            (e.g. the token count over gradient accumulation and ranks); `'mean'` only. A
+            normalizer of 0 gives 0 with gradient 0 (a fully masked batch); never read on the
+            host. Default: `None`.
 
     Returns:
         The loss: a scalar, or shape of `target` for `'none'`; dtype of `input` and `weight`
@@ -595,8 +602,11 @@ def linear_cross_entropy(
     Raises:
         ValueError: bad `reduction`, `target` shape, negative or infinite `z_loss`, `softcap`
             not $> 0$, `chunk_size < 1`, 0-d `input`, `options` that disagree with
-            `chunk_size` or ask for an accumulation below float32.
-        TypeError: non-float `input`/`linear_weight`/`linear_bias`/`weight`, non-int
+            `chunk_size` or ask for an accumulation below float32, `normalizer` negative,
+            infinite, not 0-d or given without `reduction='mean'`, a vocabulary-parallel layout
+            that does not cover the vocabulary exactly once.
+        TypeError: `normalizer` not a number or tensor; non-float
+            `input`/`linear_weight`/`linear_bias`/`weight`, non-int
             `ignore_index`/`chunk_size`, non-number `label_smoothing`/`z_loss`/`softcap`,
             `options` of another type.
         RuntimeError: `linear_weight`/`linear_bias`/`weight` shape, `target` dtype,
@@ -706,6 +716,7 @@ def linear_focal_loss(
             ``None``: every entry counts. Default: ``None``.
         process_group: vocabulary-parallel, as in `linear_cross_entropy`. Default: `None`.
         vocab_start: as in `linear_cross_entropy`. Default: `None`.
+        normalizer: replaces `'mean'`'s denominator, as in `linear_cross_entropy`. Default: `None`.
 
     Returns:
         The loss, as `linear_cross_entropy`.

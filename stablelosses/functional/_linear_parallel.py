@@ -11,7 +11,8 @@ shard, possibly empty), the same hidden states ``x`` and the same global class-i
 2. One all-reduce (MAX) gives the global max ``M``; one all-reduce (SUM) of the stacked N-sized
    statistics gives ``D = Σ_r e^{m_r - M} D_r``, the target's logit (and the number of owners),
    ``K``, ``W_U``, ``A = Σ_r A_r + W_r (M - m_r)`` (non-negative terms: no cancellation) and,
-   with sharded class weights, ``w_t``.
+   with class weights, ``w_t`` (from the shard that owns the target, replicated or sharded
+   weights alike).
 3. The row core's formula on the combined row (``linear.row_terms``, as one process: the same
    ``w = M - l_t`` and ``D``), so every rank computes the same loss from the same numbers.
 4. The backward runs the engine's gradient head (`ShardGrad`) with the row scales: one more
@@ -35,16 +36,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.linear import (
+from stablelosses._autograd.linear import _returned, default_chunk_size, run_chunks
+from stablelosses._autograd.linear_index import (
     IndexHead,
     RowTerms,
     ShardGrad,
     ShardStats,
-    _returned,
-    default_chunk_size,
     row_scales,
     row_terms,
-    run_chunks,
 )
 from stablelosses._utils import cast, check_floating, check_tensor, promote_types
 
@@ -81,7 +80,7 @@ class _Combined(NamedTuple):
 
 def _combine(
     head: IndexHead, chunk: int, cd: torch.dtype, group: Any, x: Tensor, w: Tensor, b: Tensor | None,
-    t: Tensor, v0: int, cw_local: Tensor | None, cw_full: Tensor | None,
+    t: Tensor, v0: int, cw_local: Tensor | None,
 ) -> tuple[Tensor, _Combined]:
     """Steps 1-3 of the module doc: the per-row loss ``(N,)`` (the row weight in ``terms``)."""
     dist = torch.distributed
@@ -99,9 +98,7 @@ def _combine(
     m_safe = torch.where(big_m == _NEG_INF, 0.0, big_m)
     # e^{m_r - M}: 1 on the shards at the max, 0 on an all -inf (or empty) shard
     stats = [d_r * torch.exp(m_r - m_safe), lt_r, owned.to(cd).unsqueeze(1)]
-    sharded_cw = cw_local is not None and cw_full is None
-    if sharded_cw:
-        assert cw_local is not None
+    if cw_local is not None:  # w_t from its owner (replicated or sharded weights alike: one layout)
         wt_r = cw_local[tl] if cw_local.shape[0] > 0 else torch.zeros_like(lt_r.squeeze(1))
         stats.append(torch.where(owned, wt_r, 0.0).unsqueeze(1))
     eps = head.label_smoothing
@@ -113,10 +110,8 @@ def _combine(
     cols = summed.split(1, dim=1)
     d, lt, owners = cols[0], cols[1], cols[2]
     wt: Tensor | None = None
-    if sharded_cw:
+    if cw_local is not None:
         wt = cols[3]
-    elif cw_full is not None:
-        wt = cw_full[torch.where(kept, t, 0)].unsqueeze(1)
     k = smooth = wu = None
     if eps > 0.0:
         k, smooth, wu = cols[-3], cols[-2], cols[-1]
@@ -134,9 +129,9 @@ class _ParallelRows(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, head: IndexHead, chunk: int, cd: torch.dtype, group: Any, x: Tensor, w: Tensor,
-        b: Tensor | None, t: Tensor, v0: int, cw_local: Tensor | None, cw_full: Tensor | None,
+        b: Tensor | None, t: Tensor, v0: int, cw_local: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
-        loss, comb = _combine(head, chunk, cd, group, x, w, b, t, v0, cw_local, cw_full)
+        loss, comb = _combine(head, chunk, cd, group, x, w, b, t, v0, cw_local)
         ctx.save_for_backward(x, w, b, cw_local)
         ctx.comb, ctx.head, ctx.chunk, ctx.cd, ctx.group = comb, head, chunk, cd, group
         row_w = comb.terms.row_w.squeeze(1)
@@ -147,7 +142,7 @@ class _ParallelRows(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor, _: Any) -> Any:  # type: ignore[override]
         x, w, b, cw_local = ctx.saved_tensors
         needs = [ctx.needs_input_grad[4], ctx.needs_input_grad[5], b is not None and ctx.needs_input_grad[6]]
-        nothing = (None,) * 11
+        nothing = (None,) * 10
         if not any(needs):
             return nothing
         comb: _Combined = ctx.comb
@@ -165,7 +160,7 @@ class _ParallelRows(torch.autograd.Function):
         return (None,) * 4 + (
             _returned(gx, None, x, fn, anchors), _returned(gw, None, w, fn, anchors),
             _returned(gb, None, b, fn, anchors),
-        ) + (None,) * 4
+        ) + (None,) * 3
 
 
 # (group, rows, vocab_start) -> (v0, vocab): the layout checked once (one all-gather)
@@ -290,13 +285,13 @@ def linear_loss_parallel(
         if b.shape != (w.shape[0],):
             raise RuntimeError(f"{fn}: linear_bias must be this shard's ({w.shape[0]},) entries, "
                                f"got {list(b.shape)}")
-    cw_local = cw_full = None
+    cw_local = None
     if class_weight is not None:
         cw = check_floating(fn, "weight", class_weight).detach()
         if cw_sharded:
             cw_local = cw
         elif cw.shape == (vocab,):
-            cw_full, cw_local = cw, cw[v0 : v0 + w.shape[0]]
+            cw_local = cw[v0 : v0 + w.shape[0]]
         else:
             raise RuntimeError(f"{fn}: weight must have shape ({vocab},) (replicated) or this shard's "
                                f"({w.shape[0]},), got {list(cw.shape)}")
@@ -318,8 +313,7 @@ def linear_loss_parallel(
     for v in tensors[1:]:
         out_dtype = promote_types(out_dtype, v.dtype)
     cwl = None if cw_local is None else cw_local.to(cd)
-    cwf = None if cw_full is None else cw_full.to(cd)
-    loss, row_w = _ParallelRows.apply(head, chunk, cd, group, xr, w, b, tr, v0, cwl, cwf)
+    loss, row_w = _ParallelRows.apply(head, chunk, cd, group, xr, w, b, tr, v0, cwl)
     if reduction == "none":
         return cast(loss.reshape(t.shape), out_dtype)
     return cast(reduce_rows(loss.sum(), row_w, reduction, normalizer, mask is not None), out_dtype)

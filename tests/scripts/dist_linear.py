@@ -4,7 +4,10 @@ WORLD gloo processes on CPU. Each builds the same full problem, keeps its shard 
 vocabulary (plain tensor + ``process_group=``, uneven shards through ``vocab_start=``, and a
 ``Shard(0)`` DTensor) and checks the loss and the gradients against the one-process
 ``SF.linear_cross_entropy`` / ``SF.linear_focal_loss`` on the full matrix: float64 to 1e-12
-relative, float32 to a few ulp; every rank's loss must be bit-identical. Exits 0 when every
+relative, float32 to a few ulp; every rank's loss must be bit-identical. Uneven shards with the
+default ``vocab_start`` and empty shards (WORLD 3: torch's split (2, 2, 0) of 4 classes) too. On 2
+ranks it also counts the collectives (2 all-reduces in the forward, 1 in the backward, no host
+read) and checks that a layout with an overlap or a gap raises ValueError. Exits 0 when every
 case passes on every rank; prints one line per case on rank 0.
 """
 
@@ -32,8 +35,13 @@ def _prefixed(prefix: str) -> Callable[[str], str]:
     return lambda message: f"{prefix}: {message}"
 
 
-def _bounds(v: int, world: int, uneven: bool) -> list[int]:
-    """Shard starts (world + 1 numbers): even-ish, or deliberately uneven."""
+def _bounds(v: int, world: int, uneven: bool | str) -> list[int]:
+    """Shard starts (world + 1 numbers): even-ish (torch's Shard(0) split), deliberately uneven,
+    or with the first or the last rank's shard empty (``'empty_first'`` / ``'empty_last'``)."""
+    if uneven == "empty_first":
+        return [0, *(0 if r == 0 else (v * r) // (world - 1) for r in range(1, world)), v]
+    if uneven == "empty_last":
+        return [*((v * r) // (world - 1) for r in range(world)), v]
     if not uneven:
         per = -(-v // world)
         return [min(r * per, v) for r in range(world)] + [v]
@@ -115,7 +123,8 @@ def _check(case: dict, rank: int, world: int, dtype: torch.dtype) -> str:
         bp = b[lo:hi].clone().requires_grad_() if use_b else None
         cwp = {"sharded": cw[lo:hi], "replicated": cw, None: None}[cw_mode]
         got = fn(xp, wp, t, linear_bias=bp, weight=cwp, chunk_size=case.get("chunk", 5),
-                 process_group=dist.group.WORLD, vocab_start=None if v % world == 0 else lo, **kw)
+                 process_group=dist.group.WORLD,
+                 vocab_start=None if v % world == 0 or case.get("default_start") else lo, **kw)
         grads = list(torch.autograd.grad(got, [a for a in (xp, wp, bp) if a is not None], go))
     expected = [ref_g[0], ref_g[1][lo:hi]] + ([ref_g[2][lo:hi]] if use_b else [])
     ulp = torch.finfo(dtype).eps
@@ -153,6 +162,18 @@ CASES = [
          class_weight="sharded"),
     dict(name="dtensor focal float32", v=11, dtensor=True, gamma=1.5, dtype=torch.float32),
 ]
+CASES += [
+    dict(name="uneven shards, default vocab_start", v=11, uneven=True, default_start=True,
+         kw=dict(label_smoothing=0.1), class_weight="replicated"),
+    dict(name="empty last shard, default vocab_start", v=9, uneven="empty_last", default_start=True,
+         kw=dict(reduction="none", label_smoothing=0.1, z_loss=1e-2), class_weight="sharded"),
+    dict(name="empty first shard focal softcap", v=9, uneven="empty_first", gamma=2.0, kw=dict(softcap=3.0)),
+]
+CASES_3 = [  # torch's even split of V = 4 over 3 ranks is (2, 2, 0)
+    dict(name="3 ranks (2, 2, 0) default vocab_start", v=4, n=10, default_start=True,
+         kw=dict(label_smoothing=0.1), class_weight="replicated"),
+    dict(name="3 ranks dtensor (2, 2, 0) none", v=4, n=10, dtensor=True, kw=dict(reduction="none", z_loss=1e-2)),
+]
 CASES_4 = [
     dict(name="4 ranks uneven smoothing z", v=13, uneven=True, kw=dict(label_smoothing=0.1, z_loss=1e-2),
          class_weight="replicated"),
@@ -161,18 +182,76 @@ CASES_4 = [
 ]
 
 
+def _collectives(rank: int, world: int) -> list[str]:
+    """The forward makes 2 all-reduces, the backward 1, no host read once the layout is known;
+    a layout that does not cover the vocabulary exactly once raises ValueError on every rank."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import stablelosses.functional as SF
+
+    x, w, b, t, _ = _problem(dict(v=11, seed=1), torch.float64)
+    lo, hi = _bounds(11, world, True)[rank : rank + 2]
+    xp, wp, bp = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_(), b[lo:hi].clone().requires_grad_()
+    kw = dict(linear_bias=bp, label_smoothing=0.1, z_loss=1e-3, chunk_size=5, process_group=dist.group.WORLD)
+    SF.linear_cross_entropy(xp, wp, t, **kw)  # the first call checks the layout (one all-gather)
+    counts: dict[str, int] = {}
+    real = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "all_gather_into_tensor")}
+
+    def counting(name: str) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
+            counts[name] = counts.get(name, 0) + 1
+            return real[name](*args, **kwargs)
+
+        return call
+
+    class NoHostRead(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten._local_scalar_dense.default:
+                raise AssertionError("a value was read on the host")
+            return func(*args, **(kwargs or {}))
+
+    for name in real:
+        setattr(dist, name, counting(name))
+    try:
+        with NoHostRead():
+            loss = SF.linear_cross_entropy(xp, wp, t, **kw)
+            forward = dict(counts)
+            loss.backward()
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+    assert forward == {"all_reduce": 2}, forward
+    assert counts == {"all_reduce": 3}, counts
+    lines = [f"collectives: ok (forward {forward}, forward and backward {counts}, no host read)"]
+    for what, start in (("overlap", 0), ("gap", lo + (rank == world - 1))):
+        # a fresh group: the layout is checked on the first call per (group, rows, vocab_start)
+        group = dist.new_group(list(range(world)))
+        try:
+            SF.linear_cross_entropy(xp, wp, t, linear_bias=bp, process_group=group, vocab_start=start)
+        except ValueError as e:
+            assert "do not cover the 11 classes [0, 11) exactly once" in str(e), str(e)
+        else:
+            raise AssertionError(f"a layout with a {what} did not raise")
+        lines.append(f"layout with a {what} raises ValueError: ok")
+    return lines
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for case in CASES if world == 2 else CASES_4:
+        for case in {2: CASES, 3: CASES_3, 4: CASES_4}[world]:
             dtype = case.get("dtype", torch.float64)
             assert isinstance(dtype, torch.dtype)
             line = _check(case, rank, world, dtype)
             if rank == 0:
                 print(line, flush=True)
+        if world == 2:
+            for line in _collectives(rank, world):
+                if rank == 0:
+                    print(line, flush=True)
     finally:
         dist.destroy_process_group()
 
