@@ -181,3 +181,20 @@ def test_normalizer_compiles_fullgraph():
     out = torch.compile(f, fullgraph=True)(x, n)
     g, = torch.autograd.grad(out, x)
     assert out.item() == 0.0 and torch.equal(g, torch.zeros_like(g))
+
+
+@pytest.mark.parametrize("fn", ["linear_cross_entropy", "linear_focal_loss"])
+def test_fused_class_losses_keep_the_same_contract(fn):
+    # the fused paths (the chunk engine) take the same normalizer: the denominator replaced,
+    # and 0 with gradient 0 for a fully ignored batch, with no host sync
+    g = _gen(11)
+    x = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 5, (6,), generator=g)
+    f = getattr(SF, fn)
+    torch.testing.assert_close(f(x, w, t, normalizer=4), f(x, w, t, reduction="sum") / 4, rtol=1e-14, atol=0)
+    ignored = torch.full((6,), -100)
+    with no_host_sync():
+        out = f(x, w, ignored, normalizer=torch.tensor(0))
+        gx, gw = torch.autograd.grad(out, (x, w))
+    assert out.item() == 0.0 and torch.equal(gx, torch.zeros_like(gx)) and torch.equal(gw, torch.zeros_like(gw))
