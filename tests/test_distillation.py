@@ -575,3 +575,21 @@ def test_hazard_matrix_stablelosses_cells_are_finite():
     assert bad == {}
     naive_cells = [v for (col, _), v in results.items() if col.startswith("TRL generalized_jsd_loss")]
     assert any("NaN" in v for v in naive_cells)  # the matrix shows the hazards it is about
+
+
+@pytest.mark.slow
+def test_linear_compiles_with_dynamic_beta_and_temperature():
+    # beta and temperature are the head's numeric fields: symbolic under dynamic=True
+    hs, ws, bs, ht, wt, bt, mask = _linear_inputs(dtype=torch.float32)
+    ht, wt = ht.detach(), wt.detach()
+
+    def f(hs, temperature, beta):
+        return SF.linear_distillation_loss(hs, ws.detach(), ht, wt, kind="jsd", beta=beta,
+                                           temperature=temperature, mask=mask, chunk_size=4)
+
+    cf = torch.compile(f, fullgraph=True, dynamic=True)
+    for temperature, beta in ((0.5, 0.3), (0.7, 0.4)):
+        h1, h2 = hs.detach().clone().requires_grad_(), hs.detach().clone().requires_grad_()
+        out, ref = cf(h1, temperature, beta), f(h2, temperature, beta)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(_grads(out, h1)[0], _grads(ref, h2)[0])

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -260,6 +260,8 @@ class DistillationHead(Head):
     teacher_grad: bool
     fn: str = "linear_distillation_loss"
     n_out: int = 1
+    # may be symbolic under torch.compile(dynamic=True): passed to the engine's op as arguments
+    numeric: ClassVar[tuple[str, ...]] = ("beta", "temperature")
 
     def _scaled(self, logits: tuple[Tensor, ...],
                 rows: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
