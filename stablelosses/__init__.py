@@ -15,11 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-# isort: split
-# post-training (0.4): preference and policy losses, token log-probs
-from stablelosses.functional import kl_penalty, sequence_logps, token_logps
-from stablelosses.losses import CPOLoss, DPOLoss, KTOLoss, ORPOLoss, PolicyLoss, SimPOLoss
-
 __version__ = "0.2.0"
 
 __all__ = [
@@ -59,6 +54,8 @@ __all__ = [
     "token_logps",
     "sequence_logps",
     "kl_penalty",
+    "DistillationLoss",
+    "LinearDistillationLoss",
 ]
 
 if TYPE_CHECKING:  # type checkers and editors see the names where they live

@@ -42,3 +42,17 @@ from stablelosses.losses import (
     RMSELoss,
     SigmoidFocalLoss,
 )
+
+# isort: split
+# post-training and distillation (0.4)
+from stablelosses.functional import kl_penalty, sequence_logps, token_logps
+from stablelosses.losses import (
+    CPOLoss,
+    DistillationLoss,
+    DPOLoss,
+    KTOLoss,
+    LinearDistillationLoss,
+    ORPOLoss,
+    PolicyLoss,
+    SimPOLoss,
+)

@@ -269,3 +269,36 @@ def check_chunk_size(fn: str, value: object, name: str = "chunk_size") -> Any:
 
 def check_fill(fn: str, value: object, name: str = "fill") -> float:
     return check_real(fn, name, value, type_words="a real number")
+
+
+def check_normalizer(fn: str, value: object, reduction: object) -> Any:
+    """``normalizer=`` of the token losses: ``None``, a finite number ``>= 0`` or a 0-dim real
+    tensor (its value is not read: no host sync), with ``reduction='mean'`` only (there is no
+    other denominator to replace)."""
+    if value is None:
+        return None
+    if reduction != "mean":
+        raise ValueError(
+            f"{fn}: normalizer replaces the denominator of reduction='mean', got reduction={reduction!r}"
+        )
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"{fn}: normalizer must be a number or a 0-dim real tensor, got a "
+                             f"{value.dtype} tensor of shape {list(value.shape)}")
+        return value
+    return check_real(fn, "normalizer", value, (("finite and >= 0", lambda v: 0 <= v < float("inf")),),
+                      type_words="a number >= 0, a 0-dim tensor or None")
+
+
+def check_choice(fn: str, name: str, value: object, values: Sequence[str]) -> str:
+    """One of the strings ``values`` (``ValueError`` otherwise), as a plain ``str``."""
+    if isinstance(value, str):
+        for v in values:
+            if value == v:
+                return v
+    raise ValueError(f"{fn}: {name} must be {quoted(values)}, got {_shown(value)}")
+
+
+def check_finite_nonnegative_real(fn: str, name: str, value: object) -> float:
+    """A finite float ``>= 0`` (``beta`` and the weights of the preference and policy losses)."""
+    return check_real(fn, name, value, ((">= 0", _nonneg), ("finite and >= 0", _finite)))

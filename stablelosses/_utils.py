@@ -113,9 +113,23 @@ def operand_dtypes(a: Tensor, b: Tensor) -> tuple[torch.dtype, torch.dtype]:
     return torch.float32, torch.float32 if autocast_to_float32(a) else dtype
 
 
+def divide(total: Tensor, denominator: Tensor | float) -> Tensor:
+    """``total / denominator``, and 0 with gradient 0 (for ``total`` and the denominator) where
+    the denominator is 0: the sum over no tokens is 0, there is nothing to average. A tensor
+    denominator is cast to ``total``'s dtype and device; its value is never read on the host."""
+    if not isinstance(denominator, Tensor):
+        if denominator == 0:  # a Python number: the branch reads no tensor
+            return torch.where(torch.ones_like(total, dtype=torch.bool), 0.0, total)
+        return total / denominator
+    den = denominator.to(device=total.device, dtype=total.dtype)
+    zero = den == 0
+    # double where: the division never sees the 0, so no inf·0 reaches a gradient
+    return torch.where(zero, 0.0, total / torch.where(zero, 1.0, den))
+
+
 def reduce(
     loss: Tensor, reduction: str, mask: Tensor | None = None, *, weight: Tensor | None = None,
-    masked: bool = False, overflow_safe: bool = False,
+    masked: bool = False, overflow_safe: bool = False, normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """The one reduction of every loss: a checked ``'none'``, ``'mean'`` or ``'sum'``.
 
@@ -126,7 +140,8 @@ def reduce(
     mask was applied before, as the class losses' ignored rows): a ``'mean'`` over nothing is 0,
     as with ``mask``, where torch's own gives NaN. ``overflow_safe``: where ``Σ ℓ`` overflows
     but the mean does not (label smoothing near ``±1e37``), the mean is ``Σ (ℓ / Σ weight)``
-    (N-sized, no sync)."""
+    (N-sized, no sync). ``normalizer`` (checked by ``_spec.check_normalizer``) replaces the
+    ``'mean'``'s denominator: ``Σ ℓ / normalizer``, 0 with gradient 0 where it is 0."""
     if mask is not None:
         m = mask.to(loss.device)
         loss = torch.where(m, loss, 0.0)
@@ -137,6 +152,11 @@ def reduce(
         return loss.sum()
     if reduction != "mean":
         return loss
+    if normalizer is not None:
+        out = divide(loss.sum(), normalizer)
+        if not overflow_safe:
+            return out
+        return torch.where(torch.isinf(out), divide(loss, normalizer).sum(), out)
     if weight is None:
         return loss.mean()
     total = weight.sum()

@@ -503,13 +503,13 @@ class LinearFocalLoss(_LinearLoss):
 # the function's own spec (the same messages, naming the class), stored as plain attributes
 # (``repr`` shows them) and passed to the function in ``forward``.
 
-from stablelosses.functional._policy import POLICY_LOSS_SPEC  # noqa: E402
+from stablelosses.functional._policy import check_policy_args  # noqa: E402
 from stablelosses.functional._preference import (  # noqa: E402
-    CPO_SPEC,
-    KTO_SPEC,
-    ORPO_SPEC,
-    SIMPO_SPEC,
+    check_cpo_args,
     check_dpo_options,
+    check_kto_args,
+    check_orpo_args,
+    check_simpo_args,
 )
 
 
@@ -595,7 +595,7 @@ class ORPOLoss(_PairLoss):
 
     def __init__(self, beta: float = 0.1, reduction: str = "mean") -> None:
         super().__init__()
-        self._store(ORPO_SPEC.check_as("ORPOLoss", beta, reduction))
+        self._store(check_orpo_args("ORPOLoss", beta, reduction))
 
 
 class SimPOLoss(_PairLoss):
@@ -622,7 +622,7 @@ class SimPOLoss(_PairLoss):
     def __init__(self, beta: float = 2.0, gamma_beta_ratio: float = 0.5, label_smoothing: float = 0.0,
                  reduction: str = "mean") -> None:
         super().__init__()
-        self._store(SIMPO_SPEC.check_as("SimPOLoss", beta, gamma_beta_ratio, label_smoothing, reduction))
+        self._store(check_simpo_args("SimPOLoss", beta, gamma_beta_ratio, label_smoothing, reduction))
 
 
 class CPOLoss(_PairLoss):
@@ -647,7 +647,7 @@ class CPOLoss(_PairLoss):
 
     def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
         super().__init__()
-        self._store(CPO_SPEC.check_as("CPOLoss", beta, label_smoothing, reduction))
+        self._store(check_cpo_args("CPOLoss", beta, label_smoothing, reduction))
 
 
 class KTOLoss(_ConfiguredLoss):
@@ -674,7 +674,7 @@ class KTOLoss(_ConfiguredLoss):
     def __init__(self, beta: float = 0.1, desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
                  reduction: str = "mean") -> None:
         super().__init__()
-        self._store(KTO_SPEC.check_as("KTOLoss", beta, desirable_weight, undesirable_weight, reduction))
+        self._store(check_kto_args("KTOLoss", beta, desirable_weight, undesirable_weight, reduction))
 
     def forward(self, policy_logps: Tensor, ref_logps: Tensor, desirable: Tensor,
                 kl: float | Tensor = 0.0) -> Tensor:
@@ -709,11 +709,96 @@ class PolicyLoss(_ConfiguredLoss):
     def __init__(self, clip_eps: float = 0.2, clip_eps_high: float | None = None, importance: str = "token",
                  loss_type: str = "grpo", beta: float = 0.0, kl_estimator: str = "k3") -> None:
         super().__init__()
-        values = POLICY_LOSS_SPEC.check_as("PolicyLoss", clip_eps, clip_eps_high, importance, loss_type, beta,
-                                           kl_estimator, None)
+        values = check_policy_args("PolicyLoss", clip_eps, clip_eps_high, importance, loss_type, beta,
+                                   kl_estimator, None)
         self._store(values[:-1])
 
     def forward(self, logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
                 ref_logps: Tensor | None = None, normalizer: float | Tensor | None = None) -> Tensor:
         return self._function(logps, old_logps, advantages, mask, ref_logps=ref_logps, normalizer=normalizer,
                               **self._options())
+
+
+# --- distillation (0.4) -------------------------------------------------------------------------
+
+
+class DistillationLoss(_Loss):
+    r"""Distillation divergence between student and teacher logits, exact with ``-inf`` logits.
+
+    See [`distillation_loss`][stablelosses.functional.distillation_loss] for the formulas and
+    the ``-inf`` contract. Called as ``loss_fn(student_logits, teacher_logits, mask=None,
+    normalizer=None)``.
+
+    Args:
+        kind: ``'forward_kl'`` | ``'reverse_kl'`` | ``'jsd'`` | ``'tvd'``. Default: ``'forward_kl'``.
+        beta: the JSD interpolation in ``[0, 1]``. Default: ``0.5``.
+        temperature: divides both logits (no ``T²`` factor). Default: ``1.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> s = torch.tensor([[1.0, float("-inf")]], requires_grad=True)
+        >>> sl.DistillationLoss(kind="jsd")(s, torch.tensor([[0.0, float("-inf")]])).backward()
+        >>> s.grad
+        tensor([[0., 0.]])
+    """
+
+    _config = ("kind", "beta", "temperature", "reduction")
+
+    def __init__(self, kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
+                 reduction: str = "mean") -> None:
+        from stablelosses.functional._distillation import check_distillation_args
+
+        check_distillation_args("DistillationLoss", kind, beta, temperature, reduction, None)
+        super().__init__(kind=kind, beta=beta, temperature=temperature, reduction=reduction)
+
+    def forward(self, student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None,
+                normalizer: float | Tensor | None = None) -> Tensor:
+        return SF.distillation_loss(student_logits, teacher_logits, mask=mask, normalizer=normalizer,
+                                    **self._options())
+
+
+class LinearDistillationLoss(_Loss):
+    r"""Fused distillation from both models' hidden states; neither ``(N, V)`` is held.
+
+    See [`linear_distillation_loss`][stablelosses.functional.linear_distillation_loss]. Called
+    as ``loss_fn(student_input, student_weight, teacher_input, teacher_weight,
+    student_bias=None, teacher_bias=None, mask=None, normalizer=None)`` (the weights are the
+    models' own output layers, passed in, as tied embeddings often are).
+
+    Args:
+        kind: as in [`DistillationLoss`][stablelosses.DistillationLoss]. Default: ``'forward_kl'``.
+        beta: the JSD interpolation in ``[0, 1]``. Default: ``0.5``.
+        temperature: divides both logits. Default: ``1.0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        chunk_size: rows per chunk (``None``: the engine's default). Default: ``None``.
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> ws = torch.randn(20, 4, requires_grad=True)
+        >>> loss = sl.LinearDistillationLoss(kind="tvd")(torch.randn(3, 4), ws, torch.randn(3, 6),
+        ...                                               torch.randn(20, 6))
+        >>> loss.backward()
+        >>> ws.grad.shape
+        torch.Size([20, 4])
+    """
+
+    _config = ("kind", "beta", "temperature", "reduction", "chunk_size")
+
+    def __init__(self, kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
+                 reduction: str = "mean", chunk_size: int | None = None) -> None:
+        from stablelosses._spec import check_chunk_size
+        from stablelosses.functional._distillation import check_distillation_args
+
+        check_distillation_args("LinearDistillationLoss", kind, beta, temperature, reduction, None)
+        check_chunk_size("LinearDistillationLoss", chunk_size)
+        super().__init__(kind=kind, beta=beta, temperature=temperature, reduction=reduction,
+                         chunk_size=chunk_size)
+
+    def forward(self, student_input: Tensor, student_weight: Tensor, teacher_input: Tensor,  # type: ignore[override]
+                teacher_weight: Tensor, student_bias: Tensor | None = None,
+                teacher_bias: Tensor | None = None, mask: Tensor | None = None,
+                normalizer: float | Tensor | None = None) -> Tensor:
+        return SF.linear_distillation_loss(
+            student_input, student_weight, teacher_input, teacher_weight, student_bias=student_bias,
+            teacher_bias=teacher_bias, mask=mask, normalizer=normalizer, **self._options())

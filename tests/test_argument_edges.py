@@ -157,6 +157,8 @@ MODULES = {
         "in_features", "num_classes", "legacy", "out_features", "bias", "device", "dtype", "weight", "options")),
     sl.LinearFocalLoss: ("linear_focal_loss", (5, 3), (
         "in_features", "num_classes", "legacy", "out_features", "bias", "device", "dtype", "weight", "options")),
+    sl.DistillationLoss: ("distillation_loss", (), ()),
+    sl.LinearDistillationLoss: ("linear_distillation_loss", (), ()),
 }
 _SHAPE_FREE = (TypeError, RuntimeError)  # a dimension's range and repeats need the input
 
@@ -165,7 +167,10 @@ def _module_cases():
     from test_specs import ARGS, DIM_KINDS
 
     for cls, (fn, _, _) in MODULES.items():
+        built_with = inspect.signature(cls.__init__).parameters
         for name, (_, bad) in ARGS[fn].items():
+            if name not in built_with:  # a call's argument (normalizer), not the module's
+                continue
             for value, error in bad:
                 if id(bad) in DIM_KINDS and error is not TypeError and value != ():
                     continue
@@ -304,6 +309,18 @@ def _plain_reduce(loss, reduction):
     return loss if reduction == "none" else getattr(loss, reduction)()
 
 
+def _gathered(z):
+    return torch.log_softmax(z, -1).gather(-1, T[:, None]).squeeze(-1)
+
+
+def _log_odds(c, r):
+    return (c - r) - (torch.log(-torch.expm1(c)) - torch.log(-torch.expm1(r)))
+
+
+def _forward_kl(s, t):
+    return F.kl_div(torch.log_softmax(s, -1), torch.log_softmax(t, -1), log_target=True, reduction="none").sum(-1)
+
+
 # public function -> (ours, the torch twin or its plain formula), both of (x, reduction)
 TWINS = {
     "cross_entropy": (lambda x, r: SF.cross_entropy(x, T, reduction=r), lambda x, r: F.cross_entropy(x, T, reduction=r)),
@@ -336,6 +353,36 @@ TWINS = {
     "safe_sqrt": (lambda x, r: SF.safe_sqrt(x.abs()), lambda x, r: torch.sqrt(x.abs())),
     "xlogy": (lambda x, r: SF.xlogy(x, _Y.abs()), lambda x, r: torch.special.xlogy(x, _Y.abs())),
     "logaddexp": (lambda x, r: SF.logaddexp(x, _Y), lambda x, r: torch.logaddexp(x, _Y)),
+    # post-training and distillation (0.4)
+    "token_logps": (lambda x, r: SF.token_logps(x, T), lambda x, r: _gathered(x)),
+    "sequence_logps": (lambda x, r: SF.sequence_logps(x[None], T[None]), lambda x, r: _gathered(x).sum(-1)),
+    "linear_token_logps": (lambda x, r: SF.linear_token_logps(x, _Y[:3].to(x.dtype), T),
+                           lambda x, r: _gathered(x @ _Y[:3].to(x.dtype).T)),
+    "linear_sequence_logps": (lambda x, r: SF.linear_sequence_logps(x[None], _Y[:3].to(x.dtype), T[None]),
+                              lambda x, r: _gathered(x @ _Y[:3].to(x.dtype).T).sum(-1)),
+    "dpo_loss": (lambda x, r: SF.dpo_loss(x[:, 0], x[:, 1], _Y[:, 0].to(x.dtype), _Y[:, 1].to(x.dtype), reduction=r),
+                 lambda x, r: _plain_reduce(-F.logsigmoid(0.1 * ((x[:, 0] - x[:, 1]) - (_Y[:, 0] - _Y[:, 1]).to(x.dtype))),
+                                            r)),
+    "orpo_loss": (lambda x, r: SF.orpo_loss(-x[:, 0].abs() - 0.1, -x[:, 1].abs() - 0.1, reduction=r),
+                  lambda x, r: _plain_reduce(-0.1 * F.logsigmoid(_log_odds(-x[:, 0].abs() - 0.1, -x[:, 1].abs() - 0.1)),
+                                             r)),
+    "simpo_loss": (lambda x, r: SF.simpo_loss(x[:, 0], x[:, 1], reduction=r),
+                   lambda x, r: _plain_reduce(-F.logsigmoid(2.0 * (x[:, 0] - x[:, 1] - 0.5)), r)),
+    "cpo_loss": (lambda x, r: SF.cpo_loss(x[:, 0], x[:, 1], reduction=r),
+                 lambda x, r: _plain_reduce(-F.logsigmoid(0.1 * (x[:, 0] - x[:, 1])), r)),
+    "kto_loss": (lambda x, r: SF.kto_loss(x[:, 0], _Y[:, 0].to(x.dtype), T > 0, reduction=r),
+                 lambda x, r: _plain_reduce(torch.where(T > 0, torch.sigmoid(-0.1 * (x[:, 0] - _Y[:, 0].to(x.dtype))),
+                                                        torch.sigmoid(0.1 * (x[:, 0] - _Y[:, 0].to(x.dtype)))), r)),
+    "policy_loss": (lambda x, r: SF.policy_loss(x, _Y.to(x.dtype), torch.ones(4, dtype=x.dtype),
+                                                torch.ones(4, 3, dtype=torch.bool)),
+                    lambda x, r: (-torch.exp(x - _Y.to(x.dtype)).clamp(max=1.2)).mean()),
+    "kl_penalty": (lambda x, r: SF.kl_penalty(x, _Y.to(x.dtype)),
+                   lambda x, r: torch.expm1(_Y.to(x.dtype) - x) - (_Y.to(x.dtype) - x)),
+    "distillation_loss": (lambda x, r: SF.distillation_loss(x, _Y.to(x.dtype), reduction=r),
+                          lambda x, r: _plain_reduce(_forward_kl(x, _Y.to(x.dtype)), r)),
+    "linear_distillation_loss": (
+        lambda x, r: SF.linear_distillation_loss(x, _Y[:3].to(x.dtype), _Y.to(x.dtype), _Y[:3].to(x.dtype), reduction=r),
+        lambda x, r: _plain_reduce(_forward_kl(x @ _Y[:3].to(x.dtype).T, _Y.to(x.dtype) @ _Y[:3].to(x.dtype).T), r)),
 }
 
 

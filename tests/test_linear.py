@@ -702,12 +702,12 @@ def test_no_host_read(kw, fn):
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
-        (dict(normalizer=2.0, reduction="sum"), ValueError, "normalizer replaces 'mean''s denominator; it needs"),
+        (dict(normalizer=2.0, reduction="sum"), ValueError, "normalizer replaces the denominator of reduction='mean'"),
         (dict(normalizer=-1.0), ValueError, "normalizer must be finite and >= 0, got -1.0"),
         (dict(normalizer=math.inf), ValueError, "normalizer must be finite and >= 0"),
-        (dict(normalizer="3"), TypeError, "normalizer must be a number, a 0-d tensor or None, got str"),
+        (dict(normalizer="3"), TypeError, "normalizer must be a number >= 0, a 0-dim tensor or None, got str"),
         (dict(normalizer=True), TypeError, "normalizer must be a number"),
-        (dict(normalizer=torch.ones(2)), ValueError, "normalizer must be a number or a 0-d real tensor"),
+        (dict(normalizer=torch.ones(2)), ValueError, "normalizer must be a number or a 0-dim real tensor"),
     ],
 )
 def test_normalizer_errors(kwargs, exc, match):

@@ -70,6 +70,8 @@ CALLS = {
     "kto_loss": lambda **kw: SF.kto_loss(X[:, 0], X[:, 1], MASK[:, 0] & (T > 0), **kw),
     "policy_loss": lambda **kw: SF.policy_loss(X, Y, X[:, 0], MASK, ref_logps=Y, **kw),
     "kl_penalty": lambda **kw: SF.kl_penalty(X, Y, **kw),
+    "distillation_loss": lambda **kw: SF.distillation_loss(X, Y, **kw),
+    "linear_distillation_loss": lambda **kw: SF.linear_distillation_loss(H, W, H, W, **kw),
 }
 
 # ------------------------------------------------------------ the samples, one per kind
@@ -124,6 +126,24 @@ SOFTCAP = ((None, 30.0, 1, 1e38), ((0, ValueError), (-1.0, ValueError), (INF, Va
                                    ("30", TypeError), (True, TypeError)))
 CHUNK_SIZE = ((None, 1, 7, 4096), ((0, ValueError), (-1, ValueError), (True, TypeError), (2.0, TypeError)))
 TORCHVISION_REDUCTION = (REDUCTION[0], tuple(list(REDUCTION[1])))  # its own message prefix
+# post-training and distillation (0.4)
+BETA = ((0.1, 0, 2.0), ((-0.1, ValueError), (NAN, ValueError), (INF, ValueError), ("0.1", TypeError),
+                        (True, TypeError), (None, TypeError)))
+PROBABILITY = ((0.0, 0, 0.1, 1.0), ((-0.1, ValueError), (1.5, ValueError), (NAN, ValueError), ("0.1", TypeError),
+                                    (True, TypeError), (None, TypeError)))
+ANY_REAL = ((0.5, 0, -1.0), (("0.5", TypeError), (True, TypeError), (None, TypeError)))
+FLOAT_TEMPERATURE = ((0.05, 1, 2.5), ((0, ValueError), (-1.0, ValueError), (INF, ValueError), (NAN, ValueError),
+                                      ("0.1", TypeError), (True, TypeError), (None, TypeError),
+                                      (torch.tensor([0.5, 1.0]), TypeError)))
+NORMALIZER = ((None, 4, 0, 1024.0, torch.tensor(3.0), torch.tensor(0)),
+              ((-1, ValueError), (INF, ValueError), (NAN, ValueError), ("4", TypeError), (True, TypeError),
+               (torch.ones(2), ValueError)))
+
+
+def _choice(*values):
+    return values, (("nope", ValueError), (None, ValueError), (1, ValueError))
+
+
 _LINEAR = {"ignore_index": LINEAR_IGNORE_INDEX, "reduction": REDUCTION, "z_loss": Z_LOSS, "softcap": SOFTCAP,
            "chunk_size": CHUNK_SIZE}
 
@@ -151,6 +171,33 @@ ARGS: dict[str, dict[str, tuple]] = {
     "safe_sqrt": {},
     "xlogy": {},
     "logaddexp": {},
+    "token_logps": {"ignore_index": IGNORE_INDEX, "temperature": TEMPERATURE},
+    "sequence_logps": {"ignore_index": IGNORE_INDEX, "average": FLAG, "temperature": TEMPERATURE},
+    "linear_token_logps": {"ignore_index": IGNORE_INDEX, "temperature": FLOAT_TEMPERATURE,
+                           "chunk_size": CHUNK_SIZE, "return_entropy": FLAG},
+    "linear_sequence_logps": {"ignore_index": IGNORE_INDEX, "average": FLAG, "temperature": FLOAT_TEMPERATURE,
+                              "chunk_size": CHUNK_SIZE},
+    "dpo_loss": {"beta": BETA, "loss_type": _choice("sigmoid", "robust", "hinge", "ipo", "apo_zero", "apo_down"),
+                 "label_smoothing": PROBABILITY, "reduction": REDUCTION},
+    "orpo_loss": {"beta": BETA, "reduction": REDUCTION},
+    "simpo_loss": {"beta": BETA, "gamma_beta_ratio": ANY_REAL, "label_smoothing": PROBABILITY,
+                   "reduction": REDUCTION},
+    "cpo_loss": {"beta": BETA, "label_smoothing": PROBABILITY, "reduction": REDUCTION},
+    "kto_loss": {"beta": BETA, "desirable_weight": BETA, "undesirable_weight": BETA, "reduction": REDUCTION},
+    "policy_loss": {
+        "clip_eps": ((0.2, 0, 0.5), ((-0.1, ValueError), (1.0, ValueError), (NAN, ValueError), ("0.2", TypeError),
+                                     (True, TypeError), (None, TypeError))),
+        "clip_eps_high": ((None, 0.28, 0), ((-0.1, ValueError), (INF, ValueError), (NAN, ValueError),
+                                            ("0.28", TypeError), (True, TypeError))),
+        "importance": _choice("token", "sequence"), "loss_type": _choice("grpo", "bnpo", "dr_grpo", "dapo"),
+        "beta": BETA, "kl_estimator": _choice("k1", "k2", "k3"), "normalizer": NORMALIZER,
+    },
+    "kl_penalty": {"estimator": _choice("k1", "k2", "k3")},
+    "distillation_loss": {"kind": _choice("forward_kl", "reverse_kl", "jsd", "tvd"), "beta": PROBABILITY,
+                          "temperature": FLOAT_TEMPERATURE, "reduction": REDUCTION, "normalizer": NORMALIZER},
+    "linear_distillation_loss": {"kind": _choice("forward_kl", "reverse_kl", "jsd", "tvd"), "beta": PROBABILITY,
+                                 "temperature": FLOAT_TEMPERATURE, "reduction": REDUCTION,
+                                 "normalizer": NORMALIZER, "chunk_size": CHUNK_SIZE},
 }
 _CLASS_TENSORS = ("input", "target", "weight", "mask")
 _LINEAR_TENSORS = ("input", "linear_weight", "target", "linear_bias", "weight", "mask")
@@ -164,9 +211,22 @@ TENSORS = {
     "logsumexp": ("input",), "masked_mean": ("input", "mask"), "entropy": ("logits", "mask"),
     "safe_div": ("input", "other"), "safe_sqrt": ("input",), "xlogy": ("input", "other"),
     "logaddexp": ("input", "other"),
+    "token_logps": ("logits", "labels"), "sequence_logps": ("logits", "labels"),
+    "linear_token_logps": ("input", "linear_weight", "labels", "linear_bias"),
+    "linear_sequence_logps": ("input", "linear_weight", "labels", "linear_bias"),
+    "dpo_loss": ("chosen_logps", "rejected_logps", "ref_chosen_logps", "ref_rejected_logps"),
+    "orpo_loss": ("chosen_logps", "rejected_logps"), "simpo_loss": ("chosen_logps", "rejected_logps"),
+    "cpo_loss": ("chosen_logps", "rejected_logps"), "kto_loss": ("policy_logps", "ref_logps", "desirable"),
+    "policy_loss": ("logps", "old_logps", "advantages", "mask", "ref_logps"),
+    "kl_penalty": ("logps", "ref_logps"),
+    "distillation_loss": ("student_logits", "teacher_logits", "mask"),
+    "linear_distillation_loss": ("student_input", "student_weight", "teacher_input", "teacher_weight",
+                                 "student_bias", "teacher_bias", "mask"),
 }
 ELSEWHERE = {
-    "cross_entropy": ("size_average", "reduce"),
+    "kto_loss": ("kl",),  # a number or a tensor, used as given (tested in test_preference.py)
+    "focal_loss": ("normalizer",),  # tested in test_normalizer.py, as cross_entropy's
+    "cross_entropy": ("size_average", "reduce", "normalizer"),
     "kl_div": ("size_average", "reduce", "legacy"),
     "linear_cross_entropy": ("options", "process_group", "vocab_start", "normalizer"),
     "linear_focal_loss": ("options", "process_group", "vocab_start", "normalizer"),

@@ -23,6 +23,7 @@ from stablelosses.functional._xlogy import xlogy
 
 # isort: split
 # post-training (0.4): token log-probs, preference and policy losses
+from stablelosses.functional._distillation import distillation_loss, linear_distillation_loss
 from stablelosses.functional._policy import kl_penalty, policy_loss
 from stablelosses.functional._preference import cpo_loss, dpo_loss, kto_loss, orpo_loss, simpo_loss
 from stablelosses.functional._token_logps import (
@@ -66,6 +67,8 @@ __all__ = [
     "kl_penalty",
     "linear_token_logps",
     "linear_sequence_logps",
+    "distillation_loss",
+    "linear_distillation_loss",
 ]
 
 # Each public function is the wrapper that carries the NaN detector's hook (stablelosses/_public.py):

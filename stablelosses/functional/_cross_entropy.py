@@ -13,11 +13,12 @@ from stablelosses._autograd.cross_entropy import (
     _index_loss,
     _prob_loss,
 )
-from stablelosses._spec import check_int, check_label_smoothing, check_reduction
+from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_reduction
 from stablelosses._utils import (
     cast,
     check_floating,
     check_tensor,
+    divide,
     legacy_reduction,
     loss_out_dtype,
     operand_dtypes,
@@ -82,9 +83,10 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
 
 def _index_loss_reduced(
     x: Tensor, target: Tensor, w: Tensor | None, ignore_index: int, gamma: float, eps: float,
-    cdim: int, reduction: str, mask: Tensor | None = None,
+    cdim: int, reduction: str, mask: Tensor | None = None, normalizer: Tensor | float | None = None,
 ) -> Tensor:
-    """Run ``_IndexLoss`` and reduce; the mean's denominator ``Σ w_t`` is differentiable in
+    """Run ``_IndexLoss`` and reduce (``normalizer``, when given, replaces the mean's
+    denominator); the mean's denominator ``Σ w_t`` is differentiable in
     ``w``, so ``weight.grad`` is the gradient of the reduced loss. A masked-out row (``mask``
     expanded to the target's shape) is an ignored row."""
     target = cast(target, torch.int64)
@@ -99,14 +101,15 @@ def _index_loss_reduced(
         if reduction != "mean":
             return _reduce(loss, reduction)
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
-        return _reduce(loss, reduction, weight=denom, masked=mask is not None)
+        return _reduce(loss, reduction, weight=denom, masked=mask is not None, normalizer=normalizer)
     idx = torch.where(target != ignore_index, target, 0)
     assert gamma == 0.0  # the focal loss has no smoothing
     res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, reduction)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
-    return _reduce(res.loss, reduction, weight=denom, masked=mask is not None, overflow_safe=True)
+    return _reduce(res.loss, reduction, weight=denom, masked=mask is not None, overflow_safe=True,
+                   normalizer=normalizer)
 
 
 def _no_classes(
@@ -137,6 +140,7 @@ def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Ten
 def _index_targets(
     fn: str, input: Tensor, target: Tensor, weight: Tensor | None, mask: Tensor | None,
     ignore_index: int, gamma: float, eps: float, cdim: int, reduction: str,
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Class-index targets: cross_entropy (``gamma = 0``) and focal_loss (``eps = 0``)."""
     _check_index_target(fn, input, target, cdim)
@@ -145,7 +149,7 @@ def _index_targets(
     rows: Tensor | None = None
     if mask is not None:
         rows, x = _mask_rows(fn, mask, x, cdim)
-    out = _index_loss_reduced(x, target, w, ignore_index, gamma, eps, cdim, reduction, rows)
+    out = _index_loss_reduced(x, target, w, ignore_index, gamma, eps, cdim, reduction, rows, normalizer)
     return cast(out, loss_out_dtype(input))
 
 
@@ -160,6 +164,7 @@ def cross_entropy(
     size_average: bool | None = None,
     reduce: bool | None = None,
     mask: Tensor | None = None,
+    normalizer: float | Tensor | None = None,
 ) -> Tensor:
     r"""Cross-entropy between logits and class indices or class probabilities, masked-class safe.
 
@@ -242,6 +247,10 @@ def cross_entropy(
         reduce: deprecated alias (as in torch); overrides `reduction` when given.
         mask: bool tensor, True = counts, broadcastable to the unreduced loss's shape (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        normalizer: replaces the denominator of ``'mean'`` (keyword-only): a number $\ge 0$ or a
+            0-dim tensor, e.g. the token count over gradient accumulation and ranks; a zero
+            normalizer (a fully ignored batch) gives 0 with gradient 0, with no host sync
+            (see the normalizer page). Default: ``None``.
 
     Returns:
         The loss: shape of `target` (index targets) or `input` without its class dimension
@@ -257,7 +266,9 @@ def cross_entropy(
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
         TypeError: `input` not a floating-point tensor; `ignore_index` not an int;
             `label_smoothing` not a real number.
-        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool);
+            ``normalizer`` negative, infinite, NaN or a tensor that is not 0-dim, or given with a
+            ``reduction`` other than ``'mean'``.
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -279,14 +290,19 @@ def cross_entropy(
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce, reduction)
     reduction, eps, ignore_index = check_cross_entropy_args(fn, reduction, label_smoothing, ignore_index)
+    normalizer = check_normalizer(fn, normalizer, reduction)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
-    out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
-        "cross_entropy", input, target, weight, ignore_index, reduction, eps, mask, torch_path=cross_entropy)
-    if out is not None:
-        return out
+    if normalizer is None:  # the kernels know no normalizer
+        out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
+            "cross_entropy", input, target, weight, ignore_index, reduction, eps, mask,
+            torch_path=cross_entropy)
+        if out is not None:
+            return out
     if input.shape[cdim] == 0:
+        if normalizer is not None:  # the sum over no classes, divided
+            return divide(_no_classes(input, target, weight, mask, ignore_index, "sum", eps), normalizer)
         return _no_classes(input, target, weight, mask, ignore_index, reduction, eps)
     if target.shape == input.shape:
         if not target.is_floating_point():
@@ -306,13 +322,16 @@ def cross_entropy(
         y = target.to(x.dtype)
         if mask is None:
             res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
-            out = _reduce(res.loss, reduction, weight=res.valid.to(x.dtype), overflow_safe=eps > 0.0)
+            out = _reduce(res.loss, reduction, weight=res.valid.to(x.dtype), overflow_safe=eps > 0.0,
+                          normalizer=normalizer)
         else:
             m, x = _mask_rows(fn, mask, x, cdim)
             y = torch.where(m.unsqueeze(cdim), y, 0.0)
             res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
             kept = res.valid & m
             loss = torch.where(m, res.loss, 0.0)
-            out = _reduce(loss, reduction, weight=kept.to(x.dtype), masked=True, overflow_safe=eps > 0.0)
+            out = _reduce(loss, reduction, weight=kept.to(x.dtype), masked=True, overflow_safe=eps > 0.0,
+                          normalizer=normalizer)
         return cast(out, out_dtype)
-    return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction)
+    return _index_targets(fn, input, target, weight, mask, ignore_index, 0.0, eps, cdim, reduction,
+                          normalizer)

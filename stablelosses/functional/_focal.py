@@ -6,8 +6,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from stablelosses import _backend
-from stablelosses._spec import check_finite_nonnegative, check_int, check_reduction
-from stablelosses._utils import check_floating, check_tensor
+from stablelosses._spec import check_finite_nonnegative, check_int, check_normalizer, check_reduction
+from stablelosses._utils import check_floating, check_tensor, divide
 from stablelosses.functional._cross_entropy import _class_dim, _index_targets, _no_classes
 
 
@@ -28,6 +28,7 @@ def focal_loss(
     reduction: str = "mean",
     *,
     mask: Tensor | None = None,
+    normalizer: float | Tensor | None = None,
 ) -> Tensor:
     r"""Multi-class focal loss on logits, with a finite gradient for every $\gamma \ge 0$.
 
@@ -82,6 +83,9 @@ def focal_loss(
         reduction: `'none'` | `'mean'` | `'sum'`. Default: `'mean'`.
         mask: bool tensor, True = counts, broadcastable to ``target`` (keyword-only);
             ``None``: every entry counts. Default: ``None``.
+        normalizer: replaces the denominator of ``'mean'`` (keyword-only), as in
+            `cross_entropy`: a number $\ge 0$ or a 0-dim tensor; 0 gives 0 with gradient 0.
+            Default: ``None``.
 
     Returns:
         The loss: shape of `target` for `'none'`, else a scalar; dtype of `input` (float32 for
@@ -95,7 +99,9 @@ def focal_loss(
         RuntimeError: target of another wrong shape; `weight` not of shape $(C)$; target not
             int64/uint8.
         IndexError: a class index out of range, as torch (`Target 3 is out of bounds.`).
-        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
+        ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool);
+            ``normalizer`` negative, infinite, NaN or a tensor that is not 0-dim, or given with a
+            ``reduction`` other than ``'mean'``.
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -113,13 +119,18 @@ def focal_loss(
     """
     fn = "focal_loss"
     reduction, gamma, ignore_index = check_focal_loss_args(fn, reduction, gamma, ignore_index)
+    normalizer = check_normalizer(fn, normalizer, reduction)
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     cdim = _class_dim(fn, input)
-    out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
-        "focal_loss", input, target, weight, ignore_index, reduction, gamma, mask, torch_path=focal_loss)
-    if out is not None:
-        return out
+    if normalizer is None:  # the kernels know no normalizer
+        out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
+            "focal_loss", input, target, weight, ignore_index, reduction, gamma, mask, torch_path=focal_loss)
+        if out is not None:
+            return out
     if input.shape[cdim] == 0:
+        if normalizer is not None:  # the sum over no classes, divided
+            return divide(_no_classes(input, target, weight, mask, ignore_index, "sum", 0.0), normalizer)
         return _no_classes(input, target, weight, mask, ignore_index, reduction, 0.0)
-    return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction)
+    return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction,
+                          normalizer)

@@ -24,6 +24,7 @@ from stablelosses._spec import (
     check_finite_nonnegative,
     check_int,
     check_label_smoothing,
+    check_normalizer,
     check_reduction,
     check_softcap,
     check_z_loss,
@@ -328,31 +329,6 @@ def _linear_loss(
     coef = torch.tensor([1.0, 0.0], dtype=cd, device=x.device)
     total, out = linear_chunks_reduced(head, streams, [t], coef, chunk_size=chunk, consts=consts, dtype=cd)
     return cast(reduce_rows(total, out[:, 1], reduction, normalizer, mask is not None), out_dtype)
-
-
-def check_normalizer(fn: str, normalizer: object, reduction: object) -> Tensor | float | None:
-    """``normalizer`` checked: ``None``, a finite number ``>= 0`` or a 0-d real tensor (its
-    value is not read: no host sync), with ``reduction='mean'`` only."""
-    if normalizer is None:
-        return None
-    if reduction != "mean":
-        raise ValueError(
-            f"{fn}: normalizer replaces 'mean''s denominator; it needs reduction='mean', got {reduction!r}"
-        )
-    if isinstance(normalizer, Tensor):
-        if normalizer.dim() != 0 or normalizer.is_complex() or normalizer.dtype == torch.bool:
-            raise ValueError(
-                f"{fn}: normalizer must be a number or a 0-d real tensor, got a {normalizer.dtype} tensor "
-                f"of shape {list(normalizer.shape)}"
-            )
-        return normalizer
-    if isinstance(normalizer, bool) or not isinstance(normalizer, (int, float)):
-        raise TypeError(
-            f"{fn}: normalizer must be a number, a 0-d tensor or None, got {type(normalizer).__name__}"
-        )
-    if not (math.isfinite(normalizer) and normalizer >= 0):
-        raise ValueError(f"{fn}: normalizer must be finite and >= 0, got {normalizer}")
-    return float(normalizer)
 
 
 def reduce_rows(

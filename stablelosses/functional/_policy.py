@@ -21,51 +21,29 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._spec import Arg, OneOf, OpSpec, Real
+from stablelosses._spec import check_choice, check_normalizer, check_real
 from stablelosses._utils import cast, check_floating, promote_types
-from stablelosses.functional._preference import BETA
+from stablelosses.functional._preference import check_beta
 
 IMPORTANCE = ("token", "sequence")
 POLICY_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 ESTIMATORS = ("k1", "k2", "k3")
 
-CLIP_EPS = Real(
-    (("in [0, 1)", lambda v: 0.0 <= v < 1.0),),
-    good=(0.2, 0, 0.5),
-    bad=((-0.1, ValueError), (1.0, ValueError), (float("nan"), ValueError), ("0.2", TypeError),
-         (True, TypeError), (None, TypeError)),
-)
-CLIP_EPS_HIGH = Real(
-    ((">= 0 and finite", lambda v: 0.0 <= v < float("inf")),),
-    optional=True,
-    good=(None, 0.28, 0),
-    bad=((-0.1, ValueError), (float("inf"), ValueError), (float("nan"), ValueError), ("0.28", TypeError),
-         (True, TypeError)),
-)
-NORMALIZER = Real(
-    ((">= 0 and finite", lambda v: 0.0 <= v < float("inf")),),
-    optional=True, tensor0d=True, type_words="a number",
-    good=(None, 4, 0, 1024.0, torch.tensor(3.0)),
-    bad=((-1, ValueError), (float("inf"), ValueError), (float("nan"), ValueError), ("4", TypeError),
-         (True, TypeError), (torch.ones(2), ValueError)),
-)
 
-KL_PENALTY_SPEC = OpSpec(
-    "kl_penalty",
-    (Arg("estimator", OneOf(ESTIMATORS)),),
-    replaces="torch.exp(ref - logp) - (ref - logp) - 1 (TRL GRPOTrainer's per_token_kl, Schulman's k3)",
-    reference="the estimators in float64 / mpmath (expm1(d) − d)",
-    tensors=("logps", "ref_logps"),
-)
-POLICY_LOSS_SPEC = OpSpec(
-    "policy_loss",
-    (Arg("clip_eps", CLIP_EPS), Arg("clip_eps_high", CLIP_EPS_HIGH), Arg("importance", OneOf(IMPORTANCE)),
-     Arg("loss_type", OneOf(POLICY_LOSS_TYPES)), Arg("beta", BETA), Arg("kl_estimator", OneOf(ESTIMATORS)),
-     Arg("normalizer", NORMALIZER)),
-    replaces="TRL GRPOTrainer._compute_loss (trl/trainer/grpo_trainer.py)",
-    reference="TRL's formulas transcribed in float64 where they are finite",
-    tensors=("logps", "old_logps", "advantages", "mask", "ref_logps"),
-)
+def check_policy_args(fn: str, clip_eps: object, clip_eps_high: object, importance: object,
+                      loss_type: object, beta: object, kl_estimator: object, normalizer: object) -> list:
+    """The scalar arguments of `policy_loss` checked (also by ``PolicyLoss`` at construction)."""
+    return [
+        check_real(fn, "clip_eps", clip_eps, (("in [0, 1)", lambda v: 0.0 <= v < 1.0),)),
+        check_real(fn, "clip_eps_high", clip_eps_high,
+                   ((">= 0 and finite", lambda v: 0.0 <= v < float("inf")),), optional=True),
+        check_choice(fn, "importance", importance, IMPORTANCE),
+        check_choice(fn, "loss_type", loss_type, POLICY_LOSS_TYPES),
+        check_beta(fn, beta),
+        check_choice(fn, "kl_estimator", kl_estimator, ESTIMATORS),
+        check_normalizer(fn, normalizer, "mean"),
+    ]
+
 
 # (e^d − 1 − d) / d² = Σ_{k≥0} d^k / (k+2)!, |d| ≤ 1: terms to below half an ulp
 _SERIES_TERMS = {torch.float64: 18, torch.float32: 10}
@@ -154,7 +132,7 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor, *, estimator: str = "k3") -> Te
     Replaces ``torch.exp(ref - logp) - (ref - logp) - 1``.
     """
     fn = "kl_penalty"
-    (estimator,) = KL_PENALTY_SPEC.check(estimator)
+    estimator = check_choice(fn, "estimator", estimator, ESTIMATORS)
     (lp, ref), _ = _floats(fn, logps=logps, ref_logps=ref_logps)
     if lp.shape != ref.shape:
         raise ValueError(f"{fn}: ref_logps shape {tuple(ref.shape)} must equal logps shape {tuple(lp.shape)}")
@@ -258,8 +236,8 @@ def policy_loss(
     Replaces TRL's GRPO/GSPO loss.
     """
     fn = "policy_loss"
-    clip_eps, clip_eps_high, importance, loss_type, beta, kl_estimator, normalizer = POLICY_LOSS_SPEC.check(
-        clip_eps, clip_eps_high, importance, loss_type, beta, kl_estimator, normalizer
+    clip_eps, clip_eps_high, importance, loss_type, beta, kl_estimator, normalizer = check_policy_args(
+        fn, clip_eps, clip_eps_high, importance, loss_type, beta, kl_estimator, normalizer
     )
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     if beta > 0 and ref_logps is None:

@@ -15,79 +15,46 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd.preference import _odds_ratio
-from stablelosses._spec import REDUCTION, Arg, OneOf, OpSpec, Real
+from stablelosses._spec import (
+    check_choice,
+    check_finite_nonnegative_real,
+    check_real,
+    check_reduction,
+)
 from stablelosses._utils import broadcasts_to, cast, check_floating, promote_types
 
 DPO_LOSS_TYPES = ("sigmoid", "robust", "hinge", "ipo", "apo_zero", "apo_down")
 
 
-def _nonneg(v: float) -> bool:
-    return v >= 0  # False for NaN
+def check_beta(fn: str, beta: object) -> float:
+    """``beta`` of the preference and policy losses: a finite number ``>= 0``."""
+    return check_finite_nonnegative_real(fn, "beta", beta)
 
 
-def _finite(v: float) -> bool:
-    return v != float("inf")
+def check_smoothing(fn: str, label_smoothing: object) -> float:
+    """cDPO's, robust DPO's and SimPO's label smoothing: a probability."""
+    return check_real(fn, "label_smoothing", label_smoothing, (("in [0, 1]", lambda v: 0.0 <= v <= 1.0),))
 
 
-# beta of the preference and policy losses: a finite number >= 0
-BETA = Real(
-    ((">= 0", _nonneg), ("finite and >= 0", _finite)),
-    good=(0.1, 0, 2.0),
-    bad=((-0.1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), ("0.1", TypeError),
-         (True, TypeError), (None, TypeError)),
-)
-# cDPO's / robust DPO's / SimPO's label smoothing: a probability
-PREFERENCE_SMOOTHING = Real(
-    (("in [0, 1]", lambda v: 0.0 <= v <= 1.0),),
-    good=(0.0, 0, 0.1, 1.0),
-    bad=((-0.1, ValueError), (1.5, ValueError), (float("nan"), ValueError), ("0.1", TypeError),
-         (True, TypeError), (None, TypeError)),
-)
-REAL = Real(good=(0.5, 0, -1.0), bad=(("0.5", TypeError), (True, TypeError), (None, TypeError)))
-WEIGHT = Real(
-    ((">= 0", _nonneg), ("finite and >= 0", _finite)),
-    good=(1.0, 0, 1.33),
-    bad=((-1.0, ValueError), (float("inf"), ValueError), ("1", TypeError), (None, TypeError)),
-)
+def check_orpo_args(fn: str, beta: object, reduction: object) -> list:
+    return [check_beta(fn, beta), check_reduction(fn, reduction)]
 
-DPO_SPEC = OpSpec(
-    "dpo_loss",
-    (Arg("beta", BETA), Arg("loss_type", OneOf(DPO_LOSS_TYPES)),
-     Arg("label_smoothing", PREFERENCE_SMOOTHING), Arg("reduction", REDUCTION)),
-    replaces="TRL DPOTrainer's loss (trl/trainer/dpo_trainer.py)",
-    reference="TRL's formulas transcribed in float64; mpmath for the log-sigmoid tails",
-    tensors=("chosen_logps", "rejected_logps", "ref_chosen_logps", "ref_rejected_logps"),
-)
-ORPO_SPEC = OpSpec(
-    "orpo_loss",
-    (Arg("beta", BETA), Arg("reduction", REDUCTION)),
-    replaces="ORPOTrainer.odds_ratio_loss (trl/experimental/orpo/orpo_trainer.py)",
-    reference="TRL's odds ratio in float64 with log(-expm1(x)); mpmath near logp = 0",
-    tensors=("chosen_logps", "rejected_logps"),
-)
-SIMPO_SPEC = OpSpec(
-    "simpo_loss",
-    (Arg("beta", BETA), Arg("gamma_beta_ratio", REAL), Arg("label_smoothing", PREFERENCE_SMOOTHING),
-     Arg("reduction", REDUCTION)),
-    replaces="CPOTrainer.cpo_loss with loss_type='simpo' (trl/experimental/cpo/cpo_trainer.py)",
-    reference="TRL's formula transcribed in float64",
-    tensors=("chosen_logps", "rejected_logps"),
-)
-CPO_SPEC = OpSpec(
-    "cpo_loss",
-    (Arg("beta", BETA), Arg("label_smoothing", PREFERENCE_SMOOTHING), Arg("reduction", REDUCTION)),
-    replaces="CPOTrainer.cpo_loss with loss_type='sigmoid' (trl/experimental/cpo/cpo_trainer.py)",
-    reference="TRL's formula transcribed in float64",
-    tensors=("chosen_logps", "rejected_logps"),
-)
-KTO_SPEC = OpSpec(
-    "kto_loss",
-    (Arg("beta", BETA), Arg("desirable_weight", WEIGHT), Arg("undesirable_weight", WEIGHT),
-     Arg("reduction", REDUCTION)),
-    replaces="KTOTrainer's loss (trl/trainer/kto_trainer.py, _compute_loss)",
-    reference="TRL's formulas transcribed in float64",
-    tensors=("policy_logps", "ref_logps", "desirable", "kl"),
-)
+
+def check_simpo_args(fn: str, beta: object, gamma_beta_ratio: object, label_smoothing: object,
+                     reduction: object) -> list:
+    return [check_beta(fn, beta), check_real(fn, "gamma_beta_ratio", gamma_beta_ratio),
+            check_smoothing(fn, label_smoothing), check_reduction(fn, reduction)]
+
+
+def check_cpo_args(fn: str, beta: object, label_smoothing: object, reduction: object) -> list:
+    return [check_beta(fn, beta), check_smoothing(fn, label_smoothing), check_reduction(fn, reduction)]
+
+
+def check_kto_args(fn: str, beta: object, desirable_weight: object, undesirable_weight: object,
+                   reduction: object) -> list:
+    return [check_beta(fn, beta), check_finite_nonnegative_real(fn, "desirable_weight", desirable_weight),
+            check_finite_nonnegative_real(fn, "undesirable_weight", undesirable_weight),
+            check_reduction(fn, reduction)]
 
 
 def operands(fn: str, **tensors: Tensor) -> tuple[list[Tensor], torch.dtype]:
@@ -120,9 +87,12 @@ def reduced(loss: Tensor, reduction: str) -> Tensor:
 
 def check_dpo_options(fn: str, beta: object, loss_type: object, label_smoothing: object,
                       reduction: object) -> list:
-    """`DPO_SPEC`'s checks and the two that join arguments: ``'ipo'`` divides by ``beta``, and
-    robust DPO divides by ``1 − 2ε``."""
-    beta, loss_type, eps, reduction = DPO_SPEC.check_as(fn, beta, loss_type, label_smoothing, reduction)
+    """Each argument checked, and the two checks that join arguments: ``'ipo'`` divides by
+    ``beta``, and robust DPO divides by ``1 − 2ε``."""
+    beta = check_beta(fn, beta)
+    loss_type = check_choice(fn, "loss_type", loss_type, DPO_LOSS_TYPES)
+    eps = check_smoothing(fn, label_smoothing)
+    reduction = check_reduction(fn, reduction)
     if loss_type == "ipo" and beta == 0.0:
         raise ValueError(f"{fn}: beta must be > 0 with loss_type='ipo' (1/(2 beta)), got {beta}")
     if loss_type == "robust" and eps >= 0.5:
@@ -286,7 +256,7 @@ def orpo_loss(
     Replaces ORPO's ``−β·logsigmoid(log_odds)`` with ``log1p(−exp(logp))``.
     """
     fn = "orpo_loss"
-    beta, reduction = ORPO_SPEC.check(beta, reduction)
+    beta, reduction = check_orpo_args("orpo_loss", beta, reduction)
     (c, r), _ = operands(fn, chosen_logps=chosen_logps, rejected_logps=rejected_logps)
     return reduced(beta * _odds_ratio(c, r), reduction)
 
@@ -341,7 +311,8 @@ def simpo_loss(
     Replaces TRL's SimPO loss.
     """
     fn = "simpo_loss"
-    beta, ratio, eps, reduction = SIMPO_SPEC.check(beta, gamma_beta_ratio, label_smoothing, reduction)
+    beta, ratio, eps, reduction = check_simpo_args("simpo_loss", beta, gamma_beta_ratio, label_smoothing,
+                                                   reduction)
     (c, r), _ = operands(fn, chosen_logps=chosen_logps, rejected_logps=rejected_logps)
     return reduced(logistic(beta * ((c - r) - ratio), eps), reduction)
 
@@ -388,7 +359,7 @@ def cpo_loss(
     Replaces TRL's CPO preference loss.
     """
     fn = "cpo_loss"
-    beta, eps, reduction = CPO_SPEC.check(beta, label_smoothing, reduction)
+    beta, eps, reduction = check_cpo_args("cpo_loss", beta, label_smoothing, reduction)
     (c, r), _ = operands(fn, chosen_logps=chosen_logps, rejected_logps=rejected_logps)
     return reduced(logistic(beta * (c - r), eps), reduction)
 
@@ -452,7 +423,8 @@ def kto_loss(
     Replaces TRL's KTO loss.
     """
     fn = "kto_loss"
-    beta, w_d, w_u, reduction = KTO_SPEC.check(beta, desirable_weight, undesirable_weight, reduction)
+    beta, w_d, w_u, reduction = check_kto_args("kto_loss", beta, desirable_weight, undesirable_weight,
+                                               reduction)
     (p, ref), dtype = operands(fn, policy_logps=policy_logps, ref_logps=ref_logps)
     if not isinstance(desirable, Tensor) or desirable.dtype != torch.bool:
         what = desirable.dtype if isinstance(desirable, Tensor) else type(desirable).__name__
@@ -466,7 +438,7 @@ def kto_loss(
         if not broadcasts_to(z0.shape, p.shape):
             raise ValueError(f"{fn}: kl shape {tuple(z0.shape)} does not broadcast to {tuple(p.shape)}")
     else:
-        z0 = REAL.check(fn, "kl", kl)
+        z0 = check_real(fn, "kl", kl)
     z = beta * ((p - ref) - z0)
     loss = torch.where(desirable, w_d * torch.sigmoid(-z), w_u * torch.sigmoid(z))
     return reduced(loss, reduction)

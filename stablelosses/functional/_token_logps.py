@@ -16,40 +16,18 @@ from torch import Tensor
 from stablelosses._autograd.cross_entropy import _class_index_ce
 from stablelosses._autograd.linear import linear_chunks
 from stablelosses._autograd.token_logps import token_logps_head
-from stablelosses._spec import CHUNK_SIZE, FLAG, IGNORE_INDEX, TEMPERATURE, Arg, OpSpec
+from stablelosses._spec import check_chunk_size, check_flag, check_int, check_real, check_temperature
 from stablelosses._utils import check_floating, check_tensor, upcast
 
-TOKEN_LOGPS_SPEC = OpSpec(
-    "token_logps",
-    (Arg("ignore_index", IGNORE_INDEX), Arg("temperature", TEMPERATURE)),
-    replaces="torch.log_softmax(logits / T, -1).gather(-1, labels[..., None]).squeeze(-1)",
-    reference="the float64 log-softmax gathered at the labels; 0 at ignored positions",
-    tensors=("logits", "labels"),
-)
-SEQUENCE_LOGPS_SPEC = OpSpec(
-    "sequence_logps",
-    (Arg("ignore_index", IGNORE_INDEX), Arg("average", FLAG), Arg("temperature", TEMPERATURE)),
-    replaces="(token_logps * mask).sum(-1) / mask.sum(-1) (TRL's get_batch_logps)",
-    reference="the float64 masked sum (mean) of the token log-probs; 0 for an empty sequence",
-    tensors=("logits", "labels"),
-)
 
-LINEAR_TOKEN_LOGPS_SPEC = OpSpec(
-    "linear_token_logps",
-    (Arg("ignore_index", IGNORE_INDEX), Arg("temperature", TEMPERATURE), Arg("chunk_size", CHUNK_SIZE),
-     Arg("return_entropy", FLAG)),
-    replaces="torch.log_softmax(input @ W.T + b, -1).gather(-1, labels[..., None]).squeeze(-1)",
-    reference="the float64 unfused log-softmax gathered at the labels (and its entropy)",
-    tensors=("input", "linear_weight", "labels", "linear_bias"),
-)
-LINEAR_SEQUENCE_LOGPS_SPEC = OpSpec(
-    "linear_sequence_logps",
-    (Arg("ignore_index", IGNORE_INDEX), Arg("average", FLAG), Arg("temperature", TEMPERATURE),
-     Arg("chunk_size", CHUNK_SIZE)),
-    replaces="sequence log-probs from log_softmax(h @ W.T) (TRL's get_batch_logps on the logits)",
-    reference="the float64 unfused masked sum (mean) of the token log-probs",
-    tensors=("input", "linear_weight", "labels", "linear_bias"),
-)
+def check_linear_logps_args(fn: str, ignore_index: object, temperature: object, chunk_size: object,
+                            flag: object, flag_name: str) -> tuple[int, float, int | None, bool]:
+    """The scalar arguments of the linear forms: ``temperature`` a Python number there (a field
+    of the chunk engine's head)."""
+    t = check_real(fn, "temperature", temperature, (("a finite float > 0", lambda v: 0 < v < float("inf")),),
+                   type_words="a float > 0", tensor=True)
+    return (check_int(fn, "ignore_index", ignore_index, tensor=True), t, check_chunk_size(fn, chunk_size),
+            check_flag(fn, flag_name, flag))
 
 
 def check_labels(fn: str, logits_shape: torch.Size, labels: object, what: str = "logits") -> Tensor:
@@ -161,7 +139,8 @@ def token_logps(
     followed by a mask multiply.
     """
     fn = "token_logps"
-    ignore_index, temperature = TOKEN_LOGPS_SPEC.check(ignore_index, temperature)
+    ignore_index = check_int(fn, "ignore_index", ignore_index, tensor=True)
+    temperature = check_temperature(fn, temperature)
     return _token_logps(fn, logits, labels, ignore_index, temperature)[0]
 
 
@@ -222,7 +201,9 @@ def sequence_logps(
     Replaces ``(token_logps * mask).sum(-1)`` and ``… / mask.sum(-1)``.
     """
     fn = "sequence_logps"
-    ignore_index, average, temperature = SEQUENCE_LOGPS_SPEC.check(ignore_index, average, temperature)
+    ignore_index = check_int(fn, "ignore_index", ignore_index, tensor=True)
+    average = check_flag(fn, "average", average)
+    temperature = check_temperature(fn, temperature)
     if isinstance(labels, Tensor) and labels.dim() == 0:
         raise ValueError(f"{fn}: labels must have a sequence (last) dimension, got a 0-d tensor")
     logp, valid = _token_logps(fn, logits, labels, ignore_index, temperature)
@@ -326,8 +307,8 @@ def linear_token_logps(
     Replaces ``torch.log_softmax(F.linear(input, W, b) / T, -1).gather(...)``.
     """
     fn = "linear_token_logps"
-    ignore_index, temperature, chunk_size, return_entropy = LINEAR_TOKEN_LOGPS_SPEC.check(
-        ignore_index, temperature, chunk_size, return_entropy
+    ignore_index, temperature, chunk_size, return_entropy = check_linear_logps_args(
+        fn, ignore_index, temperature, chunk_size, return_entropy, "return_entropy"
     )
     logp, ent, _ = _linear_token_logps(fn, input, linear_weight, labels, linear_bias, ignore_index,
                                        temperature, chunk_size, return_entropy)
@@ -377,8 +358,8 @@ def linear_sequence_logps(
     Replaces ``(log_softmax(h @ W.T).gather(...) * mask).sum(-1)`` (and ``/ mask.sum(-1)``).
     """
     fn = "linear_sequence_logps"
-    ignore_index, average, temperature, chunk_size = LINEAR_SEQUENCE_LOGPS_SPEC.check(
-        ignore_index, average, temperature, chunk_size
+    ignore_index, temperature, chunk_size, average = check_linear_logps_args(
+        fn, ignore_index, temperature, chunk_size, average, "average"
     )
     if isinstance(labels, Tensor) and labels.dim() == 0:
         raise ValueError(f"{fn}: labels must have a sequence (last) dimension, got a 0-d tensor")

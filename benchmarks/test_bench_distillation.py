@@ -1,0 +1,145 @@
+"""Fused linear distillation against the unfused path: time and peak memory.
+
+Variants (forward+backward, gradients with respect to the student's hidden states and weight;
+the teacher takes none): ``unfused`` (``SF.distillation_loss(F.linear(hs, Ws), F.linear(ht, Wt))``,
+the same loss on materialised logits), ``trl`` (TRL's ``generalized_jsd_loss`` on the same
+logits, transcribed in ``naive_post_training.py``) and ``stable``
+(``SF.linear_distillation_loss``); ``liger`` (Liger-Kernel's ``LigerFusedLinearJSDLoss``, its
+soft loss only, default ``compiled=True`` and ``chunk_size``) where ``liger_kernel`` imports (a
+bench-only package, not a dependency). ``kind='jsd'``, ``beta=0.5``.
+
+``pytest benchmarks/test_bench_distillation.py`` times each variant and records the peak memory
+of one call in ``extra_info['peak_bytes']``; ``test_memory`` (not timed) checks that the fused
+path's peak is at most 1/4 of the unfused one's. Default case ``N=4096, H=1024, V=32000``
+float32 (both models). ``python benchmarks/test_bench_distillation.py [--repeats R]`` measures
+the variants interleaved and prints medians, peaks and the ratios against ``unfused``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stablelosses.functional as SF
+from stablelosses.bench.memory import peak_memory
+
+ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
+try:
+    from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss  # type: ignore[import-not-found]
+except Exception:  # noqa: BLE001 - any import failure: the variant is skipped
+    LigerFusedLinearJSDLoss = None
+VARIANTS = ("unfused", "trl", "stable", "liger")
+CASES = [("4096x1024x32000-float32", 4096, 1024, 32000, torch.float32)]
+
+_spec = importlib.util.spec_from_file_location(
+    "naive_post_training", pathlib.Path(__file__).resolve().parent / "naive_post_training.py")
+assert _spec is not None and _spec.loader is not None
+naive = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(naive)
+
+
+def make_call(label: str, variant: str, device: str = "cpu") -> Callable[[], Any]:
+    """The forward+backward callable of ``variant`` on case ``label``."""
+    _, n, h, v, dtype = next(c for c in CASES if c[0] == label)
+    g = torch.Generator().manual_seed(0)
+    hs = torch.randn(n, h, generator=g).to(device, dtype).requires_grad_(True)
+    ws = (torch.randn(v, h, generator=g) * h**-0.5).to(device, dtype).requires_grad_(True)
+    ht = torch.randn(n, h, generator=g).to(device, dtype)
+    wt = (torch.randn(v, h, generator=g) * h**-0.5).to(device, dtype)
+    mask = torch.ones(n, dtype=torch.bool, device=device)
+    mask[::17] = False
+    labels = torch.where(mask, 1, -100)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    liger = None
+    if variant == "liger":
+        liger = LigerFusedLinearJSDLoss(weight_hard_loss=0.0, weight_soft_loss=1.0, beta=0.5)
+
+    def loss() -> torch.Tensor:
+        if liger is not None:
+            return liger(hs, ws, ht, wt, labels)
+        if variant == "stable":
+            return SF.linear_distillation_loss(hs, ws, ht, wt, kind="jsd", mask=mask)
+        s, t = F.linear(hs, ws), F.linear(ht, wt)
+        if variant == "trl":
+            return naive.trl_generalized_jsd_loss(s, t, labels, beta=0.5)
+        return SF.distillation_loss(s, t, kind="jsd", mask=mask)
+
+    def call() -> Any:
+        out = torch.autograd.grad(loss(), (hs, ws))
+        sync()
+        return out
+
+    return call
+
+
+_NO_LIGER = pytest.mark.skip(reason="liger_kernel does not import here")
+PARAMS = [pytest.param(c[0], v, id=f"{c[0]}-cpu-{v}",
+                       marks=[_NO_LIGER] if v == "liger" and LigerFusedLinearJSDLoss is None else [])
+          for c in CASES for v in VARIANTS]
+
+
+@pytest.mark.parametrize("case,variant", PARAMS)
+def test_fwdbwd(benchmark, case, variant):
+    call = make_call(case, variant)
+    benchmark.group = "linear_distillation_loss " + case
+    benchmark.extra_info.update(fn="linear_distillation_loss", case=case, variant=variant, mode="fwdbwd",
+                                threads=torch.get_num_threads())
+    result = benchmark.pedantic(call, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    benchmark.extra_info["peak_bytes"] = peak_memory(call, "cpu")
+    assert all(torch.isfinite(r).all() for r in result)
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_memory(case):
+    """The fused path's peak is at most 1/4 of the unfused path's, with the same gradients."""
+    fused, unfused = make_call(case, "stable"), make_call(case, "unfused")
+    for a, b in zip(fused(), unfused()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    peak_fused, peak_unfused = peak_memory(fused, "cpu"), peak_memory(unfused, "cpu")
+    print(f"\n{case}: peak fused {peak_fused / 2**20:.0f} MiB, unfused {peak_unfused / 2**20:.0f} MiB, "
+          f"ratio {peak_fused / peak_unfused:.3f}")
+    assert peak_fused <= peak_unfused / 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; unfused always")
+    args = parser.parse_args()
+    wanted = ["unfused"] + [v for v in args.variants.split(",") if v != "unfused"
+                            and (v != "liger" or LigerFusedLinearJSDLoss is not None)]
+    torch.set_num_threads(args.threads)
+    print("| case | variant | median time | peak | time / unfused | peak / unfused |")
+    print("|---|---|---|---|---|---|")
+    for label, *_ in CASES:
+        calls = {v: make_call(label, v) for v in wanted}
+        times: dict[str, list[float]] = {v: [] for v in calls}
+        for c in calls.values():  # warm-up
+            c()
+        for _ in range(args.repeats):
+            for v, c in calls.items():
+                t0 = time.perf_counter()
+                c()
+                times[v].append(time.perf_counter() - t0)
+        med = {v: statistics.median(ts) for v, ts in times.items()}
+        peaks = {v: peak_memory(c, "cpu") for v, c in calls.items()}
+        for v in calls:
+            print(f"| {label} | {v} | {med[v]:.2f} s (all: {', '.join(f'{s:.2f}' for s in times[v])}) | "
+                  f"{peaks[v] / 2**20:.0f} MiB | {med[v] / med['unfused']:.2f} | "
+                  f"{peaks[v] / peaks['unfused']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
