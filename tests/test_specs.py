@@ -45,6 +45,28 @@ CALLS = {
     "safe_sqrt": lambda **kw: SF.safe_sqrt(X.abs(), **kw),
     "xlogy": lambda **kw: SF.xlogy(X, Y.abs(), **kw),
     "logaddexp": lambda **kw: SF.logaddexp(X, Y, **kw),
+    # every torch.nn loss (0.4)
+    "l1_loss": lambda **kw: SF.l1_loss(X, Y, **kw),
+    "mse_loss": lambda **kw: SF.mse_loss(X, Y, **kw),
+    "huber_loss": lambda **kw: SF.huber_loss(X, Y, **kw),
+    "smooth_l1_loss": lambda **kw: SF.smooth_l1_loss(X, Y, **kw),
+    "nll_loss": lambda **kw: SF.nll_loss(F.log_softmax(X, 1), T, **kw),
+    "poisson_nll_loss": lambda **kw: SF.poisson_nll_loss(X, Y.abs(), **kw),
+    "gaussian_nll_loss": lambda **kw: SF.gaussian_nll_loss(X, Y, Y.abs(), **kw),
+    "binary_cross_entropy": lambda **kw: SF.binary_cross_entropy(torch.sigmoid(X), (Y > 0).float(), **kw),
+    "binary_cross_entropy_with_logits": lambda **kw: SF.binary_cross_entropy_with_logits(X, (Y > 0).float(), **kw),
+    "ctc_loss": lambda **kw: SF.ctc_loss(torch.log_softmax(torch.randn(6, 2, 4, generator=_G), 2),
+                                         torch.tensor([[1, 2], [3, 3]]), torch.tensor([6, 6]),
+                                         torch.tensor([2, 2]), **kw),
+    "cosine_embedding_loss": lambda **kw: SF.cosine_embedding_loss(X, Y, torch.tensor([1.0, -1.0, 1.0, -1.0]), **kw),
+    "hinge_embedding_loss": lambda **kw: SF.hinge_embedding_loss(X, Y.sign(), **kw),
+    "margin_ranking_loss": lambda **kw: SF.margin_ranking_loss(X, Y, Y.sign(), **kw),
+    "multi_margin_loss": lambda **kw: SF.multi_margin_loss(X, T, **kw),
+    "multilabel_margin_loss": lambda **kw: SF.multilabel_margin_loss(X, torch.tensor([[0, 2, -1]] * 4), **kw),
+    "multilabel_soft_margin_loss": lambda **kw: SF.multilabel_soft_margin_loss(X, (Y > 0).float(), **kw),
+    "soft_margin_loss": lambda **kw: SF.soft_margin_loss(X, Y.sign(), **kw),
+    "triplet_margin_loss": lambda **kw: SF.triplet_margin_loss(X, Y, X + Y, **kw),
+    "triplet_margin_with_distance_loss": lambda **kw: SF.triplet_margin_with_distance_loss(X, Y, X + Y, **kw),
 }
 
 CASES = [(op, a.name) for op, spec in sorted(SPECS.items()) for a in spec.args]

@@ -1,0 +1,91 @@
+r"""ctc_loss: an impossible alignment is ``inf`` with a gradient of exactly 0 for that sample.
+
+An alignment is impossible when the input is too short for the target (``input_length`` below
+the target length plus its repeats) or every path meets a ``-inf`` log-probability. torch then
+gives ``inf`` and, unless ``zero_infinity=True``, a gradient that is not 0 for that sample (NaN
+on the cuDNN path, pytorch #21680). Here torch's kernel runs with ``zero_infinity=True`` for the
+value that autograd sees, and the ``inf`` of an impossible sample is added back as a constant.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from stablelosses._spec import FLAG, Arg
+from stablelosses._utils import cast
+from stablelosses.functional._torch_losses import call_torch, catalog_spec, check_reduction, check_tensors, up
+
+__all__ = ["ctc_loss"]
+
+_NAMES = ("log_probs", "targets", "input_lengths", "target_lengths")
+
+
+def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
+    r"""Connectionist Temporal Classification loss; an impossible sample has gradient exactly 0.
+
+    $$ \ell_n = -\log \sum_{\pi \in \mathcal{B}^{-1}(y_n)} \prod_t p_{t, \pi_t} $$
+
+    torch's value: ``inf`` for an impossible alignment (0 with ``zero_infinity=True``).
+    Reductions: none ``(N,)``; sum; mean $\frac1N\sum_n \ell_n / \max(1, |y_n|)$ (torch's).
+
+    **Gradient.** torch's where the alignment is possible. For an impossible sample it is
+    exactly **0** whatever ``zero_infinity`` says (the gradient torch gives with
+    ``zero_infinity=True``; with ``False`` torch's is not 0 there, and NaN on cuDNN): the
+    ``inf`` is a constant, and the other samples' gradients stay finite. The sum or mean is
+    ``inf`` then, as torch's, while the gradient of the feasible samples is torch's. NaN
+    log-probabilities give NaN. No double backward (torch's CTC has none); no float16 on the
+    CPU (neither has torch's).
+
+    Args:
+        log_probs: ``(T, N, C)`` or ``(T, C)`` log-probabilities (``log_softmax`` output).
+        targets: ``(N, S)`` padded, or the concatenated targets ``(sum(target_lengths),)``.
+        input_lengths: ``(N,)`` (or a tuple of ints).
+        target_lengths: ``(N,)`` (or a tuple of ints).
+        blank: the blank label. Default: ``0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        zero_infinity: give 0 (not ``inf``) for an impossible sample. Default: ``False``.
+
+    Returns:
+        A scalar, or ``(N,)`` for ``'none'``; ``log_probs``' dtype.
+
+    Raises:
+        ValueError: ``reduction`` is not one of the above.
+        TypeError: ``zero_infinity`` is not a bool; ``log_probs`` is not a tensor.
+        RuntimeError: torch's checks of the shapes, lengths and ``blank`` (the message names
+            the arguments).
+
+    Example:
+        >>> import torch, stablelosses.functional as SF
+        >>> lp = torch.randn(2, 1, 3).log_softmax(2).requires_grad_()
+        >>> # 3 labels cannot fit in 2 time steps
+        >>> loss = SF.ctc_loss(lp, torch.tensor([[1, 2, 1]]), torch.tensor([2]), torch.tensor([3]))
+        >>> loss
+        tensor(inf, grad_fn=<AddBackward0>)
+        >>> loss.backward()
+        >>> bool((lp.grad == 0).all())
+        True
+
+    Replaces ``torch.nn.functional.ctc_loss``.
+    """
+    fn = "ctc_loss"
+    red = check_reduction(fn, reduction)
+    FLAG.check(fn, "zero_infinity", zero_infinity)
+    check_tensors(fn, log_probs=log_probs)
+    dtype = log_probs.dtype
+    lp = up(log_probs)
+    args = (lp, targets, input_lengths, target_lengths)
+    loss = call_torch(fn, F.ctc_loss, _NAMES, *args, blank=blank, reduction=red, zero_infinity=True)
+    if not zero_infinity:
+        with torch.no_grad():
+            raw = F.ctc_loss(*args, blank=blank, reduction=red, zero_infinity=False)
+        # the impossible samples' inf, a constant: their gradient stays torch's zero_infinity one
+        loss = loss + torch.where(raw == float("inf"), raw, torch.zeros_like(raw))
+    return cast(loss, dtype)
+
+
+SPEC = catalog_spec(ctc_loss, ("log_probs", "targets", "input_lengths", "target_lengths"),
+                    Arg("zero_infinity", FLAG),
+                    reference="torch's value; torch's zero_infinity=True gradient (0 for impossible samples)")
