@@ -14,7 +14,18 @@ from torch import Tensor
 
 from stablelosses._spec import IGNORE_INDEX, Arg
 from stablelosses._utils import cast
-from stablelosses.functional._torch_losses import call_torch, catalog_spec, check_reduction, check_tensors, out_dtype, up
+from stablelosses.functional._bce_logits import times
+from stablelosses.functional._torch_losses import (
+    call_torch,
+    catalog_spec,
+    check_reduction,
+    check_same_dtype,
+    check_tensors,
+    needs_grad,
+    out_dtype,
+    up,
+    with_grad_only,
+)
 
 __all__ = ["nll_loss"]
 
@@ -45,8 +56,8 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     Elsewhere the value is torch's.
 
     **Gradient.** torch's: $-w_{t_n}$ at $x_{n,t_n}$ (over the weight sum for ``'mean'``), 0
-    elsewhere, and 0 (not NaN) at the weightless ``-inf`` entries. ``weight`` gets no gradient
-    (torch raises when it requires one). A NaN at a counted entry gives NaN; an ignored
+    elsewhere, and 0 (not NaN) at the weightless ``-inf`` entries. ``weight`` gets the
+    derivative of the value (torch raises when it requires one). A NaN at a counted entry gives NaN; an ignored
     position is not read, as in torch.
 
     Args:
@@ -71,17 +82,17 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     Example:
         >>> import torch, torch.nn.functional as F
         >>> import stablelosses.functional as SF
-        >>> logp = torch.tensor([[0.0, float("-inf")], [float("-inf"), 0.0]], requires_grad=True)
-        >>> t, w = torch.tensor([0, 0]), torch.tensor([1.0, 0.0])
-        >>> F.nll_loss(logp, torch.tensor([0, 1]), weight=w)
+        >>> logp = torch.tensor([[0.0, float("-inf")], [0.0, float("-inf")]], requires_grad=True)
+        >>> t, w = torch.tensor([0, 1]), torch.tensor([1.0, 0.0])  # class 1 is masked and weightless
+        >>> F.nll_loss(logp, t, weight=w)
         tensor(nan, grad_fn=<NllLossBackward0>)
-        >>> loss = SF.nll_loss(logp, torch.tensor([0, 1]), weight=w)
+        >>> loss = SF.nll_loss(logp, t, weight=w)
         >>> loss
-        tensor(-0., grad_fn=<NllLossBackward0>)
+        tensor(0., grad_fn=<NllLossBackward0>)
         >>> loss.backward()
         >>> logp.grad
-        tensor([[-1., 0.],
-                [0., 0.]])
+        tensor([[-1.,  0.],
+                [ 0.,  0.]])
 
     Replaces ``torch.nn.functional.nll_loss``.
     """
@@ -91,15 +102,33 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     IGNORE_INDEX.check(fn, "ignore_index", ignore_index)
     if target.dtype not in _INTEGER_TARGETS:
         raise RuntimeError(f"{fn}: target must be an integer tensor (int64) of class indices, got {target.dtype}")
+    check_same_dtype(fn, input, weight)
     dtype = out_dtype(input)
     x = up(input)
     if input.dim() >= 1 and target.dim() == max(input.dim() - 1, 0) and (weight is None or weight.dim() == 1):
         # the sanitised copy: -inf at a weightless entry is 0 (selected only on -inf, so NaN stays)
         bad = _no_weight_mask(x, target, weight, ignore_index) & (x == float("-inf"))
         x = torch.where(bad, 0.0, x)
-    res = call_torch(fn, F.nll_loss, ("input", "target"), x, target, weight=up(weight), ignore_index=ignore_index,
-                     reduction=red)
+    w = up(weight)
+    res = call_torch(fn, F.nll_loss, ("input", "target"), x, target, weight=None if w is None else w.detach(),
+                     ignore_index=ignore_index, reduction=red)
+    if w is not None and needs_grad(w):
+        res = res + with_grad_only(_weighted_nll(x.detach(), target, w, ignore_index, red))
     return res if dtype is None else cast(res, dtype)
+
+
+def _weighted_nll(x: Tensor, target: Tensor, w: Tensor, ignore_index: int, red: str) -> Tensor:
+    """The loss as a function of ``weight`` alone (torch's kernel gives weight no gradient):
+    $-\sum_n w_{t_n} x_{n,t_n}$, over $\sum_n w_{t_n}$ for ``'mean'``; ``x`` is the sanitised copy."""
+    cdim = 1 if x.dim() > 1 else 0
+    valid = target != ignore_index
+    safe_t = torch.where(valid, target, 0)
+    picked = x.gather(cdim, safe_t.unsqueeze(cdim)).squeeze(cdim)
+    wt = torch.where(valid, w[safe_t], 0.0)
+    per = times(wt, -picked)  # 0 · (-inf) = 0 at a weightless entry
+    if red == "mean":
+        return per.sum() / wt.sum()
+    return per.sum() if red == "sum" else per
 
 
 SPEC = catalog_spec(nll_loss, ("input", "target", "weight"), Arg("ignore_index", IGNORE_INDEX),

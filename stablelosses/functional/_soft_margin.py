@@ -132,7 +132,7 @@ def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Tensor | 
     fn = "multilabel_soft_margin_loss"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target, weight=weight)
-    dtype = out_dtype(input, target)
+    dtype = out_dtype(input, target, weight)  # torch's formula promotes with weight
     loss = call_torch(fn, _multilabel_terms, ("input", "target", "weight"), up(input), up(target), up(weight))
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from stablelosses._compat import is_transform_wrapped
 from stablelosses._spec import REDUCTION, Arg, OpSpec
 from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, cast, legacy_reduction
 from stablelosses._utils import reduce as _reduce
@@ -117,6 +118,26 @@ def catalog_spec(function: Callable[..., Any], tensors: tuple[str, ...], *args: 
         function.__name__, checked, replaces=f"torch.nn.functional.{function.__name__}", reference=reference,
         tensors=tensors, elsewhere=tuple(n for n in params if n not in covered),
     )
+
+
+def check_same_dtype(fn: str, input: Tensor, weight: Tensor | None) -> None:
+    """torch's kernels that take ``weight`` in ``input``'s dtype only: the same RuntimeError,
+    naming the argument."""
+    if weight is not None and weight.dtype != input.dtype:
+        raise RuntimeError(f"{fn}: weight must have input's dtype: expected scalar type {input.dtype} "
+                           f"but found {weight.dtype}")
+
+
+def needs_grad(t: Tensor) -> bool:
+    """``t`` may need a gradient: it requires grad, or a ``torch.func`` transform wraps it."""
+    return t.requires_grad or is_transform_wrapped(t)
+
+
+def with_grad_only(term: Tensor) -> Tensor:
+    """A term that adds 0 to the value and its gradient to the backward: ``term − detach(term)``
+    (0 where the term is not finite, so an ``inf`` value stays ``inf``)."""
+    value = term.detach()
+    return torch.where(torch.isfinite(value), term - value, 0.0)
 
 
 def _has_parameter(torch_fn: Callable[..., Any], name: str) -> bool:
@@ -389,8 +410,14 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target, weight=weight)
     dtype = out_dtype(input, target)
+    w = up(weight)
     res = call_torch(fn, F.binary_cross_entropy, ("input", "target"), up(input), up(target),
-                     weight=up(weight), reduction=red)
+                     weight=None if w is None else w.detach(), reduction=red)
+    if w is not None and needs_grad(w):
+        # torch's kernel gives weight no gradient: ∂ℓ/∂w = the unweighted term (value unchanged)
+        with torch.no_grad():
+            plain = F.binary_cross_entropy(up(input), up(target), reduction="none")
+        res = res + with_grad_only(_reduce(plain * w, red))
     return res if dtype is None else cast(res, dtype)
 
 
@@ -524,7 +551,16 @@ def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float =
     fn = "multi_margin_loss"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target, weight=weight)
-    return _nan_rows(fn, F.multi_margin_loss, input, target, red, p=p, margin=margin, weight=up(weight))
+    check_same_dtype(fn, input, weight)
+    w = up(weight)
+    res = _nan_rows(fn, F.multi_margin_loss, input, target, red, p=p, margin=margin,
+                    weight=None if w is None else w.detach())
+    if w is not None and needs_grad(w):
+        # torch's kernel gives weight no gradient: ∂ℓ_n/∂w_c = [t_n = c] · the unweighted loss
+        with torch.no_grad():
+            plain = F.multi_margin_loss(up(input), target, p=p, margin=margin, reduction="none")
+        res = res + cast(with_grad_only(_reduce(plain * w[target], red)), res.dtype)
+    return res
 
 
 def multilabel_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
