@@ -14,6 +14,8 @@ adds only what the contract asks of every stablelosses function:
 (±1e4, ±1e30, 0, subnormals) no value or gradient is non-finite where the exact one is finite.
 ``multi_margin_loss`` and ``multilabel_margin_loss`` add one rule to torch's: a NaN score makes
 that sample's loss NaN (torch's kernels drop it and return a finite number).
+``triplet_margin_loss`` scales its distance: torch's overflows for entries of 1e30 in float32
+(found by that test), the one function of this file whose formula is not torch's.
 """
 
 from __future__ import annotations
@@ -616,21 +618,51 @@ def _multilabel_margin_formula(x: Tensor, target: Tensor, reduction: str = "none
     return torch.where(pair.bool(), hinge, 0.0).sum((-1, -2)) / classes
 
 
+def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
+    """torch's ``pairwise_distance`` $\lVert x_1 - x_2 + \epsilon\rVert_p$, computed as
+    $s\,\lVert d/s\rVert_p$ with $s = \max_i |d_i|$ (a constant: the norm is homogeneous, so its
+    derivative through $s$ is 0), so no power overflows: rows of 1e30 in float32 give 1.7e30,
+    where torch's gives inf. ``p <= 0`` is not homogeneous: torch's function."""
+    if p <= 0:
+        return torch.pairwise_distance(x1, x2, p, eps)
+    d = x1 - x2 + eps
+    s = d.detach().abs().amax(-1, keepdim=True)
+    # a zero or an infinite row: no scaling (‖0‖ = 0 with torch's zero gradient; ‖inf‖ = inf)
+    s = torch.where((s == 0) | (s == float("inf")), 1.0, s)
+    return torch.linalg.vector_norm(d / s, p, dim=-1) * s.squeeze(-1)
+
+
+def _triplet_terms(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float, p: float, eps: float,
+                   swap: bool) -> Tensor:
+    dist_pos = _distance(anchor, positive, p, eps)
+    dist_neg = _distance(anchor, negative, p, eps)
+    if swap:
+        dist_neg = torch.minimum(dist_neg, _distance(positive, negative, p, eps))
+    return (margin + dist_pos - dist_neg).clamp_min(0)
+
+
 def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2,
                         eps: float = 1e-6, swap: bool = False, size_average: bool | None = None,
                         reduce: bool | None = None, reduction: str = "mean") -> Tensor:
-    r"""Triplet margin loss, torch's ``F.triplet_margin_loss``:
-    $\ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0)$ with
-    $d(x, y) = \lVert x - y + \epsilon\rVert_p$.
+    r"""Triplet margin loss, ``F.triplet_margin_loss``'s formula without overflow in the distance.
 
-    **Gradient.** torch's (finite: the ``eps`` keeps the distance off 0).
+    $$ \ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0),\qquad
+       d(x, y) = \lVert x - y + \epsilon\rVert_p $$
+
+    The distance is computed as $s\,\lVert (x - y + \epsilon)/s\rVert_p$ with
+    $s = \max_j |x_j - y_j + \epsilon|$: torch's ``pairwise_distance`` raises each entry to the
+    power $p$ first, which overflows for entries of 1e30 in float32 (the loss is then ``inf`` or
+    NaN where the exact one is finite). Elsewhere the value is torch's, to rounding.
+
+    **Gradient.** torch's: $\partial d/\partial x = \operatorname{sign}(r)\,|r|^{p-1}/d^{p-1}$
+    with $r = x - y + \epsilon$ (0 where the distance is 0).
 
     Args:
         anchor: ``(N, D)`` or ``(D,)``.
         positive: as ``anchor``.
         negative: as ``anchor``.
         margin: $\Delta$. Default: ``1.0``.
-        p: the norm degree. Default: ``2``.
+        p: the norm degree (``p <= 0``: torch's distance). Default: ``2``.
         eps: added to the difference. Default: ``1e-6``.
         swap: use $\min(d(a, n), d(p, n))$ as the negative distance. Default: ``False``.
         size_average: deprecated (as in torch).
@@ -638,16 +670,19 @@ def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, marg
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or ``(N,)`` for ``'none'``; torch's dtype.
+        A scalar, or ``(N,)`` for ``'none'``; torch's dtype (half computed in float32).
 
     Raises:
-        ValueError: ``reduction`` is not one of the above.
+        ValueError: ``reduction`` is not one of the above; ``margin <= 0`` (torch's check).
         RuntimeError: the numbers of dimensions differ, or the shapes do not broadcast.
 
     Example:
-        >>> import torch, stablelosses.functional as SF
-        >>> a = torch.zeros(1, 2)
-        >>> SF.triplet_margin_loss(a, a, a + 3.0, eps=0.0)
+        >>> import torch, torch.nn.functional as F
+        >>> import stablelosses.functional as SF
+        >>> a, pos, neg = torch.zeros(1, 2), torch.full((1, 2), 1e30), torch.full((1, 2), 2e30)
+        >>> F.triplet_margin_loss(a, pos, neg, eps=0.0)
+        tensor(nan)
+        >>> SF.triplet_margin_loss(a, pos, neg, eps=0.0)
         tensor(0.)
 
     Replaces ``torch.nn.functional.triplet_margin_loss``.
@@ -655,9 +690,17 @@ def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, marg
     fn = "triplet_margin_loss"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, anchor=anchor, positive=positive, negative=negative)
+    if margin <= 0:
+        raise ValueError(f"{fn}: margin must be greater than 0, got {margin}")
+    if not anchor.dim() == positive.dim() == negative.dim():
+        raise RuntimeError(
+            f"{fn}: The anchor, positive, and negative tensors are expected to have the same number of dimensions, "
+            f"but got: anchor {anchor.dim()}D, positive {positive.dim()}D, and negative {negative.dim()}D inputs"
+        )
     dtype = out_dtype(anchor, positive, negative)
-    res = call_torch(fn, F.triplet_margin_loss, ("anchor", "positive", "negative"), up(anchor), up(positive),
-                     up(negative), margin=margin, p=p, eps=eps, swap=swap, reduction=red)
+    loss = call_torch(fn, _triplet_terms, ("anchor", "positive", "negative"), up(anchor), up(positive),
+                      up(negative), margin, p, eps, swap)
+    res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)
 
 
@@ -717,6 +760,7 @@ SPECS = [
                  reference="torch's function; NaN for a sample with a NaN score"),
     catalog_spec(multilabel_margin_loss, ("input", "target"),
                  reference="torch's function; NaN for a sample with a NaN score"),
-    catalog_spec(triplet_margin_loss, ("anchor", "positive", "negative")),
+    catalog_spec(triplet_margin_loss, ("anchor", "positive", "negative"),
+                 reference="torch's function where finite; the distance scaled (no overflow at 1e30)"),
     catalog_spec(triplet_margin_with_distance_loss, ("anchor", "positive", "negative")),
 ]
