@@ -118,7 +118,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
 
 
 def _weighted_nll(x: Tensor, target: Tensor, w: Tensor, ignore_index: int, red: str) -> Tensor:
-    """The loss as a function of ``weight`` alone (torch's kernel gives weight no gradient):
+    r"""The loss as a function of ``weight`` alone (torch's kernel gives weight no gradient):
     $-\sum_n w_{t_n} x_{n,t_n}$, over $\sum_n w_{t_n}$ for ``'mean'``; ``x`` is the sanitised copy."""
     cdim = 1 if x.dim() > 1 else 0
     valid = target != ignore_index

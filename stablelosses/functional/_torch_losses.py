@@ -619,7 +619,7 @@ def _multilabel_margin_formula(x: Tensor, target: Tensor, reduction: str = "none
 
 
 def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
-    """torch's ``pairwise_distance`` $\lVert x_1 - x_2 + \epsilon\rVert_p$, computed as
+    r"""torch's ``pairwise_distance`` $\lVert x_1 - x_2 + \epsilon\rVert_p$, computed as
     $s\,\lVert d/s\rVert_p$ with $s = \max_i |d_i|$ (a constant: the norm is homogeneous, so its
     derivative through $s$ is 0), so no power overflows: rows of 1e30 in float32 give 1.7e30,
     where torch's gives inf. ``p <= 0`` is not homogeneous: torch's function."""
