@@ -543,7 +543,8 @@ class GaussianNLLLoss(nn.GaussianNLLLoss):
     """
 
     def forward(self, input: Tensor, target: Tensor, var: Tensor | float) -> Tensor:
-        return SF.gaussian_nll_loss(input, target, var, full=self.full, eps=self.eps, reduction=self.reduction)
+        return SF.gaussian_nll_loss(input, target, var, full=self.full, eps=self.eps,
+                                    reduction=self.reduction)
 
 
 class BCELoss(nn.BCELoss):
@@ -555,7 +556,8 @@ class BCELoss(nn.BCELoss):
 
 class BCEWithLogitsLoss(nn.BCEWithLogitsLoss):
     """``nn.BCEWithLogitsLoss`` exact at ±inf logits (``weight`` and ``pos_weight`` buffers as
-    torch's); see [`binary_cross_entropy_with_logits`][stablelosses.functional.binary_cross_entropy_with_logits].
+    torch's); see
+    [`binary_cross_entropy_with_logits`][stablelosses.functional.binary_cross_entropy_with_logits].
 
     Example:
         >>> import torch, stablelosses as sl
@@ -573,7 +575,8 @@ class CTCLoss(nn.CTCLoss):
     """``nn.CTCLoss`` whose impossible samples get gradient exactly 0; see
     [`ctc_loss`][stablelosses.functional.ctc_loss]."""
 
-    def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor) -> Tensor:
+    def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: Tensor,
+                target_lengths: Tensor) -> Tensor:
         return SF.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
                            self.zero_infinity)
 
@@ -587,14 +590,16 @@ class CosineEmbeddingLoss(nn.CosineEmbeddingLoss):
 
 
 class HingeEmbeddingLoss(nn.HingeEmbeddingLoss):
-    """``nn.HingeEmbeddingLoss`` calling [`hinge_embedding_loss`][stablelosses.functional.hinge_embedding_loss]."""
+    """``nn.HingeEmbeddingLoss`` calling
+    [`hinge_embedding_loss`][stablelosses.functional.hinge_embedding_loss]."""
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return SF.hinge_embedding_loss(input, target, margin=self.margin, reduction=self.reduction)
 
 
 class MarginRankingLoss(nn.MarginRankingLoss):
-    """``nn.MarginRankingLoss`` calling [`margin_ranking_loss`][stablelosses.functional.margin_ranking_loss]."""
+    """``nn.MarginRankingLoss`` calling
+    [`margin_ranking_loss`][stablelosses.functional.margin_ranking_loss]."""
 
     def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return SF.margin_ranking_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
@@ -638,11 +643,13 @@ class NLLLoss(nn.NLLLoss):
     [`nll_loss`][stablelosses.functional.nll_loss]."""
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return SF.nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+        return SF.nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index,
+                           reduction=self.reduction)
 
 
 class TripletMarginLoss(nn.TripletMarginLoss):
-    """``nn.TripletMarginLoss`` calling [`triplet_margin_loss`][stablelosses.functional.triplet_margin_loss]."""
+    """``nn.TripletMarginLoss`` calling
+    [`triplet_margin_loss`][stablelosses.functional.triplet_margin_loss]."""
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
         return SF.triplet_margin_loss(anchor, positive, negative, margin=self.margin, p=self.p, eps=self.eps,
@@ -655,5 +662,6 @@ class TripletMarginWithDistanceLoss(nn.TripletMarginWithDistanceLoss):
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
         return SF.triplet_margin_with_distance_loss(anchor, positive, negative,
-                                                    distance_function=self.distance_function, margin=self.margin,
-                                                    swap=self.swap, reduction=self.reduction)
+                                                    distance_function=self.distance_function,
+                                                    margin=self.margin, swap=self.swap,
+                                                    reduction=self.reduction)

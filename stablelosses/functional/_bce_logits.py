@@ -18,8 +18,15 @@ import torch
 from torch import Tensor
 
 from stablelosses._utils import cast
-from stablelosses.functional._torch_losses import call_torch, catalog_spec, check_reduction, check_tensors, out_dtype, up
 from stablelosses._utils import reduce as _reduce
+from stablelosses.functional._torch_losses import (
+    call_torch,
+    catalog_spec,
+    check_reduction,
+    check_tensors,
+    out_dtype,
+    up,
+)
 
 __all__ = ["binary_cross_entropy_with_logits", "bce_terms", "times"]
 
@@ -119,7 +126,9 @@ def binary_cross_entropy_with_logits(
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target, weight=weight, pos_weight=pos_weight)
     if target.size() != input.size():
-        raise ValueError(f"{fn}: Target size ({target.size()}) must be the same as input size ({input.size()})")
+        raise ValueError(
+            f"{fn}: Target size ({target.size()}) must be the same as input size ({input.size()})"
+        )
     dtype = out_dtype(input, target)
     x, t, w, pw = up(input), up(target), up(weight), up(pos_weight)
     loss = call_torch(fn, bce_terms, ("input", "target", "pos_weight"), x, t, pw)
@@ -129,5 +138,8 @@ def binary_cross_entropy_with_logits(
     return res if dtype is None else cast(res, dtype)
 
 
-SPEC = catalog_spec(binary_cross_entropy_with_logits, ("input", "target", "weight", "pos_weight"),
-                    reference="torch's function where finite; the limits 0 / +inf at ±inf logits")
+SPEC = catalog_spec(
+    binary_cross_entropy_with_logits,
+    ("input", "target", "weight", "pos_weight"),
+    reference="torch's function where finite; the limits 0 / +inf at ±inf logits",
+)

@@ -14,7 +14,14 @@ from torch import Tensor
 
 from stablelosses._utils import cast
 from stablelosses._utils import reduce as _reduce
-from stablelosses.functional._torch_losses import call_torch, catalog_spec, check_reduction, check_tensors, out_dtype, up
+from stablelosses.functional._torch_losses import (
+    call_torch,
+    catalog_spec,
+    check_reduction,
+    check_tensors,
+    out_dtype,
+    up,
+)
 
 __all__ = ["cosine_embedding_loss"]
 
@@ -24,8 +31,10 @@ _EPSILON = 1e-12  # torch's, inside its square root
 def _check_dims(fn: str, input1: Tensor, input2: Tensor, target: Tensor) -> int:
     """torch's checks: a 1-D target with 2-D inputs, a 0-D target with 1-D inputs."""
     if target.dim() not in (0, 1):
-        raise RuntimeError(f"{fn}: 0D or 1D target tensor expected, multi-target not supported "
-                           f"(target {tuple(target.shape)})")
+        raise RuntimeError(
+            f"{fn}: 0D or 1D target tensor expected, multi-target not supported "
+            f"(target {tuple(target.shape)})"
+        )
     want = target.dim() + 1
     if input1.dim() != want or input2.dim() != want:
         raise RuntimeError(
@@ -49,9 +58,15 @@ def _terms(x1: Tensor, x2: Tensor, target: Tensor, margin: float, dim: int) -> T
     return torch.where(target == 1, pos, 0.0) + torch.where(target == -1, neg, 0.0)
 
 
-def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
-                          size_average: bool | None = None, reduce: bool | None = None,
-                          reduction: str = "mean") -> Tensor:
+def cosine_embedding_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Cosine embedding loss; a zero vector gets gradient 0 (torch: about $10^6/\sqrt{D}$).
 
     $$ \ell_n = \begin{cases} 1 - \cos(x_{1,n}, x_{2,n}) & y_n = 1 \\
@@ -111,5 +126,8 @@ def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin
     return res if dtype is None else cast(res, dtype)
 
 
-SPEC = catalog_spec(cosine_embedding_loss, ("input1", "input2", "target"),
-                    reference="torch's function; 0 with gradient 0 at a zero vector")
+SPEC = catalog_spec(
+    cosine_embedding_loss,
+    ("input1", "input2", "target"),
+    reference="torch's function; 0 with gradient 0 at a zero vector",
+)

@@ -22,8 +22,15 @@ __all__ = ["ctc_loss"]
 _NAMES = ("log_probs", "targets", "input_lengths", "target_lengths")
 
 
-def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor, blank: int = 0,
-             reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
+def ctc_loss(
+    log_probs: Tensor,
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+) -> Tensor:
     r"""Connectionist Temporal Classification loss; an impossible sample has gradient exactly 0.
 
     $$ \ell_n = -\log \sum_{\pi \in \mathcal{B}^{-1}(y_n)} \prod_t p_{t, \pi_t} $$
@@ -86,6 +93,9 @@ def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_l
     return cast(loss, dtype)
 
 
-SPEC = catalog_spec(ctc_loss, ("log_probs", "targets", "input_lengths", "target_lengths"),
-                    Arg("zero_infinity", FLAG),
-                    reference="torch's value; torch's zero_infinity=True gradient (0 for impossible samples)")
+SPEC = catalog_spec(
+    ctc_loss,
+    ("log_probs", "targets", "input_lengths", "target_lengths"),
+    Arg("zero_infinity", FLAG),
+    reference="torch's value; torch's zero_infinity=True gradient (0 for impossible samples)",
+)

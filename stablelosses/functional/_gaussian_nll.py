@@ -17,7 +17,14 @@ from torch import Tensor
 from stablelosses._compat import functorch_transforms_active
 from stablelosses._utils import cast
 from stablelosses._utils import reduce as _reduce
-from stablelosses.functional._torch_losses import call_torch, catalog_spec, check_reduction, check_tensors, out_dtype, up
+from stablelosses.functional._torch_losses import (
+    call_torch,
+    catalog_spec,
+    check_reduction,
+    check_tensors,
+    out_dtype,
+    up,
+)
 
 __all__ = ["gaussian_nll_loss"]
 
@@ -43,8 +50,14 @@ def _terms(x: Tensor, y: Tensor, v: Tensor, eps: float, full: bool) -> Tensor:
     return loss
 
 
-def gaussian_nll_loss(input: Tensor, target: Tensor, var: Tensor | float, full: bool = False,
-                      eps: float = 1e-6, reduction: str = "mean") -> Tensor:
+def gaussian_nll_loss(
+    input: Tensor,
+    target: Tensor,
+    var: Tensor | float,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Gaussian negative log-likelihood; below the variance floor ``var`` gets gradient 0.
 
     $$ \ell_i = \tfrac12\Big(\log\max(v_i, \epsilon) + \frac{(x_i - y_i)^2}{\max(v_i, \epsilon)}\Big)
@@ -110,5 +123,8 @@ def gaussian_nll_loss(input: Tensor, target: Tensor, var: Tensor | float, full: 
     return res if dtype is None else cast(res, dtype)
 
 
-SPEC = catalog_spec(gaussian_nll_loss, ("input", "target", "var"),
-                    reference="torch's value; var gradient torch's where var >= eps, 0 below")
+SPEC = catalog_spec(
+    gaussian_nll_loss,
+    ("input", "target", "var"),
+    reference="torch's value; var gradient torch's where var >= eps, 0 below",
+)

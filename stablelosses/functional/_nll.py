@@ -44,8 +44,15 @@ def _no_weight_mask(input: Tensor, target: Tensor, weight: Tensor | None, ignore
     return ignored | (weight == 0).reshape(shape)
 
 
-def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
-             ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+def nll_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    ignore_index: int = -100,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Negative log-likelihood of class indices; ``-inf`` at a weightless entry contributes 0.
 
     $$ \ell_n = -w_{t_n}\,x_{n, t_n}, \qquad w_{t_n} = 0 \text{ where } t_n = \text{ignore\_index}, $$
@@ -57,7 +64,8 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
 
     **Gradient.** torch's: $-w_{t_n}$ at $x_{n,t_n}$ (over the weight sum for ``'mean'``), 0
     elsewhere, and 0 (not NaN) at the weightless ``-inf`` entries. ``weight`` gets the
-    derivative of the value (torch raises when it requires one). A NaN at a counted entry gives NaN; an ignored
+    derivative of the value (torch raises when it requires one). A NaN at a counted entry gives NaN;
+    an ignored
     position is not read, as in torch.
 
     Args:
@@ -101,7 +109,9 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     check_tensors(fn, input=input, target=target, weight=weight)
     IGNORE_INDEX.check(fn, "ignore_index", ignore_index)
     if target.dtype not in _INTEGER_TARGETS:
-        raise RuntimeError(f"{fn}: target must be an integer tensor (int64) of class indices, got {target.dtype}")
+        raise RuntimeError(
+            f"{fn}: target must be an integer tensor (int64) of class indices, got {target.dtype}"
+        )
     check_same_dtype(fn, input, weight)
     dtype = out_dtype(input)
     x = up(input)
@@ -110,8 +120,16 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
         bad = _no_weight_mask(x, target, weight, ignore_index) & (x == float("-inf"))
         x = torch.where(bad, 0.0, x)
     w = up(weight)
-    res = call_torch(fn, F.nll_loss, ("input", "target"), x, target, weight=None if w is None else w.detach(),
-                     ignore_index=ignore_index, reduction=red)
+    res = call_torch(
+        fn,
+        F.nll_loss,
+        ("input", "target"),
+        x,
+        target,
+        weight=None if w is None else w.detach(),
+        ignore_index=ignore_index,
+        reduction=red,
+    )
     if w is not None and needs_grad(w):
         res = res + with_grad_only(_weighted_nll(x.detach(), target, w, ignore_index, red))
     return res if dtype is None else cast(res, dtype)
@@ -131,5 +149,9 @@ def _weighted_nll(x: Tensor, target: Tensor, w: Tensor, ignore_index: int, red: 
     return per.sum() if red == "sum" else per
 
 
-SPEC = catalog_spec(nll_loss, ("input", "target", "weight"), Arg("ignore_index", IGNORE_INDEX),
-                    reference="torch's function; 0·(-inf) = 0 at ignored or zero-weight entries")
+SPEC = catalog_spec(
+    nll_loss,
+    ("input", "target", "weight"),
+    Arg("ignore_index", IGNORE_INDEX),
+    reference="torch's function; 0·(-inf) = 0 at ignored or zero-weight entries",
+)

@@ -16,7 +16,14 @@ from torch import Tensor
 from stablelosses._utils import cast
 from stablelosses._utils import reduce as _reduce
 from stablelosses.functional._bce_logits import bce_terms, times
-from stablelosses.functional._torch_losses import call_torch, catalog_spec, check_reduction, check_tensors, out_dtype, up
+from stablelosses.functional._torch_losses import (
+    call_torch,
+    catalog_spec,
+    check_reduction,
+    check_tensors,
+    out_dtype,
+    up,
+)
 
 __all__ = ["soft_margin_loss", "multilabel_soft_margin_loss"]
 
@@ -26,8 +33,13 @@ def _soft_margin_terms(x: Tensor, y: Tensor) -> Tensor:
     return -torch.nn.functional.logsigmoid(y * x)
 
 
-def soft_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
-                     reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+def soft_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Two-class logistic loss $\log(1 + e^{-y x})$ that does not overflow at large margins.
 
     $$ \ell_i = \log\big(1 + e^{-y_i x_i}\big) = -\log\sigma(y_i x_i) $$
@@ -84,9 +96,14 @@ def _multilabel_terms(x: Tensor, y: Tensor, w: Tensor | None) -> Tensor:
     return loss.sum(-1) / classes
 
 
-def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
-                                size_average: bool | None = None, reduce: bool | None = None,
-                                reduction: str = "mean") -> Tensor:
+def multilabel_soft_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Multi-label one-versus-all logistic loss, exact at $\pm\infty$ scores.
 
     $$ \ell_n = \frac1C \sum_c w_c\,\big[(1 - y_{n,c})\operatorname{softplus}(x_{n,c})
@@ -139,8 +156,14 @@ def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Tensor | 
 
 
 SPECS = [
-    catalog_spec(soft_margin_loss, ("input", "target"),
-                 reference="log1p(exp(-y·x)) in float64 (mpmath where it overflows); torch where finite"),
-    catalog_spec(multilabel_soft_margin_loss, ("input", "target", "weight"),
-                 reference="torch's function where finite; the limits at ±inf scores"),
+    catalog_spec(
+        soft_margin_loss,
+        ("input", "target"),
+        reference="log1p(exp(-y·x)) in float64 (mpmath where it overflows); torch where finite",
+    ),
+    catalog_spec(
+        multilabel_soft_margin_loss,
+        ("input", "target", "weight"),
+        reference="torch's function where finite; the limits at ±inf scores",
+    ),
 ]

@@ -93,7 +93,9 @@ def _describe(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, A
     return "; ".join(parts)
 
 
-def call_torch(fn: str, torch_fn: Callable[..., Tensor], names: tuple[str, ...], *args: Any, **kwargs: Any) -> Tensor:
+def call_torch(
+    fn: str, torch_fn: Callable[..., Tensor], names: tuple[str, ...], *args: Any, **kwargs: Any
+) -> Tensor:
     """``torch_fn(*args, **kwargs)``; an error it raises keeps its type and names ``fn`` and the
     arguments (``names``: the positional arguments' names). Traced code calls it plainly."""
     if torch.compiler.is_compiling():
@@ -104,21 +106,29 @@ def call_torch(fn: str, torch_fn: Callable[..., Tensor], names: tuple[str, ...],
         message = f"{fn}: {e} ({_describe(names, args, kwargs)})"
         try:
             renamed = type(e)(message)
-        except Exception:  # an exception class with another constructor: keep torch's
+        except Exception:  # noqa: BLE001 - an exception class with another constructor: keep torch's
             raise e from None
         raise renamed from None
 
 
-def catalog_spec(function: Callable[..., Any], tensors: tuple[str, ...], *args: Arg,
-                 reference: str = "torch's own function (the same call)") -> OpSpec:
+def catalog_spec(
+    function: Callable[..., Any],
+    tensors: tuple[str, ...],
+    *args: Arg,
+    reference: str = "torch's own function (the same call)",
+) -> OpSpec:
     """The spec of a catalog function: ``reduction`` (and ``args``) checked here with the spec's
     message; its tensors; every other parameter left to torch's own checks (``elsewhere``)."""
     checked = (Arg("reduction", REDUCTION), *args)
     params = inspect.signature(function).parameters
     covered = {a.name for a in checked} | set(tensors)
     return OpSpec(
-        function.__name__, checked, replaces=f"torch.nn.functional.{function.__name__}", reference=reference,
-        tensors=tensors, elsewhere=tuple(n for n in params if n not in covered),
+        function.__name__,
+        checked,
+        replaces=f"torch.nn.functional.{function.__name__}",
+        reference=reference,
+        tensors=tensors,
+        elsewhere=tuple(n for n in params if n not in covered),
     )
 
 
@@ -126,8 +136,10 @@ def check_same_dtype(fn: str, input: Tensor, weight: Tensor | None) -> None:
     """torch's kernels that take ``weight`` in ``input``'s dtype only: the same RuntimeError,
     naming the argument."""
     if weight is not None and weight.dtype != input.dtype:
-        raise RuntimeError(f"{fn}: weight must have input's dtype: expected scalar type {input.dtype} "
-                           f"but found {weight.dtype}")
+        raise RuntimeError(
+            f"{fn}: weight must have input's dtype: expected scalar type {input.dtype} "
+            f"but found {weight.dtype}"
+        )
 
 
 def needs_grad(t: Tensor) -> bool:
@@ -153,11 +165,15 @@ def _has_parameter(torch_fn: Callable[..., Any], name: str) -> bool:
 _TORCH_WEIGHT = {f: _has_parameter(f, "weight") for f in (F.l1_loss, F.mse_loss, F.huber_loss)}
 
 
-def _weighted(fn: str, unweighted: Tensor, input: Tensor, weight: Tensor, reduction: str, mean_by_weight: bool) -> Tensor:
+def _weighted(
+    fn: str, unweighted: Tensor, input: Tensor, weight: Tensor, reduction: str, mean_by_weight: bool
+) -> Tensor:
     """torch 2.13's weighted l1/mse (``mean`` = Σ w·ℓ / Σ w) and huber (``mean`` = mean(w·ℓ))."""
     if weight.size() != input.size():
-        raise ValueError(f"{fn}: Weights and input must have the same size (weight {tuple(weight.shape)}, "
-                         f"input {tuple(input.shape)})")
+        raise ValueError(
+            f"{fn}: Weights and input must have the same size (weight {tuple(weight.shape)}, "
+            f"input {tuple(input.shape)})"
+        )
     loss = unweighted * weight
     if reduction == "mean" and mean_by_weight:
         return loss.sum() / weight.sum()
@@ -167,23 +183,39 @@ def _weighted(fn: str, unweighted: Tensor, input: Tensor, weight: Tensor, reduct
 # ------------------------------------------------------------------------------- the functions
 
 
-def _pointwise(fn: str, torch_fn: Callable[..., Tensor], input: Tensor, target: Tensor, reduction: str,
-               weight: Tensor | None, mean_by_weight: bool, **options: Any) -> Tensor:
+def _pointwise(
+    fn: str,
+    torch_fn: Callable[..., Tensor],
+    input: Tensor,
+    target: Tensor,
+    reduction: str,
+    weight: Tensor | None,
+    mean_by_weight: bool,
+    **options: Any,
+) -> Tensor:
     check_tensors(fn, input=input, target=target, weight=weight)
     dtype = out_dtype(input, target)
     x, y = up(input), up(target)
     if weight is None:
         res = call_torch(fn, torch_fn, ("input", "target"), x, y, reduction=reduction, **options)
     elif _TORCH_WEIGHT.get(torch_fn, False):
-        res = call_torch(fn, torch_fn, ("input", "target"), x, y, reduction=reduction, weight=up(weight), **options)
+        res = call_torch(
+            fn, torch_fn, ("input", "target"), x, y, reduction=reduction, weight=up(weight), **options
+        )
     else:
         res = call_torch(fn, torch_fn, ("input", "target"), x, y, reduction="none", **options)
         res = _weighted(fn, res, input, up(weight), reduction, mean_by_weight)
     return res if dtype is None else cast(res, dtype)
 
 
-def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
-            reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
+def l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    weight: Tensor | None = None,
+) -> Tensor:
     r"""Mean absolute error, torch's ``F.l1_loss``: $\ell_i = w_i\,|x_i - y_i|$.
 
     Reductions: none $\ell$; sum $\sum_i \ell_i$; mean $\frac1N\sum_i \ell_i$, or
@@ -219,8 +251,14 @@ def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, red
     return _pointwise("l1_loss", F.l1_loss, input, target, red, weight, True)
 
 
-def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
-             reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
+def mse_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    weight: Tensor | None = None,
+) -> Tensor:
     r"""Mean squared error, torch's ``F.mse_loss``: $\ell_i = w_i\,(x_i - y_i)^2$.
 
     Reductions as [`l1_loss`][stablelosses.functional.l1_loss] (``mean`` with ``weight`` is
@@ -255,8 +293,9 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
     return _pointwise("mse_loss", F.mse_loss, input, target, red, weight, True)
 
 
-def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
-               weight: Tensor | None = None) -> Tensor:
+def huber_loss(
+    input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0, weight: Tensor | None = None
+) -> Tensor:
     r"""Huber loss, torch's ``F.huber_loss``.
 
     $$ \ell_i = w_i \begin{cases} \tfrac12 r_i^2 & |r_i| < \delta \\
@@ -291,8 +330,14 @@ def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: fl
     return _pointwise("huber_loss", F.huber_loss, input, target, red, weight, False, delta=delta)
 
 
-def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
-                   reduction: str = "mean", beta: float = 1.0) -> Tensor:
+def smooth_l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
     r"""Smooth L1 loss, torch's ``F.smooth_l1_loss``.
 
     $$ \ell_i = \begin{cases} \tfrac{0.5\,r_i^2}{\beta} & |r_i| < \beta \\
@@ -327,9 +372,16 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = No
     return _pointwise("smooth_l1_loss", F.smooth_l1_loss, input, target, red, None, False, beta=beta)
 
 
-def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,
-                     size_average: bool | None = None, eps: float = 1e-8, reduce: bool | None = None,
-                     reduction: str = "mean") -> Tensor:
+def poisson_nll_loss(
+    input: Tensor,
+    target: Tensor,
+    log_input: bool = True,
+    full: bool = False,
+    size_average: bool | None = None,
+    eps: float = 1e-8,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Poisson negative log-likelihood, torch's ``F.poisson_nll_loss``.
 
     $$ \ell_i = e^{x_i} - y_i x_i \ (\text{log\_input}),\qquad
@@ -368,14 +420,28 @@ def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target)
     dtype = out_dtype(input, target)
-    res = call_torch(fn, F.poisson_nll_loss, ("input", "target"), up(input), up(target),
-                     log_input=log_input, full=full, eps=eps, reduction=red)
+    res = call_torch(
+        fn,
+        F.poisson_nll_loss,
+        ("input", "target"),
+        up(input),
+        up(target),
+        log_input=log_input,
+        full=full,
+        eps=eps,
+        reduction=red,
+    )
     return res if dtype is None else cast(res, dtype)
 
 
-def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
-                         size_average: bool | None = None, reduce: bool | None = None,
-                         reduction: str = "mean") -> Tensor:
+def binary_cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Binary cross-entropy on probabilities, torch's ``F.binary_cross_entropy``.
 
     $$ \ell_i = -w_i\,\big(y_i \log x_i + (1 - y_i)\log(1 - x_i)\big), $$
@@ -413,8 +479,15 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     check_tensors(fn, input=input, target=target, weight=weight)
     dtype = out_dtype(input, target)
     w = up(weight)
-    res = call_torch(fn, F.binary_cross_entropy, ("input", "target"), up(input), up(target),
-                     weight=None if w is None else w.detach(), reduction=red)
+    res = call_torch(
+        fn,
+        F.binary_cross_entropy,
+        ("input", "target"),
+        up(input),
+        up(target),
+        weight=None if w is None else w.detach(),
+        reduction=red,
+    )
     if w is not None and needs_grad(w):
         # torch's kernel gives weight no gradient: ∂ℓ/∂w = the unweighted term (value unchanged)
         with torch.no_grad():
@@ -423,8 +496,14 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     return res if dtype is None else cast(res, dtype)
 
 
-def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, size_average: bool | None = None,
-                         reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+def hinge_embedding_loss(
+    input: Tensor,
+    target: Tensor,
+    margin: float = 1.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Hinge embedding loss, torch's ``F.hinge_embedding_loss``.
 
     $$ \ell_i = \begin{cases} x_i & y_i = 1 \\ \max(0, \Delta - x_i) & y_i = -1 \end{cases} $$
@@ -457,14 +536,21 @@ def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, siz
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target)
     dtype = out_dtype(input, target)
-    res = call_torch(fn, F.hinge_embedding_loss, ("input", "target"), up(input), up(target),
-                     margin=margin, reduction=red)
+    res = call_torch(
+        fn, F.hinge_embedding_loss, ("input", "target"), up(input), up(target), margin=margin, reduction=red
+    )
     return res if dtype is None else cast(res, dtype)
 
 
-def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
-                        size_average: bool | None = None, reduce: bool | None = None,
-                        reduction: str = "mean") -> Tensor:
+def margin_ranking_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Margin ranking loss, torch's ``F.margin_ranking_loss``:
     $\ell_i = \max(0, -y_i\,(x_{1,i} - x_{2,i}) + \Delta)$.
 
@@ -497,13 +583,22 @@ def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: 
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input1=input1, input2=input2, target=target)
     dtype = out_dtype(input1, input2, target)
-    res = call_torch(fn, F.margin_ranking_loss, ("input1", "input2", "target"), up(input1), up(input2),
-                     up(target), margin=margin, reduction=red)
+    res = call_torch(
+        fn,
+        F.margin_ranking_loss,
+        ("input1", "input2", "target"),
+        up(input1),
+        up(input2),
+        up(target),
+        margin=margin,
+        reduction=red,
+    )
     return res if dtype is None else cast(res, dtype)
 
 
-def _nan_rows(fn: str, torch_fn: Callable[..., Tensor], input: Tensor, target: Tensor, red: str,
-              **options: Any) -> Tensor:
+def _nan_rows(
+    fn: str, torch_fn: Callable[..., Tensor], input: Tensor, target: Tensor, red: str, **options: Any
+) -> Tensor:
     """torch's per-sample loss, NaN for a sample with a NaN score (torch's kernels skip it),
     reduced as torch does (sum, or the mean over samples)."""
     dtype = out_dtype(input)
@@ -515,9 +610,16 @@ def _nan_rows(fn: str, torch_fn: Callable[..., Tensor], input: Tensor, target: T
     return res if dtype is None else cast(res, dtype)
 
 
-def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float = 1.0,
-                      weight: Tensor | None = None, size_average: bool | None = None,
-                      reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+def multi_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Multi-class hinge loss, torch's ``F.multi_margin_loss``, with NaN in → NaN out.
 
     $$ \ell_n = \frac{1}{C}\sum_{j \ne t_n} w_{t_n}\max(0, \Delta - x_{n,t_n} + x_{n,j})^p $$
@@ -555,8 +657,16 @@ def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float =
     check_tensors(fn, input=input, target=target, weight=weight)
     check_same_dtype(fn, input, weight)
     w = up(weight)
-    res = _nan_rows(fn, F.multi_margin_loss, input, target, red, p=p, margin=margin,
-                    weight=None if w is None else w.detach())
+    res = _nan_rows(
+        fn,
+        F.multi_margin_loss,
+        input,
+        target,
+        red,
+        p=p,
+        margin=margin,
+        weight=None if w is None else w.detach(),
+    )
     if w is not None and needs_grad(w):
         # torch's kernel gives weight no gradient: ∂ℓ_n/∂w_c = [t_n = c] · the unweighted loss
         with torch.no_grad():
@@ -565,8 +675,13 @@ def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float =
     return res
 
 
-def multilabel_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
-                           reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+def multilabel_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Multi-label hinge loss, torch's ``F.multilabel_margin_loss``, with NaN in → NaN out.
 
     $$ \ell_n = \sum_{j \in T_n,\ i \notin T_n} \frac{\max(0, 1 - (x_{n,j} - x_{n,i}))}{C} $$
@@ -632,8 +747,9 @@ def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
     return torch.linalg.vector_norm(d / s, p, dim=-1) * s.squeeze(-1)
 
 
-def _triplet_terms(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float, p: float, eps: float,
-                   swap: bool) -> Tensor:
+def _triplet_terms(
+    anchor: Tensor, positive: Tensor, negative: Tensor, margin: float, p: float, eps: float, swap: bool
+) -> Tensor:
     dist_pos = _distance(anchor, positive, p, eps)
     dist_neg = _distance(anchor, negative, p, eps)
     if swap:
@@ -641,9 +757,18 @@ def _triplet_terms(anchor: Tensor, positive: Tensor, negative: Tensor, margin: f
     return (margin + dist_pos - dist_neg).clamp_min(0)
 
 
-def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2,
-                        eps: float = 1e-6, swap: bool = False, size_average: bool | None = None,
-                        reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+def triplet_margin_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    margin: float = 1.0,
+    p: float = 2,
+    eps: float = 1e-6,
+    swap: bool = False,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Triplet margin loss, ``F.triplet_margin_loss``'s formula without overflow in the distance.
 
     $$ \ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0),\qquad
@@ -694,19 +819,37 @@ def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, marg
         raise ValueError(f"{fn}: margin must be greater than 0, got {margin}")
     if not anchor.dim() == positive.dim() == negative.dim():
         raise RuntimeError(
-            f"{fn}: The anchor, positive, and negative tensors are expected to have the same number of dimensions, "
-            f"but got: anchor {anchor.dim()}D, positive {positive.dim()}D, and negative {negative.dim()}D inputs"
+            f"{fn}: The anchor, positive, and negative tensors are expected to have the same number of "
+            f"dimensions, but got: anchor {anchor.dim()}D, positive {positive.dim()}D, and negative "
+            f"{negative.dim()}D inputs"
         )
     dtype = out_dtype(anchor, positive, negative)
-    loss = call_torch(fn, _triplet_terms, ("anchor", "positive", "negative"), up(anchor), up(positive),
-                      up(negative), margin, p, eps, swap)
+    loss = call_torch(
+        fn,
+        _triplet_terms,
+        ("anchor", "positive", "negative"),
+        up(anchor),
+        up(positive),
+        up(negative),
+        margin,
+        p,
+        eps,
+        swap,
+    )
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)
 
 
-def triplet_margin_with_distance_loss(anchor: Tensor, positive: Tensor, negative: Tensor, *,
-                                      distance_function: Callable[[Tensor, Tensor], Tensor] | None = None,
-                                      margin: float = 1.0, swap: bool = False, reduction: str = "mean") -> Tensor:
+def triplet_margin_with_distance_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    *,
+    distance_function: Callable[[Tensor, Tensor], Tensor] | None = None,
+    margin: float = 1.0,
+    swap: bool = False,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Triplet loss with a distance of your choice, torch's ``F.triplet_margin_with_distance_loss``:
     $\ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0)$, $d$ = ``distance_function``
     (``torch.pairwise_distance`` when ``None``).
@@ -741,9 +884,18 @@ def triplet_margin_with_distance_loss(anchor: Tensor, positive: Tensor, negative
     red = check_reduction(fn, reduction)
     check_tensors(fn, anchor=anchor, positive=positive, negative=negative)
     dtype = out_dtype(anchor, positive, negative)
-    res = call_torch(fn, F.triplet_margin_with_distance_loss, ("anchor", "positive", "negative"), up(anchor),
-                     up(positive), up(negative), distance_function=distance_function, margin=margin, swap=swap,
-                     reduction=red)
+    res = call_torch(
+        fn,
+        F.triplet_margin_with_distance_loss,
+        ("anchor", "positive", "negative"),
+        up(anchor),
+        up(positive),
+        up(negative),
+        distance_function=distance_function,
+        margin=margin,
+        swap=swap,
+        reduction=red,
+    )
     return res if dtype is None else cast(res, dtype)
 
 
@@ -756,11 +908,20 @@ SPECS = [
     catalog_spec(binary_cross_entropy, ("input", "target", "weight")),
     catalog_spec(hinge_embedding_loss, ("input", "target")),
     catalog_spec(margin_ranking_loss, ("input1", "input2", "target")),
-    catalog_spec(multi_margin_loss, ("input", "target", "weight"),
-                 reference="torch's function; NaN for a sample with a NaN score"),
-    catalog_spec(multilabel_margin_loss, ("input", "target"),
-                 reference="torch's function; NaN for a sample with a NaN score"),
-    catalog_spec(triplet_margin_loss, ("anchor", "positive", "negative"),
-                 reference="torch's function where finite; the distance scaled (no overflow at 1e30)"),
+    catalog_spec(
+        multi_margin_loss,
+        ("input", "target", "weight"),
+        reference="torch's function; NaN for a sample with a NaN score",
+    ),
+    catalog_spec(
+        multilabel_margin_loss,
+        ("input", "target"),
+        reference="torch's function; NaN for a sample with a NaN score",
+    ),
+    catalog_spec(
+        triplet_margin_loss,
+        ("anchor", "positive", "negative"),
+        reference="torch's function where finite; the distance scaled (no overflow at 1e30)",
+    ),
     catalog_spec(triplet_margin_with_distance_loss, ("anchor", "positive", "negative")),
 ]
