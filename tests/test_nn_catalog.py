@@ -294,3 +294,24 @@ def test_a_non_tensor_is_a_type_error(name):
     args, kw = case(name)
     with pytest.raises(TypeError, match=f"{name}: "):
         getattr(SF, name)([1.0], *args[1:], **kw)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_nan_in_nan_out(name):
+    args, kw = case(name)
+    pos = _float_positions(args)[0]
+    x = args[pos].clone()
+    x.view(-1)[0] = float("nan")
+    a = list(args)
+    a[pos] = x
+    if name == "binary_cross_entropy":  # torch refuses a probability outside [0, 1], NaN included
+        with pytest.raises(RuntimeError):
+            SF.binary_cross_entropy(*a, **kw)
+        return
+    out = getattr(SF, name)(*a, **{**kw, "reduction": "sum"})
+    assert torch.isnan(out)
+
+
+def test_cosine_embedding_nan_beside_a_zero_vector_stays_nan():
+    out = SF.cosine_embedding_loss(torch.tensor([[float("nan"), 1.0]]), torch.zeros(1, 2), torch.tensor([1.0]))
+    assert torch.isnan(out)

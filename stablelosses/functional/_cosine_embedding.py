@@ -45,7 +45,9 @@ def _check_dims(fn: str, input1: Tensor, input2: Tensor, target: Tensor) -> int:
 
 
 def _terms(x1: Tensor, x2: Tensor, target: Tensor, margin: float, dim: int) -> Tensor:
-    zero = (x1 == 0).all(dim) | (x2 == 0).all(dim)
+    # selected on the singular set only: a NaN in either vector keeps the NaN cosine
+    nan = torch.isnan(x1).any(dim) | torch.isnan(x2).any(dim)
+    zero = ((x1 == 0).all(dim) | (x2 == 0).all(dim)) & ~nan
     # a zero vector's cosine is 0 with gradient 0: compute on a safe copy, then select
     safe = zero.unsqueeze(dim)
     a = torch.where(safe, 1.0, x1)

@@ -115,7 +115,9 @@ def nll_loss(
     check_same_dtype(fn, input, weight)
     dtype = out_dtype(input)
     x = up(input)
-    if input.dim() >= 1 and target.dim() == max(input.dim() - 1, 0) and (weight is None or weight.dim() == 1):
+    cdim = 1 if input.dim() > 1 else 0
+    fits = input.dim() >= 1 and tuple(target.shape) == tuple(input.shape[:cdim] + input.shape[cdim + 1 :])
+    if fits and (weight is None or tuple(weight.shape) == (input.shape[cdim],)):
         # the sanitised copy: -inf at a weightless entry is 0 (selected only on -inf, so NaN stays)
         bad = _no_weight_mask(x, target, weight, ignore_index) & (x == float("-inf"))
         x = torch.where(bad, 0.0, x)
