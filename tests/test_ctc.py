@@ -101,3 +101,36 @@ def test_module():
     m = sl.CTCLoss(blank=0, reduction="sum", zero_infinity=False)
     m(lp, t, il, tl).backward()
     assert torch.isfinite(lp.grad).all()
+
+
+class _NaNBackwardCTC(torch.autograd.Function):
+    """torch's CTC value with a backward that is NaN everywhere: a stand-in for a backend whose
+    kernel writes NaN into the gradient (cuDNN, pytorch #21680)."""
+
+    @staticmethod
+    def forward(lp, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+        return F.ctc_loss(lp, targets, input_lengths, target_lengths, blank=blank, reduction=reduction,
+                          zero_infinity=zero_infinity)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.shape = inputs[0].shape
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full(ctx.shape, float("nan"), dtype=grad.dtype), None, None, None, None, None, None
+
+
+def test_impossible_sample_gradient_is_zero_even_if_the_kernel_backward_is_nan(monkeypatch):
+    from types import SimpleNamespace
+
+    import stablelosses.functional._ctc as ctc_module
+
+    def nan_ctc(lp, targets, il, tl, blank=0, reduction="mean", zero_infinity=False):
+        return _NaNBackwardCTC.apply(lp, targets, il, tl, blank, reduction, zero_infinity)
+
+    monkeypatch.setattr(ctc_module, "F", SimpleNamespace(ctc_loss=nan_ctc))
+    lp, t, il, tl = _batch()
+    SF.ctc_loss(lp, t, il, tl, reduction="sum", zero_infinity=True).backward()
+    assert (lp.grad[:, 1] == 0).all()  # the impossible sample: detached before the kernel
+    assert torch.isnan(lp.grad[:, 0]).all()  # the feasible ones carry the kernel's gradient

@@ -4,7 +4,8 @@ An alignment is impossible when the input is too short for the target (``input_l
 the target length plus its repeats) or every path meets a ``-inf`` log-probability. torch then
 gives ``inf`` and, unless ``zero_infinity=True``, a gradient that is not 0 for that sample (NaN
 on the cuDNN path, pytorch #21680). Here torch's kernel runs with ``zero_infinity=True`` for the
-value that autograd sees, and the ``inf`` of an impossible sample is added back as a constant.
+value that autograd sees, the impossible samples' columns of ``log_probs`` enter it detached
+(so their gradient is 0 on every backend), and their ``inf`` is added back as a constant.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ def ctc_loss(
     **Gradient.** torch's where the alignment is possible. For an impossible sample it is
     exactly **0** whatever ``zero_infinity`` says (the gradient torch gives with
     ``zero_infinity=True``; with ``False`` torch's is not 0 there, and NaN on cuDNN): the
-    ``inf`` is a constant, and the other samples' gradients stay finite. The sum or mean is
+    ``inf`` is a constant and the sample's columns of ``log_probs`` enter the kernel detached
+    (found by one forward without grad, which costs a second CTC forward), so no backend's
+    backward can put a NaN there; the other samples' gradients stay finite. The sum or mean is
     ``inf`` then, as torch's, while the gradient of the feasible samples is torch's. NaN
-    log-probabilities give NaN. No double backward (torch's CTC has none); no float16 on the
-    CPU (neither has torch's).
+    log-probabilities give NaN. No double backward (torch's CTC has none). float16/bfloat16
+    are computed in float32 (torch's CPU kernel has no half precision).
 
     Args:
         log_probs: ``(T, N, C)`` or ``(T, C)`` log-probabilities (``log_softmax`` output).
@@ -83,13 +86,20 @@ def ctc_loss(
     check_tensors(fn, log_probs=log_probs)
     dtype = log_probs.dtype
     lp = up(log_probs)
-    args = (lp, targets, input_lengths, target_lengths)
-    loss = call_torch(fn, F.ctc_loss, _NAMES, *args, blank=blank, reduction=red, zero_infinity=True)
+    rest = (targets, input_lengths, target_lengths)
+    # which samples are impossible (+inf): one forward without grad (it also runs torch's checks)
+    with torch.no_grad():
+        raw = call_torch(fn, F.ctc_loss, _NAMES, lp, *rest, blank=blank, reduction="none", zero_infinity=False)
+    impossible = raw == float("inf")
+    # their columns of log_probs enter the kernel detached: their gradient is exactly 0 by
+    # construction, whatever the backend's backward computes there (NaN on cuDNN, #21680)
+    column = impossible.reshape(1, -1, 1) if lp.dim() == 3 else impossible
+    lp = torch.where(column, lp.detach(), lp)
+    loss = F.ctc_loss(lp, *rest, blank=blank, reduction=red, zero_infinity=True)
     if not zero_infinity:
-        with torch.no_grad():
-            raw = F.ctc_loss(*args, blank=blank, reduction=red, zero_infinity=False)
-        # the impossible samples' inf, a constant: their gradient stays torch's zero_infinity one
-        loss = loss + torch.where(raw == float("inf"), raw, torch.zeros_like(raw))
+        # torch's value: inf for an impossible sample, and for a sum or mean over one
+        inf = impossible if red == "none" else impossible.any()
+        loss = loss + torch.where(inf, float("inf"), 0.0)
     return cast(loss, dtype)
 
 
