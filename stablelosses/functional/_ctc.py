@@ -89,7 +89,9 @@ def ctc_loss(
     rest = (targets, input_lengths, target_lengths)
     # which samples are impossible (+inf): one forward without grad (it also runs torch's checks)
     with torch.no_grad():
-        raw = call_torch(fn, F.ctc_loss, _NAMES, lp, *rest, blank=blank, reduction="none", zero_infinity=False)
+        raw = call_torch(
+            fn, F.ctc_loss, _NAMES, lp, *rest, blank=blank, reduction="none", zero_infinity=False
+        )
     impossible = raw == float("inf")
     # their columns of log_probs enter the kernel detached: their gradient is exactly 0 by
     # construction, whatever the backend's backward computes there (NaN on cuDNN, #21680)
