@@ -315,3 +315,41 @@ def test_nan_in_nan_out(name):
 def test_cosine_embedding_nan_beside_a_zero_vector_stays_nan():
     out = SF.cosine_embedding_loss(torch.tensor([[float("nan"), 1.0]]), torch.zeros(1, 2), torch.tensor([1.0]))
     assert torch.isnan(out)
+
+
+# torch has no forward-mode derivative for these kernels, so neither do we
+NO_FORWARD_AD = ("ctc_loss", "multi_margin_loss", "multilabel_margin_loss")
+
+
+@pytest.mark.parametrize("name", [n for n in NEW if n not in NO_FORWARD_AD])
+def test_jvp_equals_torchs(name):
+    args, kw = case(name)
+    pos = _float_positions(args)[0]
+
+    def at(fn):
+        def f(v):
+            a = list(args)
+            a[pos] = v
+            return fn(*a, **kw)
+
+        return f
+
+    tangent = torch.randn(args[pos].shape, generator=_g(7), dtype=args[pos].dtype)
+    out, tan = torch.func.jvp(at(getattr(SF, name)), (args[pos],), (tangent,))
+    out_t, tan_t = torch.func.jvp(at(getattr(F, name)), (args[pos],), (tangent,))
+    torch.testing.assert_close(out, out_t)
+    torch.testing.assert_close(tan, tan_t)
+
+
+@pytest.mark.parametrize("name", NO_FORWARD_AD)
+def test_no_forward_mode_where_torch_has_none(name):
+    args, kw = case(name)
+    pos = _float_positions(args)[0]
+    a = list(args)
+
+    def f(v):
+        a[pos] = v
+        return getattr(SF, name)(*a, **kw)
+
+    with pytest.raises(RuntimeError, match="forward AD"):
+        torch.func.jvp(f, (args[pos],), (torch.ones_like(args[pos]),))
