@@ -353,3 +353,27 @@ def test_no_forward_mode_where_torch_has_none(name):
 
     with pytest.raises(RuntimeError, match="forward AD"):
         torch.func.jvp(f, (args[pos],), (torch.ones_like(args[pos]),))
+
+
+MIXED = [(torch.float16, torch.float32), (torch.float32, torch.float64), (torch.float64, torch.float32),
+         (torch.bfloat16, torch.float16), (torch.float32, torch.float16)]
+
+
+@pytest.mark.parametrize("name", [n for n in NEW if n != "ctc_loss"])
+def test_mixed_dtypes_give_torchs_dtype_or_torchs_error(name):
+    args, kw = case(name, torch.float32)
+    pos = _float_positions(args)
+    for d0, d1 in MIXED:
+        a = list(args)
+        for j, i in enumerate(pos):
+            a[i] = a[i].to(d0 if j == 0 else d1)
+        try:
+            expected = getattr(F, name)(*a, **kw).dtype
+        except NotImplementedError:  # torch's CPU kernel has no half precision; ours computes in float32
+            assert getattr(SF, name)(*a, **kw).dtype == a[pos[0]].dtype
+            continue
+        except RuntimeError:
+            with pytest.raises(RuntimeError, match=f"{name}: "):
+                getattr(SF, name)(*a, **kw)
+            continue
+        assert getattr(SF, name)(*a, **kw).dtype == expected, (d0, d1)

@@ -96,14 +96,15 @@ def binary_cross_entropy_with_logits(
             (``(C,)``), or ``None``. Default: ``None``.
 
     Returns:
-        A scalar, or ``input``'s shape for ``'none'``; the promoted dtype of ``input`` and
-        ``target`` (float16/bfloat16 computed in float32 and rounded back).
+        A scalar, or ``input``'s shape for ``'none'``; ``target``'s dtype, as torch's kernel
+        (float16/bfloat16 computed in float32 and rounded back).
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``target``'s size differs from
             ``input``'s (torch's check).
         TypeError: an argument is not a tensor.
-        RuntimeError: ``weight`` or ``pos_weight`` does not broadcast.
+        RuntimeError: ``target`` is not floating-point; ``weight`` or ``pos_weight`` does not
+            broadcast.
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -129,7 +130,11 @@ def binary_cross_entropy_with_logits(
         raise ValueError(
             f"{fn}: Target size ({target.size()}) must be the same as input size ({input.size()})"
         )
-    dtype = out_dtype(input, target)
+    if not target.is_floating_point():  # torch: "result type Float can't be cast to ... Long"
+        raise RuntimeError(
+            f"{fn}: target must be a floating-point tensor of probabilities, got {target.dtype}"
+        )
+    dtype = out_dtype(target)  # torch's kernel writes in target's dtype
     x, t, w, pw = up(input), up(target), up(weight), up(pos_weight)
     loss = call_torch(fn, bce_terms, ("input", "target", "pos_weight"), x, t, pw)
     if w is not None:

@@ -60,8 +60,8 @@ def soft_margin_loss(
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; the promoted dtype (float16/bfloat16
-        computed in float32 and rounded back).
+        A scalar, or the broadcast shape for ``'none'``; ``input``'s dtype, as torch's kernel
+        (float16/bfloat16 computed in float32 and rounded back).
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -82,7 +82,7 @@ def soft_margin_loss(
     fn = "soft_margin_loss"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target)
-    dtype = out_dtype(input, target)
+    dtype = out_dtype(input)  # torch's kernel writes in input's dtype
     loss = call_torch(fn, _soft_margin_terms, ("input", "target"), up(input), up(target))
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)

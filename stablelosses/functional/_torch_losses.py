@@ -191,10 +191,12 @@ def _pointwise(
     reduction: str,
     weight: Tensor | None,
     mean_by_weight: bool,
+    dtype_of_input: bool = False,
     **options: Any,
 ) -> Tensor:
     check_tensors(fn, input=input, target=target, weight=weight)
-    dtype = out_dtype(input, target)
+    # torch's dtype: the promoted one, or input's for kernels that write into input's dtype
+    dtype = out_dtype(input, weight) if dtype_of_input else out_dtype(input, target)
     x, y = up(input), up(target)
     if weight is None:
         res = call_torch(fn, torch_fn, ("input", "target"), x, y, reduction=reduction, **options)
@@ -327,7 +329,7 @@ def huber_loss(
     Replaces ``torch.nn.functional.huber_loss``.
     """
     red = check_reduction("huber_loss", reduction)
-    return _pointwise("huber_loss", F.huber_loss, input, target, red, weight, False, delta=delta)
+    return _pointwise("huber_loss", F.huber_loss, input, target, red, weight, False, True, delta=delta)
 
 
 def smooth_l1_loss(
@@ -477,6 +479,8 @@ def binary_cross_entropy(
     fn = "binary_cross_entropy"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target, weight=weight)
+    if target.dtype != input.dtype:  # torch's kernel takes one dtype (its RuntimeError)
+        raise RuntimeError(f"{fn}: target must have input's dtype {input.dtype}, got {target.dtype}")
     dtype = out_dtype(input, target)
     w = up(weight)
     res = call_torch(
@@ -535,7 +539,7 @@ def hinge_embedding_loss(
     fn = "hinge_embedding_loss"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target)
-    dtype = out_dtype(input, target)
+    dtype = out_dtype(input)  # torch's kernel writes in input's dtype
     res = call_torch(
         fn, F.hinge_embedding_loss, ("input", "target"), up(input), up(target), margin=margin, reduction=red
     )
