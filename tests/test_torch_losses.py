@@ -169,3 +169,16 @@ def test_binary_cross_entropy_weight_gets_the_gradient_of_the_value():
         torch.testing.assert_close(SF.binary_cross_entropy(x, y, w, reduction=red),
                                    F.binary_cross_entropy(x, y, w.detach(), reduction=red))
         assert torch.autograd.gradcheck(lambda v, red=red: SF.binary_cross_entropy(x, y, v, reduction=red), (w,))
+
+
+def test_default_distance_of_the_triplet_losses_does_not_overflow():
+    import stablelosses as sl
+
+    a, pos, neg = torch.zeros(1, 3), torch.full((1, 3), 1e30), torch.full((1, 3), 3e30)
+    assert torch.isnan(F.triplet_margin_with_distance_loss(a, pos, neg))  # torch: inf − inf
+    for out in (SF.triplet_margin_with_distance_loss(a, pos, neg), sl.TripletMarginWithDistanceLoss()(a, pos, neg),
+                SF.triplet_margin_loss(a, pos, neg), sl.TripletMarginLoss()(a, pos, neg)):
+        assert out.item() == 0.0
+    a, pos, neg = torch.zeros(1, 3), torch.full((1, 3), 3e30), torch.full((1, 3), 1e30)
+    expected = (3e30 - 1e30) * math.sqrt(3) + 1.0  # the exact loss, to float32 rounding
+    assert SF.triplet_margin_with_distance_loss(a, pos, neg).item() == pytest.approx(expected, rel=1e-6)

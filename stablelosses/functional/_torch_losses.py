@@ -14,12 +14,14 @@ adds only what the contract asks of every stablelosses function:
 (±1e4, ±1e30, 0, subnormals) no value or gradient is non-finite where the exact one is finite.
 ``multi_margin_loss`` and ``multilabel_margin_loss`` add one rule to torch's: a NaN score makes
 that sample's loss NaN (torch's kernels drop it and return a finite number).
-``triplet_margin_loss`` scales its distance: torch's overflows for entries of 1e30 in float32
-(found by that test), the one function of this file whose formula is not torch's.
+``triplet_margin_loss`` (and the default distance of ``triplet_margin_with_distance_loss``) scales
+its distance: torch's overflows for entries of 1e30 in float32 (found by that test), the one
+formula of this file that is not torch's.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -858,7 +860,11 @@ def triplet_margin_with_distance_loss(
     $\ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0)$, $d$ = ``distance_function``
     (``torch.pairwise_distance`` when ``None``).
 
-    **Gradient.** torch's, through ``distance_function`` (its hazards are its own).
+    The default distance (``None``, or the ``nn.PairwiseDistance`` the module stores) is
+    computed scaled, as in [`triplet_margin_loss`][stablelosses.functional.triplet_margin_loss]:
+    no overflow for entries of 1e30 in float32.
+
+    **Gradient.** torch's, through ``distance_function`` (a custom one's hazards are its own).
 
     Args:
         anchor: any shape ``distance_function`` takes.
@@ -895,12 +901,23 @@ def triplet_margin_with_distance_loss(
         up(anchor),
         up(positive),
         up(negative),
-        distance_function=distance_function,
+        distance_function=_scaled(distance_function),
         margin=margin,
         swap=swap,
         reduction=red,
     )
     return res if dtype is None else cast(res, dtype)
+
+
+def _scaled(distance_function: Any) -> Any:
+    """torch's pairwise distance as `_distance` computes it (scaled): for ``None`` (p = 2,
+    eps = 1e-6), ``F.pairwise_distance`` and an ``nn.PairwiseDistance`` (what the module stores by
+    default; its ``norm`` and ``eps``). Any other callable is the user's, unchanged."""
+    if distance_function is None or distance_function is F.pairwise_distance:
+        return functools.partial(_distance, p=2.0, eps=1e-6)
+    if isinstance(distance_function, torch.nn.PairwiseDistance) and not distance_function.keepdim:
+        return functools.partial(_distance, p=distance_function.norm, eps=distance_function.eps)
+    return distance_function
 
 
 SPECS = [
