@@ -56,6 +56,26 @@ __all__ = [
     "kl_penalty",
     "DistillationLoss",
     "LinearDistillationLoss",
+    # every torch.nn loss (0.4)
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "CosineEmbeddingLoss",
+    "CTCLoss",
+    "GaussianNLLLoss",
+    "HingeEmbeddingLoss",
+    "HuberLoss",
+    "L1Loss",
+    "MarginRankingLoss",
+    "MSELoss",
+    "MultiLabelMarginLoss",
+    "MultiLabelSoftMarginLoss",
+    "MultiMarginLoss",
+    "NLLLoss",
+    "PoissonNLLLoss",
+    "SmoothL1Loss",
+    "SoftMarginLoss",
+    "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss",
 ]
 
 if TYPE_CHECKING:  # type checkers and editors see the names where they live

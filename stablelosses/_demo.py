@@ -259,6 +259,47 @@ HAZARDS: Sequence[Hazard] = (
 )
 
 
+# Every torch.nn loss (0.4): the five that torch 2.13 still gets wrong, its call beside ours
+HAZARDS = (
+    *HAZARDS,
+    Hazard(
+        "BCE with logits at ±inf logits (targets 1, 0)",
+        lambda: (_t(_INF, -_INF), _t(1.0, 0.0)),
+        lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction="none"),
+        lambda x, t: SF.binary_cross_entropy_with_logits(x, t, reduction="none"),
+    ),
+    Hazard(
+        "Gaussian NLL, float16 var 1e-12 below eps",
+        lambda: (_t(0.01, 1.0, dtype=torch.float16), _t(0.0, 0.0, dtype=torch.float16),
+                 _t(1e-12, 1.0, dtype=torch.float16)),
+        F.gaussian_nll_loss,
+        SF.gaussian_nll_loss,
+        grad_arg=2,
+    ),
+    Hazard(
+        "CTC, impossible alignment (3 labels, 2 frames)",
+        lambda: (torch.tensor([[[-1.2, -0.9, -1.2]], [[-0.7, -1.5, -1.2]]]), _long(1, 2, 1).reshape(1, 3),
+                 _long(2), _long(3)),
+        F.ctc_loss,
+        SF.ctc_loss,
+        inf_ok=True,
+    ),
+    Hazard(
+        "cosine embedding loss, float16 zero vector",
+        lambda: (torch.zeros(1, 3, dtype=torch.float16), torch.ones(1, 3, dtype=torch.float16),
+                 _t(1.0, dtype=torch.float16)),
+        F.cosine_embedding_loss,
+        SF.cosine_embedding_loss,
+    ),
+    Hazard(
+        "soft margin loss at margin -100",
+        lambda: (_t(-100.0), _t(1.0)),
+        F.soft_margin_loss,
+        SF.soft_margin_loss,
+    ),
+)
+
+
 def evaluate(hazard: Hazard, side: str) -> Result:
     """Run ``hazard.naive`` or ``hazard.stable`` ('naive' | 'stable'): value and gradient."""
     fn = hazard.naive if side == "naive" else hazard.stable

@@ -802,3 +802,182 @@ class LinearDistillationLoss(_Loss):
         return SF.linear_distillation_loss(
             student_input, student_weight, teacher_input, teacher_weight, student_bias=student_bias,
             teacher_bias=teacher_bias, mask=mask, normalizer=normalizer, **self._options())
+
+
+# ---------------------------------------------------------------- every torch.nn loss (0.4)
+# Each class below is torch's own class (constructor, buffers, state_dict keys, repr, pickling)
+# with a forward that calls the stablelosses function of the same name. The math and the
+# defined gradients are documented once, on those functions.
+
+
+class L1Loss(nn.L1Loss):
+    """``nn.L1Loss`` calling [`l1_loss`][stablelosses.functional.l1_loss] (torch's computation)."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.l1_loss(input, target, reduction=self.reduction)
+
+
+class MSELoss(nn.MSELoss):
+    """``nn.MSELoss`` calling [`mse_loss`][stablelosses.functional.mse_loss] (torch's computation)."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.mse_loss(input, target, reduction=self.reduction)
+
+
+class HuberLoss(nn.HuberLoss):
+    """``nn.HuberLoss`` calling [`huber_loss`][stablelosses.functional.huber_loss] (torch's computation)."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class SmoothL1Loss(nn.SmoothL1Loss):
+    """``nn.SmoothL1Loss`` calling [`smooth_l1_loss`][stablelosses.functional.smooth_l1_loss]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class PoissonNLLLoss(nn.PoissonNLLLoss):
+    """``nn.PoissonNLLLoss`` calling [`poisson_nll_loss`][stablelosses.functional.poisson_nll_loss]."""
+
+    def forward(self, log_input: Tensor, target: Tensor) -> Tensor:
+        return SF.poisson_nll_loss(log_input, target, log_input=self.log_input, full=self.full, eps=self.eps,
+                                   reduction=self.reduction)
+
+
+class GaussianNLLLoss(nn.GaussianNLLLoss):
+    """``nn.GaussianNLLLoss`` whose variance floor has gradient 0 below ``eps``; see
+    [`gaussian_nll_loss`][stablelosses.functional.gaussian_nll_loss].
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> var = torch.tensor([1e-12], requires_grad=True)
+        >>> sl.GaussianNLLLoss()(torch.tensor([1.0]), torch.tensor([0.0]), var).backward()
+        >>> var.grad
+        tensor([0.])
+    """
+
+    def forward(self, input: Tensor, target: Tensor, var: Tensor | float) -> Tensor:
+        return SF.gaussian_nll_loss(input, target, var, full=self.full, eps=self.eps,
+                                    reduction=self.reduction)
+
+
+class BCELoss(nn.BCELoss):
+    """``nn.BCELoss`` calling [`binary_cross_entropy`][stablelosses.functional.binary_cross_entropy]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(nn.BCEWithLogitsLoss):
+    """``nn.BCEWithLogitsLoss`` exact at ±inf logits (``weight`` and ``pos_weight`` buffers as
+    torch's); see
+    [`binary_cross_entropy_with_logits`][stablelosses.functional.binary_cross_entropy_with_logits].
+
+    Example:
+        >>> import torch, stablelosses as sl
+        >>> x = torch.tensor([float("inf"), float("-inf")], requires_grad=True)
+        >>> sl.BCEWithLogitsLoss(reduction="sum")(x, torch.tensor([1.0, 0.0]))
+        tensor(0., grad_fn=<SumBackward0>)
+    """
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.binary_cross_entropy_with_logits(input, target, self.weight, pos_weight=self.pos_weight,
+                                                   reduction=self.reduction)
+
+
+class CTCLoss(nn.CTCLoss):
+    """``nn.CTCLoss`` whose impossible samples get gradient exactly 0; see
+    [`ctc_loss`][stablelosses.functional.ctc_loss]."""
+
+    def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: Tensor,
+                target_lengths: Tensor) -> Tensor:
+        return SF.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
+                           self.zero_infinity)
+
+
+class CosineEmbeddingLoss(nn.CosineEmbeddingLoss):
+    """``nn.CosineEmbeddingLoss`` whose zero vectors get gradient 0; see
+    [`cosine_embedding_loss`][stablelosses.functional.cosine_embedding_loss]."""
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return SF.cosine_embedding_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
+
+
+class HingeEmbeddingLoss(nn.HingeEmbeddingLoss):
+    """``nn.HingeEmbeddingLoss`` calling
+    [`hinge_embedding_loss`][stablelosses.functional.hinge_embedding_loss]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.hinge_embedding_loss(input, target, margin=self.margin, reduction=self.reduction)
+
+
+class MarginRankingLoss(nn.MarginRankingLoss):
+    """``nn.MarginRankingLoss`` calling
+    [`margin_ranking_loss`][stablelosses.functional.margin_ranking_loss]."""
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return SF.margin_ranking_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
+
+
+class MultiMarginLoss(nn.MultiMarginLoss):
+    """``nn.MultiMarginLoss`` with NaN in → NaN out; see
+    [`multi_margin_loss`][stablelosses.functional.multi_margin_loss]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.multi_margin_loss(input, target, p=self.p, margin=self.margin, weight=self.weight,
+                                    reduction=self.reduction)
+
+
+class MultiLabelMarginLoss(nn.MultiLabelMarginLoss):
+    """``nn.MultiLabelMarginLoss`` with NaN in → NaN out; see
+    [`multilabel_margin_loss`][stablelosses.functional.multilabel_margin_loss]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.multilabel_margin_loss(input, target, reduction=self.reduction)
+
+
+class MultiLabelSoftMarginLoss(nn.MultiLabelSoftMarginLoss):
+    """``nn.MultiLabelSoftMarginLoss`` exact at ±inf scores; see
+    [`multilabel_soft_margin_loss`][stablelosses.functional.multilabel_soft_margin_loss]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.multilabel_soft_margin_loss(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class SoftMarginLoss(nn.SoftMarginLoss):
+    """``nn.SoftMarginLoss`` without overflow at large margins; see
+    [`soft_margin_loss`][stablelosses.functional.soft_margin_loss]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.soft_margin_loss(input, target, reduction=self.reduction)
+
+
+class NLLLoss(nn.NLLLoss):
+    """``nn.NLLLoss`` whose ``-inf`` log-probabilities at weightless entries add 0; see
+    [`nll_loss`][stablelosses.functional.nll_loss]."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return SF.nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index,
+                           reduction=self.reduction)
+
+
+class TripletMarginLoss(nn.TripletMarginLoss):
+    """``nn.TripletMarginLoss`` calling
+    [`triplet_margin_loss`][stablelosses.functional.triplet_margin_loss]."""
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return SF.triplet_margin_loss(anchor, positive, negative, margin=self.margin, p=self.p, eps=self.eps,
+                                      swap=self.swap, reduction=self.reduction)
+
+
+class TripletMarginWithDistanceLoss(nn.TripletMarginWithDistanceLoss):
+    """``nn.TripletMarginWithDistanceLoss`` calling
+    [`triplet_margin_with_distance_loss`][stablelosses.functional.triplet_margin_with_distance_loss]."""
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return SF.triplet_margin_with_distance_loss(anchor, positive, negative,
+                                                    distance_function=self.distance_function,
+                                                    margin=self.margin, swap=self.swap,
+                                                    reduction=self.reduction)

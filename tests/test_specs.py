@@ -72,6 +72,28 @@ CALLS = {
     "kl_penalty": lambda **kw: SF.kl_penalty(X, Y, **kw),
     "distillation_loss": lambda **kw: SF.distillation_loss(X, Y, **kw),
     "linear_distillation_loss": lambda **kw: SF.linear_distillation_loss(H, W, H, W, **kw),
+    # every torch.nn loss (0.4)
+    "l1_loss": lambda **kw: SF.l1_loss(X, Y, **kw),
+    "mse_loss": lambda **kw: SF.mse_loss(X, Y, **kw),
+    "huber_loss": lambda **kw: SF.huber_loss(X, Y, **kw),
+    "smooth_l1_loss": lambda **kw: SF.smooth_l1_loss(X, Y, **kw),
+    "nll_loss": lambda **kw: SF.nll_loss(F.log_softmax(X, 1), T, **kw),
+    "poisson_nll_loss": lambda **kw: SF.poisson_nll_loss(X, Y.abs(), **kw),
+    "gaussian_nll_loss": lambda **kw: SF.gaussian_nll_loss(X, Y, Y.abs(), **kw),
+    "binary_cross_entropy": lambda **kw: SF.binary_cross_entropy(torch.sigmoid(X), (Y > 0).float(), **kw),
+    "binary_cross_entropy_with_logits": lambda **kw: SF.binary_cross_entropy_with_logits(X, (Y > 0).float(), **kw),
+    "ctc_loss": lambda **kw: SF.ctc_loss(torch.log_softmax(torch.randn(6, 2, 4, generator=_G), 2),
+                                         torch.tensor([[1, 2], [3, 3]]), torch.tensor([6, 6]),
+                                         torch.tensor([2, 2]), **kw),
+    "cosine_embedding_loss": lambda **kw: SF.cosine_embedding_loss(X, Y, torch.tensor([1.0, -1.0, 1.0, -1.0]), **kw),
+    "hinge_embedding_loss": lambda **kw: SF.hinge_embedding_loss(X, Y.sign(), **kw),
+    "margin_ranking_loss": lambda **kw: SF.margin_ranking_loss(X, Y, Y.sign(), **kw),
+    "multi_margin_loss": lambda **kw: SF.multi_margin_loss(X, T, **kw),
+    "multilabel_margin_loss": lambda **kw: SF.multilabel_margin_loss(X, torch.tensor([[0, 2, -1]] * 4), **kw),
+    "multilabel_soft_margin_loss": lambda **kw: SF.multilabel_soft_margin_loss(X, (Y > 0).float(), **kw),
+    "soft_margin_loss": lambda **kw: SF.soft_margin_loss(X, Y.sign(), **kw),
+    "triplet_margin_loss": lambda **kw: SF.triplet_margin_loss(X, Y, X + Y, **kw),
+    "triplet_margin_with_distance_loss": lambda **kw: SF.triplet_margin_with_distance_loss(X, Y, X + Y, **kw),
 }
 
 # ------------------------------------------------------------ the samples, one per kind
@@ -233,6 +255,25 @@ ELSEWHERE = {
     "softmax": ("_stacklevel",), "log_softmax": ("_stacklevel",),
     "logsumexp": ("out",), "logaddexp": ("out",), "normalize": ("out",), "safe_div": ("rounding_mode",),
 }
+# every torch.nn loss (0.4): the wrapper checks reduction (and zero_infinity, ignore_index); the
+# tensors are torch's; every other parameter is checked by torch's own function, as given
+_CATALOG = ("l1_loss", "mse_loss", "huber_loss", "smooth_l1_loss", "nll_loss", "poisson_nll_loss",
+            "gaussian_nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "ctc_loss",
+            "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss", "multi_margin_loss",
+            "multilabel_margin_loss", "multilabel_soft_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+            "triplet_margin_with_distance_loss")
+_CATALOG_TENSORS = {"input", "target", "weight", "pos_weight", "var", "input1", "input2", "x1", "x2",
+                    "anchor", "positive", "negative", "log_probs", "targets", "input_lengths",
+                    "target_lengths"}
+for _op in _CATALOG:
+    _params = list(inspect.signature(getattr(SF, _op)).parameters)
+    ARGS[_op] = {"reduction": REDUCTION}
+    if _op == "ctc_loss":
+        ARGS[_op]["zero_infinity"] = FLAG
+    if _op == "nll_loss":
+        ARGS[_op]["ignore_index"] = IGNORE_INDEX
+    TENSORS[_op] = tuple(n for n in _params if n in _CATALOG_TENSORS)
+    ELSEWHERE[_op] = tuple(n for n in _params if n not in _CATALOG_TENSORS and n not in ARGS[_op])
 DIM_KINDS = {id(k[1]) for k in (DIM, DIMS, NONEMPTY_DIMS, OPTIONAL_DIMS, OPTIONAL_NONEMPTY_DIMS)}
 CASES = [(op, name) for op, args in sorted(ARGS.items()) for name in args]
 

@@ -71,6 +71,50 @@ __all__ = [
     "linear_distillation_loss",
 ]
 
+# Every torch.nn loss (0.4): torch's signature; the hazards fixed, the rest torch's computation
+from stablelosses.functional._bce_logits import binary_cross_entropy_with_logits  # noqa: E402
+from stablelosses.functional._cosine_embedding import cosine_embedding_loss  # noqa: E402
+from stablelosses.functional._ctc import ctc_loss  # noqa: E402
+from stablelosses.functional._gaussian_nll import gaussian_nll_loss  # noqa: E402
+from stablelosses.functional._nll import nll_loss  # noqa: E402
+from stablelosses.functional._soft_margin import multilabel_soft_margin_loss, soft_margin_loss  # noqa: E402
+from stablelosses.functional._torch_losses import (  # noqa: E402
+    binary_cross_entropy,
+    hinge_embedding_loss,
+    huber_loss,
+    l1_loss,
+    margin_ranking_loss,
+    mse_loss,
+    multi_margin_loss,
+    multilabel_margin_loss,
+    poisson_nll_loss,
+    smooth_l1_loss,
+    triplet_margin_loss,
+    triplet_margin_with_distance_loss,
+)
+
+__all__ += [
+    "l1_loss",
+    "mse_loss",
+    "huber_loss",
+    "smooth_l1_loss",
+    "nll_loss",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "ctc_loss",
+    "cosine_embedding_loss",
+    "hinge_embedding_loss",
+    "margin_ranking_loss",
+    "multi_margin_loss",
+    "multilabel_margin_loss",
+    "multilabel_soft_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "triplet_margin_with_distance_loss",
+]
+
 # Each public function is the wrapper that carries the NaN detector's hook (stablelosses/_public.py):
 # one read of a global while no detector is open. Applied here, once, when the namespace is built.
 from stablelosses._public import public as _public  # noqa: E402

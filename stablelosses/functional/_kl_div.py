@@ -35,6 +35,12 @@ class _FalseByDefault:
     def __bool__(self) -> bool:
         return False
 
+    def __eq__(self, other: object) -> bool:  # equal to False, as torch's default reads
+        return other is False or isinstance(other, _FalseByDefault)
+
+    def __hash__(self) -> int:
+        return hash(False)
+
 
 _FALSE = _FalseByDefault()
 

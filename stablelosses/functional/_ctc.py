@@ -1,0 +1,105 @@
+r"""ctc_loss: an impossible alignment is ``inf`` with a gradient of exactly 0 for that sample.
+
+An alignment is impossible when the input is too short for the target (``input_length`` below
+the target length plus its repeats) or every path meets a ``-inf`` log-probability. torch then
+gives ``inf`` and, unless ``zero_infinity=True``, a gradient that is not 0 for that sample (NaN
+on the cuDNN path, pytorch #21680). Here torch's kernel runs with ``zero_infinity=True`` for the
+value that autograd sees, the impossible samples' columns of ``log_probs`` enter it detached
+(so their gradient is 0 on every backend), and their ``inf`` is added back as a constant.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from stablelosses._spec import check_flag
+from stablelosses._utils import cast
+from stablelosses.functional._torch_losses import call_torch, check_reduction, check_tensors, up
+
+__all__ = ["ctc_loss"]
+
+_NAMES = ("log_probs", "targets", "input_lengths", "target_lengths")
+
+
+def ctc_loss(
+    log_probs: Tensor,
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+) -> Tensor:
+    r"""Connectionist Temporal Classification loss; an impossible sample has gradient exactly 0.
+
+    $$ \ell_n = -\log \sum_{\pi \in \mathcal{B}^{-1}(y_n)} \prod_t p_{t, \pi_t} $$
+
+    torch's value: ``inf`` for an impossible alignment (0 with ``zero_infinity=True``).
+    Reductions: none ``(N,)``; sum; mean $\frac1N\sum_n \ell_n / \max(1, |y_n|)$ (torch's).
+
+    **Gradient.** torch's where the alignment is possible. For an impossible sample it is
+    exactly **0** whatever ``zero_infinity`` says (the gradient torch gives with
+    ``zero_infinity=True``; with ``False`` torch's is not 0 there, and NaN on cuDNN): the
+    ``inf`` is a constant and the sample's columns of ``log_probs`` enter the kernel detached
+    (found by one forward without grad, which costs a second CTC forward), so no backend's
+    backward can put a NaN there; the other samples' gradients stay finite. The sum or mean is
+    ``inf`` then, as torch's, while the gradient of the feasible samples is torch's. NaN
+    log-probabilities give NaN. No double backward (torch's CTC has none). float16/bfloat16
+    are computed in float32 (torch's CPU kernel has no half precision).
+
+    Args:
+        log_probs: ``(T, N, C)`` or ``(T, C)`` log-probabilities (``log_softmax`` output).
+        targets: ``(N, S)`` padded, or the concatenated targets ``(sum(target_lengths),)``.
+        input_lengths: ``(N,)`` (or a tuple of ints).
+        target_lengths: ``(N,)`` (or a tuple of ints).
+        blank: the blank label. Default: ``0``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        zero_infinity: give 0 (not ``inf``) for an impossible sample. Default: ``False``.
+
+    Returns:
+        A scalar, or ``(N,)`` for ``'none'``; ``log_probs``' dtype.
+
+    Raises:
+        ValueError: ``reduction`` is not one of the above.
+        TypeError: ``zero_infinity`` is not a bool; ``log_probs`` is not a tensor.
+        RuntimeError: torch's checks of the shapes, lengths and ``blank`` (the message names
+            the arguments).
+
+    Example:
+        >>> import torch, stablelosses.functional as SF
+        >>> lp = torch.randn(2, 1, 3).log_softmax(2).requires_grad_()
+        >>> # 3 labels cannot fit in 2 time steps
+        >>> loss = SF.ctc_loss(lp, torch.tensor([[1, 2, 1]]), torch.tensor([2]), torch.tensor([3]))
+        >>> loss
+        tensor(inf, grad_fn=<AddBackward0>)
+        >>> loss.backward()
+        >>> bool((lp.grad == 0).all())
+        True
+
+    Replaces ``torch.nn.functional.ctc_loss``.
+    """
+    fn = "ctc_loss"
+    red = check_reduction(fn, reduction)
+    check_flag(fn, "zero_infinity", zero_infinity)
+    check_tensors(fn, log_probs=log_probs)
+    dtype = log_probs.dtype
+    lp = up(log_probs)
+    rest = (targets, input_lengths, target_lengths)
+    # which samples are impossible (+inf): one forward without grad (it also runs torch's checks)
+    with torch.no_grad():
+        raw = call_torch(
+            fn, F.ctc_loss, _NAMES, lp, *rest, blank=blank, reduction="none", zero_infinity=False
+        )
+    impossible = raw == float("inf")
+    # their columns of log_probs enter the kernel detached: their gradient is exactly 0 by
+    # construction, whatever the backend's backward computes there (NaN on cuDNN, #21680)
+    column = impossible.reshape(1, -1, 1) if lp.dim() == 3 else impossible
+    lp = torch.where(column, lp.detach(), lp)
+    loss = F.ctc_loss(lp, *rest, blank=blank, reduction=red, zero_infinity=True)
+    if not zero_infinity:
+        # torch's value: inf for an impossible sample, and for a sum or mean over one
+        inf = impossible if red == "none" else impossible.any()
+        loss = loss + torch.where(inf, float("inf"), 0.0)
+    return cast(loss, dtype)

@@ -1,0 +1,154 @@
+r"""soft_margin_loss and multilabel_soft_margin_loss without overflow.
+
+torch's ``soft_margin_loss`` computes $\log(1 + e^{-y x})$ literally: ``exp`` overflows once
+$-y x > 88.7$ (float32), and the value is ``inf`` where the exact one is $-y x$, with the
+gradient 0 beside it. Here it is $-\log\sigma(y x)$, torch's stable ``logsigmoid``. The
+multi-label form is the logistic loss of
+[`binary_cross_entropy_with_logits`][stablelosses.functional.binary_cross_entropy_with_logits]
+(torch's version is stable for finite scores, but gives NaN at $\pm\infty$ scores).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from stablelosses._utils import cast
+from stablelosses._utils import reduce as _reduce
+from stablelosses.functional._bce_logits import bce_terms, times
+from stablelosses.functional._torch_losses import (
+    call_torch,
+    check_reduction,
+    check_tensors,
+    out_dtype,
+    up,
+)
+
+__all__ = ["soft_margin_loss", "multilabel_soft_margin_loss"]
+
+
+def _soft_margin_terms(x: Tensor, y: Tensor) -> Tensor:
+    # log(1 + exp(-y·x)) = -log σ(y·x)
+    return -torch.nn.functional.logsigmoid(y * x)
+
+
+def soft_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Two-class logistic loss $\log(1 + e^{-y x})$ that does not overflow at large margins.
+
+    $$ \ell_i = \log\big(1 + e^{-y_i x_i}\big) = -\log\sigma(y_i x_i) $$
+
+    computed as the stable ``logsigmoid``: $-y x = 10^4$ gives $10^4$ (torch: ``inf`` once
+    $-y x > 88.7$ in float32). Reductions: none; sum; mean $\frac1N\sum_i \ell_i$. Where torch
+    is finite the value is torch's.
+
+    **Gradient.** $\partial\ell/\partial x = -y\,\sigma(-y x)$ and $\partial\ell/\partial y =
+    -x\,\sigma(-y x)$: finite for every finite input (torch's is finite too, but beside an
+    ``inf`` value). NaN gives NaN.
+
+    Args:
+        input: scores, any shape.
+        target: $\pm 1$ (or any real), broadcastable with ``input``.
+        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``.
+        reduce: deprecated (as in torch), see ``size_average``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Returns:
+        A scalar, or the broadcast shape for ``'none'``; ``input``'s dtype, as torch's kernel
+        (float16/bfloat16 computed in float32 and rounded back).
+
+    Raises:
+        ValueError: ``reduction`` is not one of the above.
+        TypeError: an argument is not a tensor.
+        RuntimeError: the shapes do not broadcast (the message names both).
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> import stablelosses.functional as SF
+        >>> x, y = torch.tensor([-100.0]), torch.tensor([1.0])
+        >>> F.soft_margin_loss(x, y)
+        tensor(inf)
+        >>> SF.soft_margin_loss(x, y)
+        tensor(100.)
+
+    Replaces ``torch.nn.functional.soft_margin_loss``.
+    """
+    fn = "soft_margin_loss"
+    red = check_reduction(fn, reduction, size_average, reduce)
+    check_tensors(fn, input=input, target=target)
+    dtype = out_dtype(input)  # torch's kernel writes in input's dtype
+    loss = call_torch(fn, _soft_margin_terms, ("input", "target"), up(input), up(target))
+    res = _reduce(loss, red)
+    return res if dtype is None else cast(res, dtype)
+
+
+def _multilabel_terms(x: Tensor, y: Tensor, w: Tensor | None) -> Tensor:
+    classes = x.size(-1)  # torch's IndexError for a 0-dim input
+    loss = bce_terms(x, y, None)
+    if w is not None:
+        loss = times(w, loss)
+    return loss.sum(-1) / classes
+
+
+def multilabel_soft_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Multi-label one-versus-all logistic loss, exact at $\pm\infty$ scores.
+
+    $$ \ell_n = \frac1C \sum_c w_c\,\big[(1 - y_{n,c})\operatorname{softplus}(x_{n,c})
+       + y_{n,c}\operatorname{softplus}(-x_{n,c})\big] $$
+
+    torch's formula $-(y\log\sigma(x) + (1 - y)\log\sigma(-x))$ with the terms of
+    [`binary_cross_entropy_with_logits`][stablelosses.functional.binary_cross_entropy_with_logits]:
+    a term whose coefficient is 0 is 0 also at an infinite score (torch: NaN for a score of
+    $+\infty$ with $y = 1$, or $-\infty$ with $y = 0$). Reductions over the samples: none
+    ``(N,)``; sum; mean $\frac1N\sum_n \ell_n$.
+
+    **Gradient.** $\frac{w_c}{C}\,(\sigma(x) - y)$ for ``input``, finite at $\pm\infty$ too;
+    ``target`` and ``weight`` get theirs (see ``binary_cross_entropy_with_logits``).
+
+    Args:
+        input: scores ``(N, C)`` or ``(C,)``.
+        target: labels in $[0, 1]$, ``input``'s shape.
+        weight: per-class weight ``(C,)`` (broadcast to ``input``), or ``None``. Default: ``None``.
+        size_average: deprecated (as in torch).
+        reduce: deprecated (as in torch).
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+
+    Returns:
+        A scalar, or ``(N,)`` for ``'none'``; the promoted dtype (half computed in float32).
+
+    Raises:
+        ValueError: ``reduction`` is not one of the above.
+        TypeError: an argument is not a tensor.
+        RuntimeError: the shapes do not broadcast (the message names them).
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> import stablelosses.functional as SF
+        >>> x = torch.tensor([[float("inf"), 0.0]])
+        >>> y = torch.tensor([[1.0, 1.0]])
+        >>> F.multilabel_soft_margin_loss(x, y)
+        tensor(nan)
+        >>> SF.multilabel_soft_margin_loss(x, y)
+        tensor(0.3466)
+
+    Replaces ``torch.nn.functional.multilabel_soft_margin_loss``.
+    """
+    fn = "multilabel_soft_margin_loss"
+    red = check_reduction(fn, reduction, size_average, reduce)
+    check_tensors(fn, input=input, target=target, weight=weight)
+    dtype = out_dtype(input, target, weight)  # torch's formula promotes with weight
+    loss = call_torch(fn, _multilabel_terms, ("input", "target", "weight"), up(input), up(target), up(weight))
+    res = _reduce(loss, red)
+    return res if dtype is None else cast(res, dtype)

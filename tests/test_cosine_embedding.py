@@ -1,0 +1,63 @@
+"""cosine_embedding_loss: a zero vector gets gradient 0 (torch: −5.8e5 per element for D = 3);
+torch's value and gradient elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stablelosses.functional as SF
+
+
+@pytest.mark.parametrize("target", [1.0, -1.0])
+def test_zero_vector_gives_gradient_zero(target):
+    x1 = torch.zeros(1, 3, requires_grad=True)
+    x2 = torch.ones(1, 3, requires_grad=True)
+    y = torch.tensor([target])
+    out = SF.cosine_embedding_loss(x1, x2, y, margin=-0.5)
+    torch.testing.assert_close(out, F.cosine_embedding_loss(x1, x2, y, margin=-0.5))
+    out.backward()
+    assert (x1.grad == 0).all() and (x2.grad == 0).all()
+    x1t = x1.detach().clone().requires_grad_()
+    F.cosine_embedding_loss(x1t, x2.detach(), y, margin=-0.5).backward()
+    if target == 1.0:  # torch's: x2/(1e-6·‖x2‖) ≈ −5.8e5 per element
+        assert x1t.grad.abs().min() > 5e5
+
+
+def test_both_zero_and_zero_in_one_row_only():
+    x1 = torch.tensor([[0.0, 0.0], [1.0, 2.0]], requires_grad=True)
+    x2 = torch.tensor([[0.0, 0.0], [2.0, -1.0]], requires_grad=True)
+    y = torch.tensor([1.0, 1.0])
+    out = SF.cosine_embedding_loss(x1, x2, y, reduction="none")
+    torch.testing.assert_close(out, F.cosine_embedding_loss(x1, x2, y, reduction="none"))
+    out.sum().backward()
+    assert (x1.grad[0] == 0).all() and (x2.grad[0] == 0).all()
+    a, b = x1.detach()[1:].clone().requires_grad_(), x2.detach()[1:].clone().requires_grad_()
+    F.cosine_embedding_loss(a, b, y[1:], reduction="sum").backward()
+    torch.testing.assert_close(x1.grad[1:], a.grad)
+    torch.testing.assert_close(x2.grad[1:], b.grad)
+
+
+def test_gradcheck_and_gradgradcheck_at_generic_points():
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+    f = lambda a, b: SF.cosine_embedding_loss(a, b, y, margin=-0.2, reduction="none")  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x1, x2), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(f, (x1, x2))
+
+
+def test_nan_in_nan_out():
+    out = SF.cosine_embedding_loss(torch.tensor([[float("nan"), 0.0]]), torch.ones(1, 2), torch.tensor([1.0]))
+    assert torch.isnan(out)
+
+
+def test_dimension_errors_are_torchs_and_name_the_arguments():
+    for a, b, y in [(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.ones(2)),
+                    (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 1))]:
+        with pytest.raises(RuntimeError):
+            F.cosine_embedding_loss(a, b, y)
+        with pytest.raises(RuntimeError, match="cosine_embedding_loss: .*(input1|target)"):
+            SF.cosine_embedding_loss(a, b, y)

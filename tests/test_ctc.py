@@ -1,0 +1,136 @@
+"""ctc_loss: an impossible alignment is inf (0 with zero_infinity) with a gradient exactly 0
+for that sample, never NaN; the feasible samples' values and gradients are torch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stablelosses as sl
+import stablelosses.functional as SF
+
+
+def _batch(dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(5, 3, 4, generator=g, dtype=dtype).log_softmax(2).requires_grad_()
+    targets = torch.tensor([[1, 2, 0, 0], [1, 1, 2, 3], [3, 0, 0, 0]])
+    # sample 1: 4 labels with a repeat need 5 frames, it has 3: impossible
+    input_lengths = torch.tensor([5, 3, 4])
+    target_lengths = torch.tensor([2, 4, 1])
+    return lp, targets, input_lengths, target_lengths
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_value_is_torchs_and_gradient_is_torchs_zero_infinity_one(reduction, zero_infinity):
+    lp, t, il, tl = _batch()
+    ours = SF.ctc_loss(lp, t, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+    theirs = F.ctc_loss(lp, t, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+    torch.testing.assert_close(ours, theirs)
+    if reduction == "none":
+        assert ours[1].item() == (0.0 if zero_infinity else float("inf"))
+        w = torch.tensor([0.3, 1.0, -0.7], dtype=lp.dtype)
+        (g,) = torch.autograd.grad((torch.where(torch.isinf(ours), 0.0, ours) * w).sum(), lp)
+        ref = F.ctc_loss(lp, t, il, tl, reduction="none", zero_infinity=True)
+        (g_ref,) = torch.autograd.grad((ref * w).sum(), lp)
+    else:
+        (g,) = torch.autograd.grad(ours, lp)
+        ref = F.ctc_loss(lp, t, il, tl, reduction=reduction, zero_infinity=True)
+        (g_ref,) = torch.autograd.grad(ref, lp)
+    assert torch.isfinite(g).all()
+    assert (g[:, 1] == 0).all()  # the impossible sample
+    torch.testing.assert_close(g, g_ref)
+
+
+def test_inf_sample_in_a_sum_keeps_finite_gradients():
+    lp, t, il, tl = _batch()
+    loss = SF.ctc_loss(lp, t, il, tl, reduction="sum")
+    assert loss.item() == float("inf")
+    loss.backward()
+    assert torch.isfinite(lp.grad).all() and (lp.grad[:, 1] == 0).all() and lp.grad[:, 0].abs().sum() > 0
+
+
+def test_minus_inf_log_probs_make_an_impossible_sample_with_gradient_zero():
+    lp, t, il, tl = _batch()
+    lp = lp.detach().clone()
+    lp[:, 2, 3] = float("-inf")  # label 3 can never be emitted: sample 2 is impossible
+    lp.requires_grad_()
+    out = SF.ctc_loss(lp, t, il, tl, reduction="none")
+    assert out[2].item() == float("inf")
+    torch.where(torch.isinf(out), 0.0, out).sum().backward()
+    assert torch.isfinite(lp.grad).all() and (lp.grad[:, 2] == 0).all()
+
+
+def test_gradcheck_at_a_generic_point():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    t, il, tl = torch.tensor([[1, 2], [2, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
+    # through log_softmax, as torch's own CTC gradcheck (its kernel's gradient is the one of
+    # normalised log-probabilities)
+    assert torch.autograd.gradcheck(lambda x: SF.ctc_loss(x.log_softmax(2), t, il, tl, reduction="none"), (logits,))
+
+
+def test_half_precision_is_computed_in_float32():
+    lp, t, il, tl = _batch(torch.float32)
+    out = SF.ctc_loss(lp.detach().half(), t, il, tl, reduction="none")
+    assert out.dtype == torch.float16
+    ref = F.ctc_loss(lp.detach().half().float(), t, il, tl, reduction="none").half()
+    torch.testing.assert_close(out, ref)
+
+
+def test_nan_in_nan_out():
+    lp, t, il, tl = _batch()
+    lp = lp.detach().clone()
+    lp[0, 0, 1] = float("nan")
+    assert torch.isnan(SF.ctc_loss(lp, t, il, tl, reduction="none")[0])
+
+
+def test_errors():
+    lp, t, il, tl = _batch()
+    with pytest.raises(TypeError, match="ctc_loss: zero_infinity must be a bool"):
+        SF.ctc_loss(lp, t, il, tl, zero_infinity=1)
+    with pytest.raises(RuntimeError, match="ctc_loss: .*log_probs"):
+        SF.ctc_loss(lp, t, il, tl, blank=7)
+    with pytest.raises(RuntimeError):
+        F.ctc_loss(lp, t, il, tl, blank=7)
+
+
+def test_module():
+    lp, t, il, tl = _batch()
+    m = sl.CTCLoss(blank=0, reduction="sum", zero_infinity=False)
+    m(lp, t, il, tl).backward()
+    assert torch.isfinite(lp.grad).all()
+
+
+class _NaNBackwardCTC(torch.autograd.Function):
+    """torch's CTC value with a backward that is NaN everywhere: a stand-in for a backend whose
+    kernel writes NaN into the gradient (cuDNN, pytorch #21680)."""
+
+    @staticmethod
+    def forward(lp, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+        return F.ctc_loss(lp, targets, input_lengths, target_lengths, blank=blank, reduction=reduction,
+                          zero_infinity=zero_infinity)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.shape = inputs[0].shape
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full(ctx.shape, float("nan"), dtype=grad.dtype), None, None, None, None, None, None
+
+
+def test_impossible_sample_gradient_is_zero_even_if_the_kernel_backward_is_nan(monkeypatch):
+    from types import SimpleNamespace
+
+    import stablelosses.functional._ctc as ctc_module
+
+    def nan_ctc(lp, targets, il, tl, blank=0, reduction="mean", zero_infinity=False):
+        return _NaNBackwardCTC.apply(lp, targets, il, tl, blank, reduction, zero_infinity)
+
+    monkeypatch.setattr(ctc_module, "F", SimpleNamespace(ctc_loss=nan_ctc))
+    lp, t, il, tl = _batch()
+    SF.ctc_loss(lp, t, il, tl, reduction="sum", zero_infinity=True).backward()
+    assert (lp.grad[:, 1] == 0).all()  # the impossible sample: detached before the kernel
+    assert torch.isnan(lp.grad[:, 0]).all()  # the feasible ones carry the kernel's gradient

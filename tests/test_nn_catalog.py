@@ -1,0 +1,379 @@
+"""The torch.nn catalog as a whole: every loss class and function exists with torch's signature;
+the modules load torch's state, repr, deepcopy and pickle as torch's; float16/bfloat16 is
+torch's float32 result rounded; torch.func and torch.compile(fullgraph=True) work; errors keep
+torch's type and name the argument. The hazards have their own files (test_bce_logits.py,
+test_gaussian_nll.py, test_ctc.py, test_cosine_embedding.py, test_soft_margin.py, test_nll.py);
+the functions without a hazard are in test_torch_losses.py."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import io
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stablelosses as sl
+import stablelosses.functional as SF
+
+CLASSES = sorted(n for n in dir(nn) if n.endswith("Loss")
+                 and n not in ("AdaptiveLogSoftmaxWithLoss", "LinearCrossEntropyLoss"))
+FUNCTIONS = sorted(
+    {n for n in dir(F) if n.endswith("_loss") and n != "linear_cross_entropy"}
+    | {"binary_cross_entropy", "binary_cross_entropy_with_logits", "nll_loss", "kl_div", "cross_entropy"}
+)
+NEW = [f for f in FUNCTIONS if f not in ("kl_div", "cross_entropy")]
+
+
+def _g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def case(name: str, dtype=torch.float64):
+    """A valid call of ``name``: (positional tensors, keyword arguments); every floating
+    positional tensor is one torch differentiates (or ours does)."""
+    g = _g()
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    x, y = r(4, 3), r(4, 3)
+    t = torch.tensor([0, 2, 1, 2])
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=dtype)
+    table = {
+        "l1_loss": ((x, y), {}),
+        "mse_loss": ((x, y), {}),
+        "huber_loss": ((x, 3 * y), {"delta": 1.5}),
+        "smooth_l1_loss": ((x, 3 * y), {"beta": 0.5}),
+        "nll_loss": ((x.log_softmax(1), t), {}),
+        "poisson_nll_loss": ((x, y.abs()), {}),
+        "gaussian_nll_loss": ((x, y, y.abs() + 0.1), {}),
+        "binary_cross_entropy": ((x.sigmoid(), y.sigmoid()), {}),
+        "binary_cross_entropy_with_logits": ((x, y.sigmoid()), {}),
+        "ctc_loss": ((r(6, 2, 4).log_softmax(2), torch.tensor([[1, 2], [3, 3]]), torch.tensor([6, 5]),
+                      torch.tensor([2, 2])), {}),
+        "cosine_embedding_loss": ((x, y, sign), {"margin": 0.1}),
+        "hinge_embedding_loss": ((x, sign[:, None].expand(4, 3).contiguous()), {}),
+        "margin_ranking_loss": ((x[:, 0], y[:, 0], sign), {}),
+        "multi_margin_loss": ((x, t), {}),
+        "multilabel_margin_loss": ((x, torch.tensor([[0, 2, -1]] * 4)), {}),
+        "multilabel_soft_margin_loss": ((x, y.sigmoid()), {}),
+        "soft_margin_loss": ((x, sign[:, None].expand(4, 3).contiguous()), {}),
+        "triplet_margin_loss": ((x, y, r(4, 3)), {}),
+        "triplet_margin_with_distance_loss": ((x, y, r(4, 3)), {}),
+        "kl_div": ((x.log_softmax(1), y.softmax(1)), {"reduction": "batchmean"}),
+        "cross_entropy": ((x, t), {}),
+    }
+    return table[name]
+
+
+def _float_positions(args):
+    return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+
+# ------------------------------------------------------------------------------------ existence
+
+
+def test_there_are_21_classes_and_every_function():
+    assert len(CLASSES) == 21
+    for name in CLASSES:
+        assert name in sl.__all__ and issubclass(getattr(sl, name), torch.nn.modules.loss._Loss)
+    for name in FUNCTIONS:
+        assert name in SF.__all__
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_function_has_torchs_signature(name):
+    ours = inspect.signature(getattr(SF, name)).parameters
+    theirs = inspect.signature(getattr(F, name)).parameters
+    for (n1, p1), (n2, p2) in zip(ours.items(), theirs.items()):
+        assert (n1, p1.default, p1.kind) == (n2, p2.default, p2.kind)
+    assert list(ours)[: len(theirs)] == list(theirs)
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_class_has_torchs_constructor(name):
+    ours = inspect.signature(getattr(sl, name).__init__).parameters
+    theirs = inspect.signature(getattr(nn, name).__init__).parameters
+    assert [(n, p.default) for n, p in theirs.items()] == [(n, p.default) for n, p in ours.items()][: len(theirs)]
+
+
+def _constructed(name):
+    kw = {}
+    if name in ("BCELoss", "BCEWithLogitsLoss", "NLLLoss", "CrossEntropyLoss", "MultiLabelSoftMarginLoss",
+                "MultiMarginLoss"):
+        kw["weight"] = torch.rand(3, generator=_g())
+    if name == "BCEWithLogitsLoss":
+        kw["pos_weight"] = torch.rand(3, generator=_g(1))
+    return getattr(nn, name)(**kw), getattr(sl, name)(**{k: torch.zeros_like(v) for k, v in kw.items()})
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_module_state_repr_copy_pickle(name):
+    theirs, ours = _constructed(name)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())  # torch's state loads into ours
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v)
+    assert repr(ours).startswith(f"{name}(")
+    if name not in ("CrossEntropyLoss", "KLDivLoss"):  # those two show their configuration
+        assert repr(ours) == repr(theirs)
+    clone = copy.deepcopy(ours)
+    buf = io.BytesIO()
+    torch.save(ours, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    restored = pickle.loads(pickle.dumps(ours))
+    for m in (clone, loaded, restored):
+        assert type(m) is type(ours) and list(m.state_dict()) == list(ours.state_dict())
+
+
+# name of the module class -> the function it calls
+MODULE_FN = {
+    "BCELoss": "binary_cross_entropy", "BCEWithLogitsLoss": "binary_cross_entropy_with_logits",
+    "CTCLoss": "ctc_loss", "CosineEmbeddingLoss": "cosine_embedding_loss", "CrossEntropyLoss": "cross_entropy",
+    "GaussianNLLLoss": "gaussian_nll_loss", "HingeEmbeddingLoss": "hinge_embedding_loss", "HuberLoss": "huber_loss",
+    "KLDivLoss": "kl_div", "L1Loss": "l1_loss", "MSELoss": "mse_loss", "MarginRankingLoss": "margin_ranking_loss",
+    "MultiLabelMarginLoss": "multilabel_margin_loss", "MultiLabelSoftMarginLoss": "multilabel_soft_margin_loss",
+    "MultiMarginLoss": "multi_margin_loss", "NLLLoss": "nll_loss", "PoissonNLLLoss": "poisson_nll_loss",
+    "SmoothL1Loss": "smooth_l1_loss", "SoftMarginLoss": "soft_margin_loss",
+    "TripletMarginLoss": "triplet_margin_loss", "TripletMarginWithDistanceLoss": "triplet_margin_with_distance_loss",
+}
+
+
+@pytest.mark.parametrize("name", CLASSES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_module_equals_torch_module(name, reduction):
+    args, kw = case(MODULE_FN[name])
+    kw = {k: v for k, v in kw.items() if k not in ("reduction", "margin", "delta", "beta")}
+    ours, theirs = getattr(sl, name)(reduction=reduction), getattr(nn, name)(reduction=reduction)
+    torch.testing.assert_close(ours(*args, **kw), theirs(*args, **kw))
+
+
+# ------------------------------------------------------------------------- values and dtypes
+
+
+@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_equals_torch_in_float32_and_float64(name, reduction):
+    for dtype in (torch.float32, torch.float64):
+        args, kw = case(name, dtype)
+        kw = {**kw, "reduction": reduction}
+        got, expected = getattr(SF, name)(*args, **kw), getattr(F, name)(*args, **kw)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_is_torchs_float32_result_rounded(name, dtype):
+    args, kw = case(name, torch.float32)
+    half = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    up = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in half]
+    expected = getattr(F, name)(*up, **kw, reduction="none").to(dtype)
+    got = getattr(SF, name)(*half, **kw, reduction="none")
+    assert got.dtype == dtype
+    # the hazard functions compute torch's value with their own float32 spelling: one ulp apart at most
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(got, expected, rtol=ulp, atol=ulp)
+    leaves = [a.clone().requires_grad_() if a.is_floating_point() else a for a in half]
+    float_leaves = [a for a in leaves if a.is_floating_point()]
+    out = getattr(SF, name)(*leaves, **kw)
+    grads = torch.autograd.grad(out, float_leaves, allow_unused=True)
+    for a, gr in zip(float_leaves, grads):
+        assert gr is None or gr.dtype == a.dtype
+
+
+# ------------------------------------------------------------------------------- transforms
+
+
+@pytest.mark.parametrize("name", [n for n in NEW if n != "ctc_loss"])
+def test_torch_func_grad_and_vmap(name):
+    args, kw = case(name)
+    pos = _float_positions(args)[0]
+
+    def f(v, *rest):
+        a = list(rest)
+        a.insert(pos, v)
+        return getattr(SF, name)(*a, **kw)
+
+    rest = [a for i, a in enumerate(args) if i != pos]
+    g = torch.func.grad(f)(args[pos], *rest)
+    leaf = args[pos].clone().requires_grad_()
+    (expected,) = torch.autograd.grad(f(leaf, *rest), leaf)
+    torch.testing.assert_close(g, expected)
+    batched = torch.stack([args[pos], args[pos] * 0.5])
+    out = torch.vmap(lambda v: f(v, *rest))(batched)
+    torch.testing.assert_close(out[1], f(args[pos] * 0.5, *rest))
+
+
+@pytest.mark.parametrize("name", [n for n in NEW if n not in ("ctc_loss", "multilabel_margin_loss",
+                                                                  "multi_margin_loss")])
+def test_double_backward(name):
+    # torch has double backward for these; ctc and the margin kernels have none in torch
+    args, kw = case(name)
+    pos = _float_positions(args)
+    leaves = [a.clone().requires_grad_() if i in pos else a for i, a in enumerate(args)]
+    if name == "binary_cross_entropy":  # torch's own gradgradcheck range
+        leaves = [a.clamp(0.05, 0.95).detach().requires_grad_() if i in pos else a for i, a in enumerate(leaves)]
+    if name == "triplet_margin_with_distance_loss":
+        kw = {"distance_function": lambda a, b: (a - b).pow(2).sum(-1)}
+    fl = [leaves[i] for i in pos]
+
+    def f(*v):
+        it = iter(v)
+        return getattr(SF, name)(*[next(it) if i in pos else a for i, a in enumerate(leaves)], **kw)
+
+    assert torch.autograd.gradgradcheck(f, fl)
+
+
+@pytest.mark.slow
+def test_ctc_does_not_compile_fullgraph_in_torch_either():
+    # aten._ctc_loss's output shape depends on data: Dynamo refuses torch's own op in one graph
+    torch._dynamo.reset()
+    args, kw = case("ctc_loss", torch.float32)
+    with pytest.raises(Exception, match="Dynamic shape operator"):
+        torch.compile(lambda *a: F.ctc_loss(*a), fullgraph=True)(*args)
+    compiled = torch.compile(lambda *a: SF.ctc_loss(*a))  # with a graph break, as torch's
+    torch.testing.assert_close(compiled(*args), SF.ctc_loss(*args))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in NEW if n != "ctc_loss"])
+def test_compile_fullgraph(name):
+    torch._dynamo.reset()
+    args, kw = case(name, torch.float32)
+    fn = getattr(SF, name)
+    compiled = torch.compile(lambda *a: fn(*a, **kw), fullgraph=True)
+    leaves = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+    out = compiled(*leaves)
+    torch.testing.assert_close(out, fn(*args, **kw), rtol=1e-5, atol=1e-6)
+    out.backward()
+    eager = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+    fn(*eager, **kw).backward()
+    for a, b in zip(leaves, eager):
+        if a.is_floating_point() and b.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_bad_reduction_is_a_value_error_naming_the_argument(name):
+    args, kw = case(name)
+    with pytest.raises(ValueError, match=f"{name}: reduction must be 'none', 'mean' or 'sum', got 'avg'"):
+        getattr(SF, name)(*args, **{**kw, "reduction": "avg"})
+
+
+@pytest.mark.parametrize("name", ["l1_loss", "mse_loss", "smooth_l1_loss", "soft_margin_loss", "huber_loss",
+                                  "poisson_nll_loss", "hinge_embedding_loss"])
+def test_broadcast_error_keeps_torchs_type_and_names_the_arguments(name):
+    x, y = torch.randn(2, 3), torch.randn(4)
+    with pytest.raises(RuntimeError) as theirs:
+        getattr(F, name)(x, y)
+    with pytest.raises(type(theirs.value), match=rf"{name}: .*input: torch.float32 \(2, 3\); target: torch.float32 \(4,\)"):
+        getattr(SF, name)(x, y)
+
+
+def test_target_dtype_error_names_the_argument():
+    with pytest.raises(RuntimeError, match="nll_loss: target must be an integer tensor"):
+        SF.nll_loss(torch.randn(2, 3), torch.tensor([0.0, 1.0]))
+    with pytest.raises(RuntimeError, match="nll_loss: weight must have input's dtype"):
+        SF.nll_loss(torch.randn(2, 3), torch.tensor([0, 1]), weight=torch.ones(3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="multi_margin_loss: weight must have input's dtype"):
+        SF.multi_margin_loss(torch.randn(2, 3), torch.tensor([0, 1]), weight=torch.ones(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_a_non_tensor_is_a_type_error(name):
+    args, kw = case(name)
+    with pytest.raises(TypeError, match=f"{name}: "):
+        getattr(SF, name)([1.0], *args[1:], **kw)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_nan_in_nan_out(name):
+    args, kw = case(name)
+    pos = _float_positions(args)[0]
+    x = args[pos].clone()
+    x.view(-1)[0] = float("nan")
+    a = list(args)
+    a[pos] = x
+    if name == "binary_cross_entropy":  # torch refuses a probability outside [0, 1], NaN included
+        with pytest.raises(RuntimeError):
+            SF.binary_cross_entropy(*a, **kw)
+        return
+    out = getattr(SF, name)(*a, **{**kw, "reduction": "sum"})
+    assert torch.isnan(out)
+
+
+def test_cosine_embedding_nan_beside_a_zero_vector_stays_nan():
+    out = SF.cosine_embedding_loss(torch.tensor([[float("nan"), 1.0]]), torch.zeros(1, 2), torch.tensor([1.0]))
+    assert torch.isnan(out)
+
+
+# torch has no forward-mode derivative for these kernels, so neither do we
+NO_FORWARD_AD = ("ctc_loss", "multi_margin_loss", "multilabel_margin_loss")
+
+
+@pytest.mark.parametrize("name", [n for n in NEW if n not in NO_FORWARD_AD])
+def test_jvp_equals_torchs(name):
+    args, kw = case(name)
+    pos = _float_positions(args)[0]
+
+    def at(fn):
+        def f(v):
+            a = list(args)
+            a[pos] = v
+            return fn(*a, **kw)
+
+        return f
+
+    tangent = torch.randn(args[pos].shape, generator=_g(7), dtype=args[pos].dtype)
+    out, tan = torch.func.jvp(at(getattr(SF, name)), (args[pos],), (tangent,))
+    out_t, tan_t = torch.func.jvp(at(getattr(F, name)), (args[pos],), (tangent,))
+    torch.testing.assert_close(out, out_t)
+    torch.testing.assert_close(tan, tan_t)
+
+
+@pytest.mark.parametrize("name", NO_FORWARD_AD)
+def test_no_forward_mode_where_torch_has_none(name):
+    args, kw = case(name)
+    pos = _float_positions(args)[0]
+    a = list(args)
+
+    def f(v):
+        a[pos] = v
+        return getattr(SF, name)(*a, **kw)
+
+    with pytest.raises(RuntimeError, match="forward AD"):
+        torch.func.jvp(f, (args[pos],), (torch.ones_like(args[pos]),))
+
+
+MIXED = [(torch.float16, torch.float32), (torch.float32, torch.float64), (torch.float64, torch.float32),
+         (torch.bfloat16, torch.float16), (torch.float32, torch.float16)]
+
+
+@pytest.mark.parametrize("name", [n for n in NEW if n != "ctc_loss"])
+def test_mixed_dtypes_give_torchs_dtype_or_torchs_error(name):
+    args, kw = case(name, torch.float32)
+    pos = _float_positions(args)
+    for d0, d1 in MIXED:
+        a = list(args)
+        for j, i in enumerate(pos):
+            a[i] = a[i].to(d0 if j == 0 else d1)
+        try:
+            expected = getattr(F, name)(*a, **kw).dtype
+        except NotImplementedError:  # torch's CPU kernel has no half precision; ours computes in float32
+            assert getattr(SF, name)(*a, **kw).dtype == a[pos[0]].dtype
+            continue
+        except RuntimeError:
+            with pytest.raises(RuntimeError, match=f"{name}: "):
+                getattr(SF, name)(*a, **kw)
+            continue
+        assert getattr(SF, name)(*a, **kw).dtype == expected, (d0, d1)

@@ -1,0 +1,184 @@
+"""The torch.nn losses without a hazard are torch's own computation. Why nothing needs fixing:
+over extreme finite inputs (±1e4, ±1e30, 0, subnormals) no value and no
+gradient is non-finite where the exact one (torch's computation in float64, rounded to float32)
+is finite. Also here: weight= on l1/mse/huber, and NaN in → NaN out for the margin kernels."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stablelosses.functional as SF
+from stablelosses.functional._torch_losses import _multilabel_margin_formula
+
+# (not the float32 maximum: a mean of entries near 3e38 overflows in its float32 sum, torch's
+# accumulation, which every mean reduction shares)
+EXTREMES = [0.0, -0.0, 1e4, -1e4, 1e30, -1e30, 1e-45, -1e-45, 1e-40, 1.0, -2.5]
+SIGNS = [1.0, -1.0]
+
+
+def _tensor(draw, values, shape=(2, 3)):
+    n = math.prod(shape)
+    return torch.tensor(draw(st.lists(st.sampled_from(values), min_size=n, max_size=n)),
+                        dtype=torch.float32).reshape(shape)
+
+
+NO_HAZARD = [
+    "l1_loss", "mse_loss", "huber_loss", "smooth_l1_loss", "poisson_nll_loss", "binary_cross_entropy",
+    "hinge_embedding_loss", "margin_ranking_loss", "multi_margin_loss", "multilabel_margin_loss",
+    "triplet_margin_loss", "triplet_margin_with_distance_loss",
+]
+
+
+@st.composite
+def _call(draw, name):
+    x = _tensor(draw, EXTREMES)
+    if name in ("l1_loss", "mse_loss", "huber_loss", "smooth_l1_loss"):
+        args = (x, _tensor(draw, EXTREMES))
+    elif name == "poisson_nll_loss":
+        args = (x, _tensor(draw, [0.0, 1.0, 3.0, 1e4, 1e30, 1e-45]))
+    elif name == "binary_cross_entropy":
+        probs = [0.0, 1.0, 1e-45, 1e-30, 0.5, 1 - 2**-24]
+        args = (_tensor(draw, probs), _tensor(draw, [0.0, 1.0, 0.3]))
+    elif name == "hinge_embedding_loss":
+        args = (x, _tensor(draw, SIGNS))
+    elif name == "margin_ranking_loss":
+        args = (x[0], _tensor(draw, EXTREMES, (3,)), _tensor(draw, SIGNS, (3,)))
+    elif name == "multi_margin_loss":
+        args = (x, torch.tensor(draw(st.lists(st.integers(0, 2), min_size=2, max_size=2))))
+    elif name == "multilabel_margin_loss":
+        args = (x, torch.tensor([[0, 2, -1], [1, -1, 0]]))
+    else:  # a user's distance function: its hazards are its own, so an L1 distance here
+        args = (x, _tensor(draw, EXTREMES), _tensor(draw, EXTREMES))
+    reduction = draw(st.sampled_from(["none", "mean", "sum"]))
+    return name, args, reduction
+
+
+def _kwargs(name):
+    if name == "triplet_margin_with_distance_loss":
+        return {"distance_function": lambda a, b: (a - b).abs().sum(-1)}
+    return {}
+
+
+@pytest.mark.parametrize("name", NO_HAZARD)
+def test_no_nonfinite_value_or_gradient_where_the_exact_one_is_finite(name):
+    @settings(max_examples=30, deadline=None, derandomize=True)
+    @given(_call(name))
+    def check(call):
+        _check_finite(*call)
+
+    check()
+
+
+def _check_finite(name, args, reduction):
+    kw = {**_kwargs(name), "reduction": reduction}
+    leaves = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+    out = getattr(SF, name)(*leaves, **kw)
+    exact64 = [a.double().requires_grad_() if a.is_floating_point() else a for a in args]
+    exact = getattr(F, name)(*exact64, **kw)
+    representable = torch.isfinite(exact.detach().float())
+    assert torch.isfinite(out[representable]).all(), (name, args, out, exact)
+    if representable.all() and out.requires_grad:
+        w = torch.ones_like(out)
+        grads = torch.autograd.grad((out * w).sum(), [a for a in leaves if a.is_floating_point()], allow_unused=True)
+        exact_grads = torch.autograd.grad((exact * w.double()).sum(),
+                                          [a for a in exact64 if a.is_floating_point()], allow_unused=True)
+        for g, e in zip(grads, exact_grads):
+            if g is not None and e is not None:
+                ok = torch.isfinite(e.float())
+                assert torch.isfinite(g[ok]).all(), (name, args, g, e)
+
+
+@pytest.mark.parametrize("name", ["l1_loss", "mse_loss", "huber_loss"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_weight_is_torch_2_13s(name, reduction):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    w = torch.rand(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    out = getattr(SF, name)(x, y, reduction=reduction, weight=w)
+    unweighted = getattr(F, name)(x, y, reduction="none") * w
+    if reduction == "mean":
+        expected = unweighted.sum() / w.sum() if name != "huber_loss" else unweighted.mean()
+    else:
+        expected = unweighted.sum() if reduction == "sum" else unweighted
+    torch.testing.assert_close(out, expected)
+    assert torch.autograd.gradcheck(lambda a, b: getattr(SF, name)(a, y, reduction=reduction, weight=b), (x, w))
+    with pytest.raises(ValueError, match=f"{name}: Weights and input must have the same size"):
+        getattr(SF, name)(x, y, weight=torch.ones(4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["multi_margin_loss", "multilabel_margin_loss"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_a_nan_score_makes_its_sample_nan(name, reduction):
+    x = torch.tensor([[0.1, float("nan"), 0.8], [0.1, 0.2, 0.4]])
+    t = torch.tensor([2, 0]) if name == "multi_margin_loss" else torch.tensor([[2, -1, 0], [0, 1, -1]])
+    out = getattr(SF, name)(x, t, reduction=reduction)
+    theirs = getattr(F, name)(x, t, reduction="none")
+    assert torch.isfinite(theirs).all()  # torch drops the NaN
+    if reduction == "none":
+        assert torch.isnan(out[0]) and out[1] == theirs[1]
+    else:
+        assert torch.isnan(out)
+
+
+def test_multilabel_margin_formula_equals_torchs_kernel():
+    # the spelling traced under torch.compile, where torch's decomposition differs from its kernel
+    g = torch.Generator().manual_seed(3)
+    for shape, t in [((4, 5), torch.tensor([[0, 2, -1, 1, 1], [4, 3, 2, 1, 0], [-1, 0, 0, 0, 0], [1, 1, -1, 3, 2]])),
+                     ((5,), torch.tensor([3, 0, -1, 2, 2]))]:
+        x = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+        ours = _multilabel_margin_formula(x, t)
+        theirs = F.multilabel_margin_loss(x, t, reduction="none")
+        torch.testing.assert_close(ours, theirs)
+        torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(theirs.sum(), x)[0])
+
+
+@pytest.mark.parametrize("name", ["multi_margin_loss", "multilabel_margin_loss"])
+def test_margin_kernels_equal_torch_without_nan(name):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 3, generator=g, requires_grad=True)
+    t = torch.tensor([0, 2, 1, 2]) if name == "multi_margin_loss" else torch.tensor([[0, 2, -1]] * 4)
+    for red in ("none", "mean", "sum"):
+        ours, theirs = getattr(SF, name)(x, t, reduction=red), getattr(F, name)(x, t, reduction=red)
+        torch.testing.assert_close(ours, theirs)
+        torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(theirs.sum(), x)[0])
+
+
+def test_multi_margin_weight_gets_the_gradient_of_the_value():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    t = torch.tensor([0, 2, 1, 2])
+    w = torch.rand(3, generator=g, dtype=torch.float64, requires_grad=True)
+    for red in ("none", "mean", "sum"):
+        assert torch.autograd.gradcheck(lambda v, red=red: SF.multi_margin_loss(x, t, p=2, weight=v, reduction=red),
+                                        (w,))
+
+
+def test_binary_cross_entropy_weight_gets_the_gradient_of_the_value():
+    g = torch.Generator().manual_seed(6)
+    x = torch.rand(3, 2, generator=g, dtype=torch.float64) * 0.9 + 0.05
+    y = torch.rand(3, 2, generator=g, dtype=torch.float64)
+    w = torch.rand(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    for red in ("none", "mean", "sum"):
+        torch.testing.assert_close(SF.binary_cross_entropy(x, y, w, reduction=red),
+                                   F.binary_cross_entropy(x, y, w.detach(), reduction=red))
+        assert torch.autograd.gradcheck(lambda v, red=red: SF.binary_cross_entropy(x, y, v, reduction=red), (w,))
+
+
+def test_default_distance_of_the_triplet_losses_does_not_overflow():
+    import stablelosses as sl
+
+    a, pos, neg = torch.zeros(1, 3), torch.full((1, 3), 1e30), torch.full((1, 3), 3e30)
+    assert torch.isnan(F.triplet_margin_with_distance_loss(a, pos, neg))  # torch: inf − inf
+    for out in (SF.triplet_margin_with_distance_loss(a, pos, neg), sl.TripletMarginWithDistanceLoss()(a, pos, neg),
+                SF.triplet_margin_loss(a, pos, neg), sl.TripletMarginLoss()(a, pos, neg)):
+        assert out.item() == 0.0
+    a, pos, neg = torch.zeros(1, 3), torch.full((1, 3), 3e30), torch.full((1, 3), 1e30)
+    expected = (3e30 - 1e30) * math.sqrt(3) + 1.0  # the exact loss, to float32 rounding
+    assert SF.triplet_margin_with_distance_loss(a, pos, neg).item() == pytest.approx(expected, rel=1e-6)
