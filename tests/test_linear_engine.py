@@ -241,6 +241,21 @@ def test_compiled_matches_eager(reduced: bool) -> None:
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("reduced", [False, True])
+def test_compiled_without_any_gradient_matches_eager(reduced: bool) -> None:
+    # nothing requires grad (an evaluation loop): the compiled call must still trace
+    x, w = torch.randn(7, 4, dtype=torch.float64), torch.randn(9, 4, dtype=torch.float64)
+    t = torch.randint(0, 9, (7,), generator=torch.Generator().manual_seed(8))
+
+    def f(x: Tensor, w: Tensor, t: Tensor) -> Tensor:
+        if reduced:
+            return linear_chunks_reduced(LogProbHead(), [(x, w, None)], [t], torch.ones(1), chunk_size=3)[0]
+        return linear_chunks(LogProbHead(), [(x, w, None)], [t], chunk_size=3).sum()
+
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, t), f(x, w, t))
+
+
 @dataclass(frozen=True)
 class WeightedLogProbHead(LogProbHead):
     """``scale · w_t · (-log p_t)``: per-class weights as a constant, ``scale`` a numeric field."""

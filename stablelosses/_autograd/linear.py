@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from stablelosses._compat import assume_constant_result
+from stablelosses._compat import assume_constant_result, functorch_transforms_active
 from stablelosses._utils import no_autocast
 
 # Logits of one chunk (all streams): at most this many bytes (64 MiB) in the compute dtype.
@@ -526,6 +526,14 @@ def linear_chunks(
         torch.Size([5, 3])
     """
     flat, chunk, cd, _ = _flatten("linear_chunks", streams, rows, chunk_size, dtype)
+    wants_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in flat)
+    if not wants_grad and not functorch_transforms_active():
+        # nothing to differentiate: the forward loop alone, no Function (Dynamo traces a
+        # gradient-free Function.apply by calling forward with its arguments shifted)
+        out, _ = run_chunks(head, flat[0::3], flat[1::3], flat[2::3], rows, chunk, cd, None, True,  # type: ignore[arg-type]
+                            [False] * len(flat), consts)
+        assert out is not None
+        return out
     # compiled: the head as constants and its numeric values (see Packed)
     h = pack(head) if torch.compiler.is_compiling() else head
     return _LinearChunks.apply(h, chunk, cd, (len(streams), len(consts)), *flat, *rows, *consts)
@@ -548,6 +556,12 @@ def linear_chunks_reduced(
     flat, chunk, cd, _ = _flatten("linear_chunks_reduced", streams, rows, chunk_size, dtype)
     grad_on = torch.is_grad_enabled()
     needs = tuple(_needs([grad_on and t is not None and t.requires_grad for t in flat], flat[2::3]))
+    if not any(needs) and not functorch_transforms_active():  # the forward loop alone (see linear_chunks)
+        out, _ = run_chunks(head, flat[0::3], flat[1::3], flat[2::3], rows, chunk, cd, None, True,  # type: ignore[arg-type]
+                            list(needs), consts)
+        assert out is not None
+        c = coef.detach().to(cd)
+        return torch.where(c == 0, 0.0, out * c).sum(), out
     h = pack(head) if torch.compiler.is_compiling() else head
     total, out, *_ = _LinearChunksReduced.apply(
         h, chunk, cd, (len(streams), len(consts)), needs, coef.detach(), *flat, *rows, *consts
