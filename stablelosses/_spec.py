@@ -98,6 +98,8 @@ def _as_int(value: object, tensor: bool = True) -> int | None:
     t = type(value)
     if t is int:
         return value  # type: ignore[return-value]
+    if isinstance(value, torch.SymInt):
+        return value  # type: ignore[return-value] # made symbolic by compile(dynamic=True)
     if _numpy(value):
         value = _numpy_item(value)  # a NumPy integer holds an int, a NumPy bool a bool
         t = type(value)
@@ -132,6 +134,8 @@ def _as_real(value: object, bools: bool, tensor: bool) -> float | None:
     t = type(value)
     if t is float or t is int:
         return float(value)  # type: ignore[arg-type]
+    if isinstance(value, (torch.SymFloat, torch.SymInt)):
+        return value  # type: ignore[return-value] # a Python number made symbolic by compile(dynamic=True)
     if _numpy(value):
         value = _numpy_item(value)  # a NumPy number holds an int or a float, a NumPy bool a bool
         t = type(value)
@@ -254,13 +258,16 @@ def check_z_loss(fn: str, value: object, name: str = "z_loss") -> float:
     return check_real(fn, name, value, ((">= 0", _nonneg), ("finite", _finite)))
 
 
+# the words built once: a format of a float inside traced code is a graph break under dynamic=True
+_SOFTCAP_RULES: tuple[Rule, ...] = (
+    (f"None or a finite number > 0 and at most float32's max ({_F32_MAX:.4g})", lambda v: 0 < v <= _F32_MAX),
+)
+
+
 def check_softcap(fn: str, value: object, name: str = "softcap") -> Any:
     """Applied in float32 (or the input's wider dtype): above float32's max the cap becomes inf
     there and c·tanh(u/c) is inf·0 = NaN."""
-    return check_real(
-        fn, name, value,
-        ((f"None or a finite number > 0 and at most float32's max ({_F32_MAX:.4g})",
-          lambda v: 0 < v <= _F32_MAX),), optional=True)
+    return check_real(fn, name, value, _SOFTCAP_RULES, optional=True)
 
 
 def check_chunk_size(fn: str, value: object, name: str = "chunk_size") -> Any:

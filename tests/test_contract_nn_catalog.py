@@ -1,4 +1,4 @@
-"""The torch.nn catalog contract (DESIGN.md, "Every torch.nn loss (0.4)"), checked from outside:
+"""The torch.nn catalog contract (design: Every torch.nn loss), checked from outside:
 every torch.nn loss class and functional loss has its stablelosses twin with torch's signature,
 equal to torch wherever torch is finite, and the hazards torch still has are fixed as stated.
 """

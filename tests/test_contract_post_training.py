@@ -1,4 +1,4 @@
-"""The post-training and distillation contract (DESIGN.md, "Post-training and distillation (0.4)"),
+"""The post-training and distillation contract (design: Post-training and distillation),
 checked from outside: every reference below is written from the formulas in the contract and in
 TRL's trainers, in float64, and imports nothing from the functions under test.
 """
