@@ -22,8 +22,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._spec import check_choice, check_normalizer, check_real
-from stablelosses._utils import cast, check_floating, promote_types
-from stablelosses.functional._preference import check_beta
+from stablelosses.functional._preference import check_beta, operands
 
 IMPORTANCE = ("token", "sequence")
 POLICY_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -72,21 +71,6 @@ def _kl_terms(logp: Tensor, ref: Tensor, estimator: str) -> Tensor:
     return _k3(ref - logp)
 
 
-def _floats(fn: str, **tensors: Tensor) -> tuple[list[Tensor], torch.dtype]:
-    """The named tensors checked (floating point, one device) and cast to their promoted dtype
-    (float32 for float16/bfloat16), and that dtype; shapes are the caller's to check."""
-    items = [(name, check_floating(fn, name, t)) for name, t in tensors.items()]
-    name0, first = items[0]
-    dtype = first.dtype
-    for name, t in items[1:]:
-        if t.device != first.device:
-            raise RuntimeError(f"{fn}: {name} is on {t.device} and {name0} on {first.device}")
-        dtype = promote_types(dtype, t.dtype)
-    if dtype in (torch.float16, torch.bfloat16):
-        dtype = torch.float32
-    return [cast(t, dtype) for _, t in items], dtype
-
-
 def kl_penalty(logps: Tensor, ref_logps: Tensor, *, estimator: str = "k3") -> Tensor:
     r"""Per-token estimators of ``KL(π ‖ π_ref)`` from sampled tokens' log-probabilities.
 
@@ -133,7 +117,7 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor, *, estimator: str = "k3") -> Te
     """
     fn = "kl_penalty"
     estimator = check_choice(fn, "estimator", estimator, ESTIMATORS)
-    (lp, ref), _ = _floats(fn, logps=logps, ref_logps=ref_logps)
+    (lp, ref), _ = operands(fn, False, logps=logps, ref_logps=ref_logps)
     if lp.shape != ref.shape:
         raise ValueError(f"{fn}: ref_logps shape {tuple(ref.shape)} must equal logps shape {tuple(lp.shape)}")
     return _kl_terms(lp, ref, estimator)
@@ -245,7 +229,7 @@ def policy_loss(
     tensors = {"logps": logps, "old_logps": old_logps, "advantages": advantages}
     if ref_logps is not None:
         tensors["ref_logps"] = ref_logps
-    ops, _ = _floats(fn, **tensors)
+    ops, _ = operands(fn, False, **tensors)
     lp, old, adv = ops[:3]
     if lp.dim() != 2:
         raise ValueError(f"{fn}: logps must be (B, T), got shape {tuple(lp.shape)}")

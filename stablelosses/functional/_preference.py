@@ -57,14 +57,15 @@ def check_kto_args(fn: str, beta: object, desirable_weight: object, undesirable_
             check_reduction(fn, reduction)]
 
 
-def operands(fn: str, **tensors: Tensor) -> tuple[list[Tensor], torch.dtype]:
+def operands(fn: str, same_shape: bool = True, **tensors: Tensor) -> tuple[list[Tensor], torch.dtype]:
     """The named tensors checked (floating point, one shape, one device) and cast to their
-    promoted dtype (float32 for float16/bfloat16), and that dtype."""
+    promoted dtype (float32 for float16/bfloat16), and that dtype. ``same_shape=False``: shapes
+    are the caller's to check."""
     items = [(name, check_floating(fn, name, t)) for name, t in tensors.items()]
     name0, first = items[0]
     dtype = first.dtype
     for name, t in items[1:]:
-        if t.shape != first.shape:
+        if same_shape and t.shape != first.shape:
             raise ValueError(
                 f"{fn}: {name} shape {tuple(t.shape)} must equal {name0} shape {tuple(first.shape)}"
             )
