@@ -13,7 +13,7 @@ supports through custom Functions anyway.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +44,16 @@ def applier(cls: Any) -> Callable[..., Any]:
 
     apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
     return apply
+
+
+def tangent_sum(grads: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """The jvp of an elementwise Function from its input gradients: ``Σ gᵢ · tᵢ`` over the
+    tangents given (0, shaped like ``grads[0]``, when none is)."""
+    out = torch.zeros_like(grads[0])
+    for g, t in zip(grads, tangents):
+        if t is not None:
+            out = out + g * t
+    return out
 
 
 def _nested_forward_error() -> RuntimeError:

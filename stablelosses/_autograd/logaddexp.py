@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import applier, tangent_sum
 from stablelosses._utils import sum_to
 
 _INF = float("inf")
@@ -56,13 +56,7 @@ class _LogAddExp(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, ta, tb):
         a, b = ctx.saved_tensors
-        wa, wb = _weights(a, b)
-        out = torch.zeros_like(wa)
-        if ta is not None:
-            out = out + wa * ta
-        if tb is not None:
-            out = out + wb * tb
-        return out
+        return tangent_sum(_weights(a, b), (ta, tb))
 
 
 _logaddexp = applier(_LogAddExp)

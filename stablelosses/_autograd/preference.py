@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import applier, tangent_sum
 
 _LN2 = math.log(2.0)
 
@@ -89,13 +89,7 @@ class _OddsRatio(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, c_t: Tensor | None, r_t: Tensor | None):
         c, r = ctx.saved_tensors
-        gc, gr = _odds_grads(c, r)
-        out = torch.zeros_like(gc)
-        if c_t is not None:
-            out = out + gc * c_t
-        if r_t is not None:
-            out = out + gr * r_t
-        return out
+        return tangent_sum(_odds_grads(c, r), (c_t, r_t))
 
 
 _odds_ratio = applier(_OddsRatio)
