@@ -46,6 +46,7 @@ from stablelosses._autograd.linear_index import (
     row_terms,
 )
 from stablelosses._utils import cast, check_floating, check_tensor, promote_types
+from stablelosses.functional._linear_options import reduce_rows, resolve_options
 
 _NEG_INF = -math.inf
 
@@ -221,7 +222,6 @@ def linear_loss_parallel(
 ) -> Tensor:
     """The vocabulary-parallel loss: ``weight`` a ``Shard(0)`` DTensor, or the local shard with
     ``process_group`` (its first row ``vocab_start``, default: the rows of the ranks before)."""
-    from stablelosses.functional._linear import reduce_rows, resolve_options
     from stablelosses.functional._masked import check_mask
 
     dist = torch.distributed
