@@ -121,6 +121,15 @@ def is_neg_inf(node: ast.expr) -> bool:
     return False
 
 
+def _note_mutated(target: ast.Attribute | ast.Subscript, scope: Scope) -> None:
+    """``x.a[i].b = …`` mutates ``x``: the name under the attributes and subscripts."""
+    base = target.value
+    while isinstance(base, (ast.Attribute, ast.Subscript)):
+        base = base.value
+    if isinstance(base, ast.Name):
+        scope.mutated.add(base.id)
+
+
 class Module:
     """A parsed module: aliases, scopes, parents, and the resolver the rules use."""
 
@@ -194,11 +203,7 @@ class Module:
                     cls = self._class_of(node)
                     self.self_attrs.setdefault((id(cls), t.attr), []).append(node.value)
                 elif isinstance(t, (ast.Attribute, ast.Subscript)):
-                    base = t.value
-                    while isinstance(base, (ast.Attribute, ast.Subscript)):
-                        base = base.value
-                    if isinstance(base, ast.Name):
-                        scope.mutated.add(base.id)
+                    _note_mutated(t, scope)
                 else:
                     for n in ast.walk(t):
                         if isinstance(n, ast.Name):
@@ -206,11 +211,7 @@ class Module:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             t = node.target
             if isinstance(t, (ast.Attribute, ast.Subscript)):
-                base = t.value
-                while isinstance(base, (ast.Attribute, ast.Subscript)):
-                    base = base.value
-                if isinstance(base, ast.Name):
-                    scope.mutated.add(base.id)
+                _note_mutated(t, scope)
             if isinstance(t, ast.Name):
                 value = node.value if isinstance(node, ast.AnnAssign) else None
                 scope.bind(t.id, node.lineno, value)
