@@ -315,3 +315,16 @@ def test_forward_mode_matches_reverse_mode():
     for f in (lambda a: SF.kl_penalty(a, a * 0.3).sum(),
               lambda a: SF.policy_loss(a.view(2, 2), a.view(2, 2) * 0.9, a[:2], mask, importance="sequence")):
         torch.testing.assert_close(torch.func.jacfwd(f)(x), torch.func.jacrev(f)(x))
+
+
+def test_kl_penalty_masked_after_it_at_a_padded_token_has_a_zero_gradient():
+    # found by the hazard matrix: masked_mean after kl_penalty at a padded log-ratio of 200 sent
+    # 0 · e^200 = NaN back through torch's Expm1Backward
+    lp = torch.tensor([0.0, -200.0], requires_grad=True)
+    loss = SF.masked_mean(SF.kl_penalty(lp, torch.zeros(2)), torch.tensor([True, False]))
+    loss.backward()
+    assert loss == 0 and torch.equal(lp.grad, torch.zeros(2))
+    # forward mode: the tangent of a masked-out entry is 0 too
+    _, tangent = torch.func.jvp(lambda x: SF.kl_penalty(x, torch.zeros(2)) * torch.tensor([1.0, 0.0]),
+                                (lp.detach(),), (torch.tensor([1.0, 0.0]),))
+    assert torch.isfinite(tangent).all()

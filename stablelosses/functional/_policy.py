@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor
 
+from stablelosses._autograd.policy import expm1_minus_x
 from stablelosses._spec import check_choice, check_normalizer, check_real
 from stablelosses.functional._preference import check_beta, operands
 
@@ -52,7 +53,9 @@ def _k3(d: Tensor) -> Tensor:
     """``e^d − 1 − d ≥ 0``: the Taylor series ``d² Σ d^k/(k+2)!`` for ``|d| ≤ 1`` (no
     cancellation: ``expm1(d) − d`` loses every digit at ``d = 1e-6`` in float32) and
     ``expm1(d) − d`` beyond (within a few ulp there). Double where: each branch sees only its
-    own arguments, so the discarded one neither overflows nor sends NaN into the gradient."""
+    own arguments, so the discarded one neither overflows nor sends NaN into the gradient; and
+    the large branch's gradient is 0 where the incoming one is (a padded token masked after
+    the penalty: ``0 · e^200`` would be NaN, see ``_autograd/policy.py``)."""
     small = d.abs() <= 1.0
     ds = torch.where(small, d, 0.0)
     n = _SERIES_TERMS.get(d.dtype, 10)
@@ -60,7 +63,7 @@ def _k3(d: Tensor) -> Tensor:
     for k in range(n - 1, -1, -1):
         acc = acc * ds + 1.0 / math.factorial(k + 2)
     dl = torch.where(small, 0.0, d)
-    return torch.where(small, ds * ds * acc, torch.expm1(dl) - dl)
+    return torch.where(small, ds * ds * acc, expm1_minus_x(dl))
 
 
 def _kl_terms(logp: Tensor, ref: Tensor, estimator: str) -> Tensor:
