@@ -2,6 +2,9 @@ r"""cross_entropy, and the class-argument checks, row masks and reduction it sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -127,6 +130,30 @@ def _no_classes(
     if mask is not None and reduction == "mean":
         out = torch.nan_to_num(out, nan=0.0)
     return out
+
+
+def kernels_or_no_classes(
+    fn: str, torch_path: Callable[..., Tensor], input: Tensor, target: Tensor, weight: Tensor | None,
+    mask: Tensor | None, ignore_index: int, reduction: str, param: float, eps: float, normalizer: Any,
+) -> tuple[int, Tensor | None]:
+    """The start shared by the class-index losses (``fn``: ``cross_entropy``, ``focal_loss``),
+    after their argument checks: the tensors checked, the class dimension, then the kernels'
+    result (``param``: their smoothing or gamma) or, with zero classes, torch's (``eps``: the
+    smoothing). Returns the class dimension and that result, ``None`` when the torch path runs."""
+    check_floating(fn, "input", input)
+    check_tensor(fn, "target", target)
+    cdim = _class_dim(fn, input)
+    if normalizer is None:  # the kernels know no normalizer
+        out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
+            fn, input, target, weight, ignore_index, reduction, param, mask, torch_path=torch_path)
+        if out is not None:
+            return cdim, out
+    if input.shape[cdim] == 0:
+        if normalizer is not None:  # the sum over no classes, divided
+            total = _no_classes(input, target, weight, mask, ignore_index, "sum", eps)
+            return cdim, divide(total, normalizer)
+        return cdim, _no_classes(input, target, weight, mask, ignore_index, reduction, eps)
+    return cdim, None
 
 
 def _mask_rows(fn: str, mask: object, x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
@@ -291,19 +318,10 @@ def cross_entropy(
         reduction = legacy_reduction(size_average, reduce, reduction)
     reduction, eps, ignore_index = check_cross_entropy_args(fn, reduction, label_smoothing, ignore_index)
     normalizer = check_normalizer(fn, normalizer, reduction)
-    check_floating(fn, "input", input)
-    check_tensor(fn, "target", target)
-    cdim = _class_dim(fn, input)
-    if normalizer is None:  # the kernels know no normalizer
-        out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
-            "cross_entropy", input, target, weight, ignore_index, reduction, eps, mask,
-            torch_path=cross_entropy)
-        if out is not None:
-            return out
-    if input.shape[cdim] == 0:
-        if normalizer is not None:  # the sum over no classes, divided
-            return divide(_no_classes(input, target, weight, mask, ignore_index, "sum", eps), normalizer)
-        return _no_classes(input, target, weight, mask, ignore_index, reduction, eps)
+    cdim, early = kernels_or_no_classes(fn, cross_entropy, input, target, weight, mask, ignore_index,
+                                        reduction, eps, eps, normalizer)
+    if early is not None:
+        return early
     if target.shape == input.shape:
         if not target.is_floating_point():
             raise RuntimeError(

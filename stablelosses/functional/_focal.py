@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stablelosses import _backend
 from stablelosses._spec import check_finite_nonnegative, check_int, check_normalizer, check_reduction
-from stablelosses._utils import check_floating, check_tensor, divide
-from stablelosses.functional._cross_entropy import _class_dim, _index_targets, _no_classes
+from stablelosses.functional._cross_entropy import _index_targets, kernels_or_no_classes
 
 
 def check_focal_loss_args(
@@ -120,17 +118,9 @@ def focal_loss(
     fn = "focal_loss"
     reduction, gamma, ignore_index = check_focal_loss_args(fn, reduction, gamma, ignore_index)
     normalizer = check_normalizer(fn, normalizer, reduction)
-    check_floating(fn, "input", input)
-    check_tensor(fn, "target", target)
-    cdim = _class_dim(fn, input)
-    if normalizer is None:  # the kernels know no normalizer
-        out = _backend.dispatch(  # the kernels when selected (stablelosses.set_backend), else None
-            "focal_loss", input, target, weight, ignore_index, reduction, gamma, mask, torch_path=focal_loss)
-        if out is not None:
-            return out
-    if input.shape[cdim] == 0:
-        if normalizer is not None:  # the sum over no classes, divided
-            return divide(_no_classes(input, target, weight, mask, ignore_index, "sum", 0.0), normalizer)
-        return _no_classes(input, target, weight, mask, ignore_index, reduction, 0.0)
+    cdim, early = kernels_or_no_classes(fn, focal_loss, input, target, weight, mask, ignore_index,
+                                        reduction, gamma, 0.0, normalizer)
+    if early is not None:
+        return early
     return _index_targets(fn, input, target, weight, mask, ignore_index, gamma, 0.0, cdim, reduction,
                           normalizer)
