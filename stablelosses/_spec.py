@@ -65,13 +65,7 @@ def check_reduction(fn: str, value: object, allowed: Sequence[str] = REDUCTIONS,
                     name: str = "reduction") -> str:
     """One of ``allowed`` as a plain ``str`` (``ValueError`` otherwise, as torch's). ``prefix``:
     words before the argument's name (torchvision's ``Invalid reduction:``)."""
-    if type(value) is str and value in allowed:
-        return value
-    if isinstance(value, str):
-        for a in allowed:
-            if value == a:
-                return a
-    raise ValueError(f"{fn}: {prefix}{name} must be {quoted(allowed)}, got {_shown(value)}")
+    return check_choice(fn, name, value, allowed, prefix)
 
 
 def check_flag(fn: str, name: str, value: object) -> bool:
@@ -297,13 +291,16 @@ def check_normalizer(fn: str, value: object, reduction: object) -> Any:
                       type_words="a number >= 0, a 0-dim tensor or None")
 
 
-def check_choice(fn: str, name: str, value: object, values: Sequence[str]) -> str:
-    """One of the strings ``values`` (``ValueError`` otherwise), as a plain ``str``."""
+def check_choice(fn: str, name: str, value: object, values: Sequence[str], prefix: str = "") -> str:
+    """One of the strings ``values`` (``ValueError`` otherwise), as a plain ``str`` (a ``str``
+    subclass gives the equal plain one). ``prefix``: words before the argument's name."""
+    if type(value) is str and value in values:
+        return value
     if isinstance(value, str):
         for v in values:
             if value == v:
                 return v
-    raise ValueError(f"{fn}: {name} must be {quoted(values)}, got {_shown(value)}")
+    raise ValueError(f"{fn}: {prefix}{name} must be {quoted(values)}, got {_shown(value)}")
 
 
 def check_finite_nonnegative_real(fn: str, name: str, value: object) -> float:
