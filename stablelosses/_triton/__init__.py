@@ -80,17 +80,24 @@ def _index_loss(
     return out.to(loss_out_dtype(input))
 
 
+def _torch_rows(torch_path: Callable[..., Tensor], *args: Any, **kwargs: Any
+                ) -> Callable[[Tensor, Tensor | None], Tensor]:
+    """``rows_fn`` of `_index_loss`: the torch path's unreduced loss of ``x`` (its other arguments
+    ``args``/``kwargs``) with the row mask ``keep``, the kernels off."""
+
+    def rows(x: Tensor, keep: Tensor | None) -> Tensor:
+        with backend("torch"):
+            return torch_path(x, *args, reduction="none", mask=keep, **kwargs)
+
+    return rows
+
+
 def cross_entropy(
     input: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
     label_smoothing: float, mask: Tensor | None, *, torch_path: Callable[..., Tensor],
 ) -> Tensor | None:
     """The kernel of ``cross_entropy`` (class indices), or ``None``."""
-
-    def rows(x: Tensor, keep: Tensor | None) -> Tensor:
-        with backend("torch"):
-            return torch_path(x, target, weight, ignore_index=ignore_index, reduction="none",
-                              label_smoothing=label_smoothing, mask=keep)
-
+    rows = _torch_rows(torch_path, target, weight, ignore_index=ignore_index, label_smoothing=label_smoothing)
     return _index_loss(input, target, weight, ignore_index, reduction, label_smoothing, 0.0, mask, rows)
 
 
@@ -99,12 +106,7 @@ def focal_loss(
     gamma: float, mask: Tensor | None, *, torch_path: Callable[..., Tensor],
 ) -> Tensor | None:
     """The kernel of ``focal_loss``, or ``None``."""
-
-    def rows(x: Tensor, keep: Tensor | None) -> Tensor:
-        with backend("torch"):
-            return torch_path(x, target, gamma, weight, ignore_index=ignore_index, reduction="none",
-                              mask=keep)
-
+    rows = _torch_rows(torch_path, target, gamma, weight, ignore_index=ignore_index)
     return _index_loss(input, target, weight, ignore_index, reduction, 0.0, gamma, mask, rows)
 
 
