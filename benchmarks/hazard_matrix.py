@@ -6,10 +6,10 @@ public trainers, to torch's built-ins and to stablelosses; value and gradient fi
 
 The naive spellings are transcribed in ``naive_post_training.py`` (beside this file). The
 stablelosses columns are whatever ``stablelosses.functional`` holds when the script runs (a
-function that is missing, on an older checkout, is listed as absent). Liger-Kernel's chunked losses are included when
-``liger_kernel`` imports (it is not a dependency). Every cell is one forward and one backward in
-float32 on the CPU; a cell reads ``value / gradient`` with ✓ (every entry finite), ``NaN``,
-``inf`` (no NaN, some ±inf) or ``error``.
+function that is missing, on an older checkout, is listed as absent). Liger-Kernel's chunked
+losses are included when ``liger_kernel`` imports (it is not a dependency). Every cell is one
+forward and one backward in float32 on the CPU; a cell reads ``value / gradient`` with ✓ (every
+entry finite), ``NaN``, ``inf`` (no NaN, some ±inf) or ``error``.
 """
 
 from __future__ import annotations

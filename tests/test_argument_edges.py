@@ -243,6 +243,7 @@ def _accepts(call):
 
 
 # (argument, value, torch's call, ours); each row's torch outcome is asserted, not assumed
+_TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
 PARSER = [
     *[("reduction", v, lambda v: F.cross_entropy(X, T, reduction=v), lambda v: SF.cross_entropy(X, T, reduction=v))
       for v in (_Reduction.SUM, np.str_("sum"))],
@@ -271,6 +272,8 @@ PARSER = [
 @pytest.mark.parametrize("name, value, theirs, ours", PARSER,
                          ids=[f"{r[0]}-{type(r[1]).__name__}-{r[1]!r}" for r in PARSER])
 def test_scalar_types_as_torchs_parser(name, value, theirs, ours):
+    if name == "dim" and isinstance(value, torch.Tensor) and _TORCH < (2, 13):
+        pytest.skip("torch < 2.13's parser refuses a 0-d tensor dim; stablelosses follows the current one's")
     accepted = _accepts(lambda: theirs(value))
     if accepted:
         out = ours(value)

@@ -372,7 +372,10 @@ def test_mixed_dtypes_give_torchs_dtype_or_torchs_error(name):
         except NotImplementedError:  # torch's CPU kernel has no half precision; ours computes in float32
             assert getattr(SF, name)(*a, **kw).dtype == a[pos[0]].dtype
             continue
-        except RuntimeError:
+        except RuntimeError as e:
+            if "not implemented for" in str(e):  # the same, as torch < 2.7 words it
+                assert getattr(SF, name)(*a, **kw).dtype == a[pos[0]].dtype
+                continue
             with pytest.raises(RuntimeError, match=f"{name}: "):
                 getattr(SF, name)(*a, **kw)
             continue
