@@ -155,6 +155,30 @@ def figures() -> list:
         "batch Dice loss; image 1 empty in prediction and target", np.linspace(0, 1, 101),
         "predicted probability x of pixel 0 in image 0", dice_case(naive_dice), dice_case(SF.dice_loss),
         "naive: (1 − 2Σpt / (Σp + Σt)).mean()", "stablelosses: dice_loss(p, t)", "loss", "∂loss/∂x")]))
+
+    # --- GRPO: a padded token whose log-ratio overflows exp ---------------------------------
+    advantage = torch.tensor([1.0])
+    old = torch.tensor([[-1.1, 0.0]])
+    keep = torch.tensor([[True, False]])  # token 1 is padding
+
+    def naive_grpo(logps):  # TRL's spelling: exp, clip, min, then the mask multiply
+        ratio = torch.exp(logps - old)
+        per_token = -torch.min(ratio * advantage, torch.clamp(ratio, 0.8, 1.2) * advantage)
+        return (per_token * keep).sum() / keep.sum()
+
+    def grpo_case(fn):
+        def case(d):
+            leaf = leaf_of(d)
+            return fn(torch.stack([torch.tensor(-1.0), leaf])[None]), leaf
+        return case
+
+    figs.append(Figure("grpo-padding", [
+        Row("GRPO loss; token 1 is padding with log-ratio d", np.linspace(-150, 150, 301),
+            "log-ratio d of the padded token (exp overflows float32 above 88.7)",
+            grpo_case(naive_grpo),
+            grpo_case(lambda lp: SF.policy_loss(lp, old, advantage, keep, loss_type="bnpo")),
+            "naive: exp, clip, min, × mask (TRL)", "stablelosses: policy_loss",
+            "loss", "∂loss/∂logp of the padded token")]))
     return figs
 
 
