@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +38,7 @@ from torch import nn
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import cpu_allocation_events, peak_memory
+from stablelosses.bench.timing import round_robin
 from stablelosses.functional._linear import default_chunk_size
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
@@ -162,14 +162,7 @@ def main() -> None:
             continue
         cid = f"{label}-{args.device}"
         calls = {v: make_call(cid, v)[0] for v in wanted}
-        times: dict[str, list[float]] = {v: [] for v in calls}
-        for c in calls.values():  # warm-up
-            c()
-        for _ in range(args.repeats):
-            for v, c in calls.items():
-                t0 = time.perf_counter()
-                c()
-                times[v].append(time.perf_counter() - t0)
+        times = round_robin(calls, args.repeats)
         med = {v: statistics.median(ts) for v, ts in times.items()}
         peaks = {v: peak_memory(c, args.device) for v, c in calls.items()}
         print(f"{cid} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats)")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MALLOC_ENV", "peak_memory", "prefault_heap"]
+__all__ = ["MALLOC_ENV", "fused_peak_ratio", "peak_memory", "prefault_heap"]
 
 #: Environment that keeps glibc from returning freed large buffers to the kernel (no mmap for
 #: big allocations, no trimming of the heap top), so repeated calls reuse warm pages.
@@ -102,3 +102,17 @@ def prefault_heap(device: str, mib: int | None = None) -> int:
     block.fill_(0)
     del block
     return mib * 2**20
+
+
+def fused_peak_ratio(case: str, fused: Callable[[], Any], unfused: Callable[[], Any], rtol: float,
+                     atol: float) -> float:
+    """The fused call's CPU peak over the unfused one's, after checking that the two return the
+    same tensors (the fused losses' memory benchmarks); prints both peaks."""
+    import torch
+
+    for a, b in zip(fused(), unfused()):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    peak_fused, peak_unfused = peak_memory(fused, "cpu"), peak_memory(unfused, "cpu")
+    print(f"\n{case}: peak fused {peak_fused / 2**20:.0f} MiB, unfused {peak_unfused / 2**20:.0f} MiB, "
+          f"ratio {peak_fused / peak_unfused:.3f}")
+    return peak_fused / peak_unfused

@@ -22,7 +22,8 @@ from torch.utils.benchmark import Measurement, Timer
 from stablelosses.bench.cases import Spec, kornia_available
 from stablelosses.bench.kernels import KernelCount, capture_output_code, count_kernels
 
-__all__ = ["available", "calibrate", "interleaved", "kernel_count", "make_callable", "timer", "variant_ids"]
+__all__ = ["available", "calibrate", "interleaved", "kernel_count", "make_callable", "round_robin", "timer",
+           "variant_ids"]
 
 _COMPILED: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
 _KERNELS: dict[tuple[Any, ...], KernelCount | None] = {}
@@ -170,3 +171,18 @@ def interleaved(calls: dict[str, Callable[[], Any]], label: str, sub_label: str,
         for v in names[k:] + names[:k]:
             parts[v].append(timers[v].timeit(number[v]))
     return {v: Measurement.merge(parts[v])[0] for v in names if parts[v]}
+
+
+def round_robin(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
+    """Wall-clock seconds of each call in ``repeats`` rounds that run every call once, in turn
+    (after one warm-up call each): the scripts' way to time whole fused losses, where one call
+    takes seconds and a ``Timer``'s calibration would take minutes."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return times
