@@ -23,6 +23,7 @@ from torch import Tensor
 
 from stablelosses._autograd.policy import expm1_minus_x
 from stablelosses._spec import check_choice, check_normalizer, check_real
+from stablelosses._utils import divide
 from stablelosses.functional._preference import check_beta, operands
 
 IMPORTANCE = ("token", "sequence")
@@ -128,17 +129,6 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor, *, estimator: str = "k3") -> Te
 
 def _denominator(value: float | Tensor, normalizer: float | Tensor | None) -> float | Tensor:
     return value if normalizer is None else normalizer
-
-
-def _safe_div(total: Tensor, den: float | Tensor) -> Tensor:
-    """``total / den``, and 0 (gradient 0) where ``den == 0``: nothing to average."""
-    if isinstance(den, Tensor):
-        den = den.to(total.dtype)
-        zero = den == 0
-        return torch.where(zero, 0.0, total / torch.where(zero, 1.0, den))
-    if den == 0:
-        return torch.where(total.new_ones((), dtype=torch.bool), 0.0, total)
-    return total / den
 
 
 def policy_loss(
@@ -274,9 +264,9 @@ def policy_loss(
 
     if loss_type == "grpo":
         seq = per_token.sum(-1) / count.squeeze(-1).clamp(min=1.0)
-        return _safe_div(seq.sum(), _denominator(float(lp.shape[0]), normalizer))
+        return divide(seq.sum(), _denominator(float(lp.shape[0]), normalizer))
     total = per_token.sum()
     if loss_type == "dr_grpo":
-        return _safe_div(total, _denominator(float(lp.shape[0] * lp.shape[1]), normalizer))
+        return divide(total, _denominator(float(lp.shape[0] * lp.shape[1]), normalizer))
     # bnpo and dapo: the unmasked-token count (TRL's dapo divides by num_items_in_batch / ranks)
-    return _safe_div(total, _denominator(count.sum().clamp(min=1.0), normalizer))
+    return divide(total, _denominator(count.sum().clamp(min=1.0), normalizer))
