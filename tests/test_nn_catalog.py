@@ -15,6 +15,7 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
+from catalog_helpers import MODULE_FN
 from torch import nn
 
 import stablelosses as sl
@@ -132,17 +133,6 @@ def test_module_state_repr_copy_pickle(name):
         assert type(m) is type(ours) and list(m.state_dict()) == list(ours.state_dict())
 
 
-# name of the module class -> the function it calls
-MODULE_FN = {
-    "BCELoss": "binary_cross_entropy", "BCEWithLogitsLoss": "binary_cross_entropy_with_logits",
-    "CTCLoss": "ctc_loss", "CosineEmbeddingLoss": "cosine_embedding_loss", "CrossEntropyLoss": "cross_entropy",
-    "GaussianNLLLoss": "gaussian_nll_loss", "HingeEmbeddingLoss": "hinge_embedding_loss", "HuberLoss": "huber_loss",
-    "KLDivLoss": "kl_div", "L1Loss": "l1_loss", "MSELoss": "mse_loss", "MarginRankingLoss": "margin_ranking_loss",
-    "MultiLabelMarginLoss": "multilabel_margin_loss", "MultiLabelSoftMarginLoss": "multilabel_soft_margin_loss",
-    "MultiMarginLoss": "multi_margin_loss", "NLLLoss": "nll_loss", "PoissonNLLLoss": "poisson_nll_loss",
-    "SmoothL1Loss": "smooth_l1_loss", "SoftMarginLoss": "soft_margin_loss",
-    "TripletMarginLoss": "triplet_margin_loss", "TripletMarginWithDistanceLoss": "triplet_margin_with_distance_loss",
-}
 
 
 @pytest.mark.parametrize("name", CLASSES)

@@ -20,6 +20,7 @@ from torch import nn
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
+from catalog_helpers import MODULE_FN, assert_gradients_match_where_finite  # noqa: E402
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 
@@ -225,16 +226,9 @@ def test_module_db_inputs(cls):
             ours.load_state_dict(theirs.state_dict())  # torch's state loads into ours
             expected = theirs(*f.args, **f.kwargs)
             got = ours(*f.args, **f.kwargs)
-            _compare_values(SF_NAME[cls], got, expected, {"rtol": 1e-4, "atol": 1e-5})
-            leaves = [t for t in (*f.args, *f.kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if leaves and expected.requires_grad:
-                w = torch.randn(expected.shape, generator=torch.Generator().manual_seed(i), dtype=expected.dtype)
-                g_exp = torch.autograd.grad((expected * w).sum(), leaves, allow_unused=True)
-                g_got = torch.autograd.grad((got * w).sum(), leaves, allow_unused=True)
-                for a, b in zip(g_got, g_exp):
-                    if b is not None:
-                        finite = torch.isfinite(b)
-                        torch.testing.assert_close(a[finite], b[finite], rtol=1e-4, atol=1e-5)
+            _compare_values(MODULE_FN[cls], got, expected, {"rtol": 1e-4, "atol": 1e-5})
+            w = torch.randn(expected.shape, generator=torch.Generator().manual_seed(i), dtype=expected.dtype)
+            assert_gradients_match_where_finite(got, expected, (*f.args, *f.kwargs.values()), w)
             checked += 1
     assert checked > 0
 
@@ -253,13 +247,3 @@ def test_module_db_error_inputs(cls):
             getattr(sl, cls)(*c.args, **c.kwargs)(*f.args, **f.kwargs)
 
 
-SF_NAME = {
-    "BCELoss": "binary_cross_entropy", "BCEWithLogitsLoss": "binary_cross_entropy_with_logits",
-    "CTCLoss": "ctc_loss", "CosineEmbeddingLoss": "cosine_embedding_loss", "CrossEntropyLoss": "cross_entropy",
-    "GaussianNLLLoss": "gaussian_nll_loss", "HingeEmbeddingLoss": "hinge_embedding_loss", "HuberLoss": "huber_loss",
-    "KLDivLoss": "kl_div", "L1Loss": "l1_loss", "MSELoss": "mse_loss", "MarginRankingLoss": "margin_ranking_loss",
-    "MultiLabelMarginLoss": "multilabel_margin_loss", "MultiLabelSoftMarginLoss": "multilabel_soft_margin_loss",
-    "MultiMarginLoss": "multi_margin_loss", "NLLLoss": "nll_loss", "PoissonNLLLoss": "poisson_nll_loss",
-    "SmoothL1Loss": "smooth_l1_loss", "SoftMarginLoss": "soft_margin_loss",
-    "TripletMarginLoss": "triplet_margin_loss", "TripletMarginWithDistanceLoss": "triplet_margin_with_distance_loss",
-}

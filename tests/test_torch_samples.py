@@ -19,6 +19,7 @@ from torch import nn
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
+from catalog_helpers import assert_gradients_match_where_finite  # noqa: E402
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 
@@ -265,15 +266,7 @@ def _check_module_inputs(torch_cls, dtype):
         got = MODULES[torch_cls](*c.args, **c.kwargs)(*f.args, **f.kwargs)
         assert got.dtype == expected.dtype and got.shape == expected.shape
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
-        leaves = [t for t in (*f.args, *f.kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if leaves and expected.requires_grad:
-            w = torch.randn_like(expected)
-            g_exp = torch.autograd.grad((expected * w).sum(), leaves, allow_unused=True)
-            g_got = torch.autograd.grad((got * w).sum(), leaves, allow_unused=True)
-            for a, b in zip(g_got, g_exp):
-                if b is not None:
-                    finite = torch.isfinite(b)
-                    torch.testing.assert_close(a[finite], b[finite], rtol=1e-4, atol=1e-5)
+        assert_gradients_match_where_finite(got, expected, (*f.args, *f.kwargs.values()), torch.randn_like(expected))
         checked += 1
     assert checked > 0
 
