@@ -136,13 +136,17 @@ def assume_constant_result(fn: Any) -> Any:
     return fn
 
 
-def log_softmax_backward(grad: Tensor, output: Tensor, dim: int) -> Tensor:
-    """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel.
+def log_softmax_backward(grad: Tensor, output: Tensor, dim: int, inplace: bool = False) -> Tensor:
+    """``g − exp(y) · Σ g`` along ``dim`` from the log-softmax output ``y``, in torch's kernel;
+    with ``inplace``, written over ``grad`` (the caller's own buffer) where both are contiguous.
 
     Fallback: the same formula in public ops.
     """
     if _log_softmax_bwd is None:
         return grad - torch.exp(output) * grad.sum(dim, keepdim=True)
+    if inplace and grad.is_contiguous() and output.is_contiguous():
+        # with other strides the kernel's aliased output comes out wrong
+        return _log_softmax_bwd(grad, output, dim, output.dtype, out=grad)
     return _log_softmax_bwd(grad, output, dim, output.dtype)
 
 

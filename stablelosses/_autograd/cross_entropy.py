@@ -44,6 +44,7 @@ from stablelosses._autograd.rows import (
 )
 from stablelosses._autograd.softmax import _log_softmax
 from stablelosses._compat import log_softmax_backward
+from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
 _NAN = float("nan")
@@ -157,7 +158,7 @@ class _IndexLoss(torch.autograd.Function):
             t_val = a.neg().unsqueeze(cdim)
             idx_u = idx.unsqueeze(cdim)
             g = put(g, cdim, idx_u, t_val, add=True)
-            gx = log_softmax_backward(g, lsm, cdim)
+            gx = log_softmax_backward(g, lsm, cdim, inplace_ok(g))
         gx = _plus(gx, extra_log_softmax_grad(lsm, grad_lsm, cdim))
         return gx, None, None, gw, None, None, None
 
@@ -281,7 +282,7 @@ class _ProbLoss(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 # p·Σq·s − q·s is log-softmax's backward of −q·s: torch's kernel, one pass
                 g = q * s.neg()
-                gx = log_softmax_backward(g, lsm, cdim)
+                gx = log_softmax_backward(g, lsm, cdim, inplace_ok(g))
             if ctx.needs_input_grad[1]:
                 gt = -(1.0 - eps) * lsm * s
                 if weight is not None:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._utils import sum_to
+from stablelosses._utils import inplace_ok, sum_to
 
 
 def _neg_product(a: Tensor, b: Tensor) -> Tensor:
@@ -34,7 +34,10 @@ class _KLDiv(torch.autograd.Function):
             return torch.where(torch.isneginf(target), input.clamp(0.0, 0.0), naive)
         # xlogy(0, 0) - 0·x is NaN where x is ±inf
         naive = torch.addcmul(torch.xlogy(target, target), target, input, value=-1)
-        return torch.where(target == 0, input.clamp(0.0, 0.0), naive)
+        # written over naive, our own buffer, in eager first order: a fresh output made the
+        # fwd+bwd peak 1.08x F.kl_div's (0.75x over naive; stablelosses bench 1024x1000, 2026-12-07)
+        out = naive if inplace_ok(naive) else None
+        return torch.where(target == 0, input.clamp(0.0, 0.0), naive, out=out)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
