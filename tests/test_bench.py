@@ -258,7 +258,7 @@ def test_bench_quick_prints_under_100_columns_says_noise_and_its_duration(capsys
     assert "÷torch" in out and "~ marks noise" in out and "rough timings" in out
     assert re.search(r"^took \d+ s$", out, re.M)
     quick_help = next(a.help for a in bench_cli.build_parser()._actions if "--quick" in a.option_strings)
-    assert "about 70 s on 2 idle CPU cores" in quick_help and "under a minute" not in quick_help
+    assert "about 20 s on 2 CPU cores" in quick_help and "under a minute" not in quick_help
 
 
 def test_tiny_run_goal_table(tiny_run):

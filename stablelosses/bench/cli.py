@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time torch.compile'd variants (compiled before timing; slow to build)")
     tier = p.add_mutually_exclusive_group()
     tier.add_argument("--quick", action="store_true",
-                      help="small shapes, 3 rounds of short samples: a smoke run of about 70 s on 2 idle "
-                           "CPU cores (several minutes on a busy machine); its timings are rough")
+                      help="small shapes, 3 rounds of short samples: a smoke run of about 20 s on 2 CPU "
+                           "cores (18 s measured, 2026-12-07; longer on a busy machine); rough timings")
     tier.add_argument("--full", action="store_true",
                       help="all shapes (adds LLM-vocabulary and segmentation) and bfloat16")
     p.add_argument("--json", metavar="PATH", help="write the raw numbers to PATH")
