@@ -13,6 +13,7 @@ supports through custom Functions anyway.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,10 @@ def applier(cls: Any) -> Callable[..., Any]:
     """
     if "jvp" not in vars(cls):
         raise TypeError(f"{cls.__name__}: applier is for Functions that define jvp")
+    # Function.apply binds the arguments to ``inspect.signature(forward)`` on every call (for
+    # setup_context's defaults); a ``__signature__`` is what ``inspect.signature`` returns first,
+    # so it is computed once here instead of per call (about 10 µs of a tiny call's overhead).
+    cls.forward.__signature__ = inspect.signature(cls.forward)
     twin: Any = type(
         cls.__name__ + "Compiled",
         (cls,),
