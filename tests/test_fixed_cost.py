@@ -80,6 +80,52 @@ def test_no_grad_forward_equals_the_recorded_forward(name):
     torch.testing.assert_close(fast, recorded.detach(), rtol=0, atol=0, equal_nan=True)
 
 
+_HAZARD_ROWS = torch.tensor([
+    [2.0, 0.5, -float("inf"), 1.0, 0.0],  # a masked class
+    [-float("inf")] * 5,  # fully masked
+    [float("inf"), 1.0, float("inf"), 0.0, 0.0],  # +inf row, +inf target
+    [float("inf"), 1.0, 0.0, 0.0, 0.0],  # +inf row, finite target
+    [40.0, 0.0, 0.0, 0.0, 0.0],  # p_t -> 1: the exact tail
+    [3.4e38, -3.4e38, 0.0, 1.0, 2.0],  # finfo extremes
+    [float("nan"), 0.0, 0.0, 0.0, 0.0],  # NaN in, NaN out
+    [1.0, 2.0, 3.0, 4.0, 5.0],  # an ignored target
+])
+_HAZARD_TARGETS = torch.tensor([0, 1, 0, 1, 0, 4, 2, -100])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("gamma", [None, 0.0, 0.5, 2.0])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_value_only_class_index_forward_is_the_recorded_one_on_hazard_rows(dtype, gamma, weighted, reduction):
+    # a detached input takes the value-only path (no Function, no gradient row), a grad-requiring
+    # one the Function: the same bits on every hazard row
+    x = _HAZARD_ROWS.to(dtype)
+    w = torch.linspace(0.5, 1.5, 5, dtype=dtype) if weighted else None
+
+    def call(inp):
+        if gamma is None:
+            return SF.cross_entropy(inp, _HAZARD_TARGETS, weight=w, reduction=reduction)
+        return SF.focal_loss(inp, _HAZARD_TARGETS, gamma=gamma, weight=w, reduction=reduction)
+
+    fast = call(x)
+    recorded = call(x.clone().requires_grad_(True))
+    assert recorded.requires_grad and not fast.requires_grad
+    torch.testing.assert_close(fast, recorded.detach(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_cross_entropy_forward_ad_inside_no_grad_gets_the_functions_tangent():
+    # a dual level keeps the Function (its jvp), not the value-only path's plain ops
+    x, t = _HAZARD_ROWS[:5].double(), _HAZARD_TARGETS[:5]
+    tan = torch.ones_like(x)
+    with torch.no_grad(), fwAD.dual_level():
+        tangent = fwAD.unpack_dual(SF.cross_entropy(fwAD.make_dual(x, tan), t, reduction="none")).tangent
+    with fwAD.dual_level():
+        expected = fwAD.unpack_dual(SF.cross_entropy(fwAD.make_dual(x, tan), t, reduction="none")).tangent
+    assert tangent is not None and torch.isfinite(tangent).all()
+    torch.testing.assert_close(tangent, expected, rtol=0, atol=0)
+
+
 def test_forward_ad_inside_no_grad_still_pushes_the_tangent():
     x = torch.tensor([0.0, 0.25, 4.0], dtype=D)
     t = torch.tensor([1.0, 1.0, 1.0], dtype=D)

@@ -319,6 +319,43 @@ class _ProbLoss(torch.autograd.Function):
 _prob_loss = applier(_ProbLoss)
 
 
+def class_index_rows(
+    x: Tensor, target: Tensor, idx: Tensor, ignored: Tensor, weight: Tensor | None, ignore_index: int,
+    gamma: float, cdim: int, grad: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`_ClassIndexCE`'s forward: the loss (0 on invalid rows), the invalid rows, the saved row
+    ``p'`` (target entry ``−r``), the row divisor and the unweighted value. ``grad=False`` (a
+    forward that no backward follows, outside the Function): the value only; ``p'`` keeps a 0
+    at the target (2 aten ops fewer) and the focal divisor is not formed."""
+    # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
+    # IndexError ("Target 3 is out of bounds.") for the others out of range.
+    nll = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none")
+    # compiled: the fused spelling of the same row (measured: see rows.fused_index_row)
+    p, qs, r, nll_t, m = index_row(x, nll, idx, cdim, torch.compiler.is_compiling(), grad)
+    # den: the backward's row divisor p'_t S (≥ p'_t ≥ 1/C, NaN on NaN rows: so is their
+    # gradient), over the focal row scale for the focal loss (inf where the scale is 0).
+    # One saved N-sized divisor: compiled, the partitioner had recomputed the focal scale
+    # from the saved rows inside the backward's row loop (expm1, pow and five divisions
+    # per vector of the row). Focal fwd+bwd ÷ compiled torch at 8192x1000 / 65536x10 /
+    # 256x32000 (2026-12-05, side by side): 1.72x / 1.82x / 1.55x recomputed, 1.08-1.10x /
+    # 1.41-1.43x / 0.90-0.91x with den.
+    if gamma == 0.0:
+        val, den = nll_t, qs
+    elif not grad:  # focal_rows' value, without its backward row scale
+        val, den = (r / qs).pow(gamma) * nll_t, qs
+    else:
+        # p_t = e^{−nll_t}: its relative error is nll_t's absolute one, which only enters
+        # the scale's γ p_t r term (r = nll_t / rest), small where nll_t is large
+        val, scale = focal_rows(r / qs, torch.exp(nll_t.neg()), nll_t, gamma)
+        den = qs / scale
+    out = val
+    if weight is not None:
+        w_t = weight[idx]
+        out = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
+    invalid = ignored | (m == -_INF)
+    return out.masked_fill(invalid, 0.0), invalid, p, den, val
+
+
 class _ClassIndexCE(torch.autograd.Function):
     """Class-index cross-entropy ``−w_t log p_t`` and focal loss ``−w_t (1 − p_t)^γ log p_t``
     (no smoothing) in torch's passes plus the two reductions the hazards and the tail need.
@@ -342,31 +379,7 @@ class _ClassIndexCE(torch.autograd.Function):
 
     @staticmethod
     def forward(x, target, idx, ignored, weight, ignore_index, gamma, cdim):
-        # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
-        # IndexError ("Target 3 is out of bounds.") for the others out of range.
-        nll = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none")
-        # compiled: the fused spelling of the same row (measured: see rows.fused_index_row)
-        p, qs, r, nll_t, m = index_row(x, nll, idx, cdim, torch.compiler.is_compiling())
-        # den: the backward's row divisor p'_t S (≥ p'_t ≥ 1/C, NaN on NaN rows: so is their
-        # gradient), over the focal row scale for the focal loss (inf where the scale is 0).
-        # One saved N-sized divisor: compiled, the partitioner had recomputed the focal scale
-        # from the saved rows inside the backward's row loop (expm1, pow and five divisions
-        # per vector of the row). Focal fwd+bwd ÷ compiled torch at 8192x1000 / 65536x10 /
-        # 256x32000 (2026-12-05, side by side): 1.72x / 1.82x / 1.55x recomputed, 1.08-1.10x /
-        # 1.41-1.43x / 0.90-0.91x with den.
-        if gamma == 0.0:
-            val, den = nll_t, qs
-        else:
-            # p_t = e^{−nll_t}: its relative error is nll_t's absolute one, which only enters
-            # the scale's γ p_t r term (r = nll_t / rest), small where nll_t is large
-            val, scale = focal_rows(r / qs, torch.exp(nll_t.neg()), nll_t, gamma)
-            den = qs / scale
-        out = val
-        if weight is not None:
-            w_t = weight[idx]
-            out = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
-        invalid = ignored | (m == -_INF)
-        return out.masked_fill(invalid, 0.0), invalid, p, den, val
+        return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

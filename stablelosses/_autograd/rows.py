@@ -254,7 +254,7 @@ class IndexRow(NamedTuple):
     m: Tensor  # the row max (−inf: fully masked; +inf: a +inf row; NaN: a NaN row)
 
 
-def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool) -> IndexRow:
+def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool, grad: bool = True) -> IndexRow:
     """The class-index row in torch's passes: the row max ``m`` (``amax``, no index); the
     Function's own copy ``b`` of the logits, ``+inf → finfo.max`` (``min(x, v)``,
     ``v = clamp(m, ±finfo.max)``) with the target's logit set to ``v``; torch's ``softmax`` on
@@ -271,6 +271,7 @@ def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool) -> In
     from ``m``); a NaN row is NaN through ``v``.
 
     ``fused``: the compiled spelling of the same quantities (`fused_index_row`), see there.
+    ``grad=False``: no backward follows; ``p'`` keeps its 0 at the target.
     """
     m = x.amax(cdim, keepdim=True)
     fmax = torch.finfo(x.dtype).max
@@ -284,7 +285,8 @@ def index_row(x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool) -> In
         # a NaN row's rest and gradient are NaN through q_t (also with one class)
         p = put(p, cdim, idx_u, 0.0)
         r = p.sum(cdim, keepdim=True)
-        p = put(p, cdim, idx_u, r.neg())
+        if grad:
+            p = put(p, cdim, idx_u, r.neg())
     q_t, r, m = q_t.squeeze(cdim), r.squeeze(cdim), m.squeeze(cdim)
     # w = m − x_t; 0 where x_t = m = ±inf (the exact shift) and on NaN rows (NaN through r/q_t)
     w = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF)
