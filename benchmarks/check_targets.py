@@ -4,7 +4,7 @@
 Usage::
 
     python benchmarks/check_targets.py RESULT.json [RESULT.json ...]
-        [--modes fwd,fwdbwd] [--dtype float32] [--strict] [--markdown PATH] [--quiet]
+        [--modes fwd,fwdbwd] [--dtype float32] [--strict] [--markdown PATH] [--quiet] [--exit-zero]
 
 Each file is either the ``--json`` output of ``stablelosses bench`` or pytest-benchmark's
 ``--benchmark-json`` output of ``pytest benchmarks/``. Ratios are formed inside one file (one
@@ -13,17 +13,17 @@ run), between variants of the same function, input, dtype, device and mode, from
 Prints one line per (target, input, mode): ``ok``, ``MISS`` (with both numbers) or ``skip``
 (a reference that is not in the run: kornia not installed, compiled variants not timed).
 Exit status 1 when any target is missed — also when our variant failed or is missing while
-its reference was timed (e.g. ``NotImplementedError``) — else 0; ``--strict`` also fails on
-skips. Time targets are checked in every mode given by ``--modes`` (default: both ``fwd`` and
-``fwdbwd``; a target holds only if it holds for both); memory targets use the peak of
-forward+backward, with a slack of 0.5% + 4 KiB (a scalar or a per-row vector more than the
-reference does not count as a miss). Targets are stated for float32 with 2 threads; a run with another thread
-count gets a warning.
+its reference was timed (e.g. ``NotImplementedError``) — else 0 (also with ``--exit-zero``: a
+report, not a gate); ``--strict`` also fails on skips. Time targets are checked in every mode
+given by ``--modes`` (default: both ``fwd`` and ``fwdbwd``; a target holds only if it holds for
+both); memory targets use the peak of forward+backward, with a slack of 0.5% + 4 KiB (a scalar
+or a per-row vector more than the reference does not count as a miss). Targets are stated for
+float32 with 2 threads; a run with another thread count gets a warning.
 
 After the per-input checks it prints the speed targets table: every target with its measured
 value, its bytes-moved ratio, aten-op count, compiled kernel count and met / missed
 (``--no-goals`` to leave it out; ``--goals-markdown PATH`` writes it as Markdown). The checks
-and the targets live in ``stablelosses/bench/checks.py`` and ``stablelosses/bench/targets.py``.
+and the targets live beside this script, in ``checks.py`` (with ``checks.csv``) and ``targets.py``.
 
 This is a check, not a unit test: run it after a benchmark, e.g.::
 
@@ -36,8 +36,8 @@ import argparse
 import json
 import sys
 
-from stablelosses.bench.checks import evaluate, line, load, markdown
-from stablelosses.bench.targets import format_goals, goal_rows
+from checks import evaluate, line, load, markdown
+from targets import format_goals, goal_rows
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strict", action="store_true", help="skipped targets fail too")
     p.add_argument("--markdown", metavar="PATH", help="also write the outcomes as a Markdown table")
     p.add_argument("--quiet", action="store_true", help="print only misses and the summary")
+    p.add_argument("--exit-zero", action="store_true",
+                   help="exit 0 also when a target is missed (a report, e.g. of a noisy CI run)")
     p.add_argument("--no-goals", action="store_true", help="leave out the speed targets table")
     p.add_argument("--goals-markdown", metavar="PATH", help="write the speed targets table as Markdown")
     args = p.parse_args(argv)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.goals_markdown:
         with open(args.goals_markdown, "w") as f:
             f.write("\n\n".join(goals_md) + "\n")
-    return 1 if failed else 0
+    return 1 if failed and not args.exit_zero else 0
 
 
 if __name__ == "__main__":

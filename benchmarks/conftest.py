@@ -74,8 +74,9 @@ def pytest_terminal_summary(terminalreporter):
     records = getattr(mod, "RECORDS", None)
     if not records:
         return
+    from targets import format_goals, goal_rows
+
     from stablelosses.bench.report import index
-    from stablelosses.bench.targets import format_goals, goal_rows
 
     terminalreporter.write_sep("-", "speed targets (float32, fwd+bwd unless the mode says fwd)")
     terminalreporter.write_line(format_goals(goal_rows(index(records))))

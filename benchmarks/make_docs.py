@@ -24,9 +24,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from stablelosses.bench.checks import Outcome, evaluate, load
+from checks import Outcome, evaluate, load
+from targets import format_goals, goal_rows
+
 from stablelosses.bench.report import format_table, index
-from stablelosses.bench.targets import format_goals, goal_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -229,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Speed targets",
         "",
-        "Every speed target, from the same run (`stablelosses bench --targets` prints "
-        "this table; so does `python benchmarks/check_targets.py`). Time targets are on "
+        "Every speed target, from the same run (`python benchmarks/check_targets.py` "
+        "prints this table from the run's JSON). Time targets are on "
         "forward+backward unless the mode says `fwd`. On every row, for the same input and mode: "
         "`bytes ÷ ref` is ours against the same reference in bytes moved by the eager calls, "
         "`ops ours/ref` the aten operators of the eager calls (each one a kernel launch on a GPU) "
@@ -274,10 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "```bash",
         "stablelosses bench                               # eager, default shapes, float32",
-        "stablelosses bench --compile --targets --json bench.json   # + compiled variants, targets",
+        "stablelosses bench --compile --json bench.json   # + compiled variants, raw numbers",
         "stablelosses bench --quick                       # small shapes, few repeats",
         "stablelosses bench --full                        # all shapes, float32 + bfloat16",
-        "python benchmarks/check_targets.py bench.json    # exit 1 listing each missed target",
+        "python benchmarks/check_targets.py bench.json    # the targets table; exit 1 listing misses",
         "python benchmarks/make_docs.py bench.json        # regenerate this page",
         "",
         "# pytest-benchmark suites (not part of the default `pytest` run)",

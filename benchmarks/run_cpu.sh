@@ -12,7 +12,7 @@ export MALLOC_TOP_PAD_="${MALLOC_TOP_PAD_:-268435456}"
 PY="${PYTHON:-python}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-"$PY" -m stablelosses.bench --targets "$@" --json "$OUT/bench_cpu.json" --markdown "$OUT/bench_cpu.md" \
+"$PY" -m stablelosses.bench "$@" --json "$OUT/bench_cpu.json" --markdown "$OUT/bench_cpu.md" \
     | tee "$OUT/bench_cpu.txt"
 "$PY" -m pytest benchmarks/test_bench_losses.py --benchmark-only -q -k cpu \
     --benchmark-json "$OUT/pytest_bench_cpu.json" > "$OUT/pytest_bench_cpu.txt" 2>&1

@@ -7,8 +7,8 @@ r"""The ``stablelosses`` command (also ``python -m stablelosses``).
   code, and one that crashes before any NaN/Inf exits 2 with its traceback.
 - ``lint [--fix | --diff] [--format json] [--select CODES] [--ignore CODES] PATH...``: find
   the hazardous spellings and rewrite them into the stable calls (`stablelosses.lint`).
-- ``bench [--device cuda] [--compile] [--quick] [--targets] [--json PATH] ...``: the speed
-  comparison (`stablelosses.bench`).
+- ``bench [--device cuda] [--compile] [--quick] [--json PATH] ...``: the speed comparison
+  (`stablelosses.bench`).
 
 Bad arguments print one line to stderr and exit 2.
 

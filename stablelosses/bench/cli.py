@@ -20,11 +20,9 @@ from stablelosses.bench.report import (
     format_header,
     format_summary,
     format_table,
-    index,
     summary_legend,
 )
 from stablelosses.bench.run import MODES, Settings, run, tier_settings
-from stablelosses.bench.targets import format_goals, goal_rows
 
 __all__ = ["build_parser", "main"]
 
@@ -54,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "spread over interleaved rounds with noise marked, and the bytes moved. --wide "
                     "adds the one-pass memory-bandwidth floor, the peak memory of forward+backward "
                     "and, with --compile, the compiled calls and their kernel count.",
-        epilog="The JSON written by --json is read by benchmarks/check_targets.py and "
-               "benchmarks/make_docs.py.",
+        epilog="The JSON written by --json is read by benchmarks/check_targets.py (the design's "
+               "speed targets, met or missed, in a source checkout) and benchmarks/make_docs.py.",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device (default cpu)")
     p.add_argument("--compile", action="store_true",
@@ -68,9 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="all shapes (adds LLM-vocabulary and segmentation) and bfloat16")
     p.add_argument("--json", metavar="PATH", help="write the raw numbers to PATH")
     p.add_argument("--markdown", metavar="PATH", help="write the ratio table as Markdown to PATH")
-    p.add_argument("--targets", action="store_true",
-                   help="also print the speed targets table: each target with its measured value, "
-                        "bytes-moved ratio, aten-op count and (with --compile) kernel count, met/missed")
     p.add_argument("--wide", action="store_true",
                    help="print every column (one-pass floor, MB moved, compiled, peak memory): about "
                         "150 columns, as written by --markdown")
@@ -140,9 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(result) if args.wide else format_summary(result))
     if args.raw:
         print("\n" + compare_table(result))
-    if args.targets:
-        print("\nspeed targets (float32, fwd+bwd unless the mode says fwd):\n")
-        print(format_goals(goal_rows(index(result["results"]))))
     if result["notes"]:
         print("\nnotes:")
         for n in result["notes"]:

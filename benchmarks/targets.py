@@ -1,7 +1,7 @@
 """The speed targets, each with its measured ratio, bytes-moved ratio, aten-op and kernel counts.
 
-One row per target and input, from one run (``stablelosses bench --compile --targets``, or
-``benchmarks/check_targets.py`` on its JSON or on pytest-benchmark's). Time targets are
+One row per target and input, from one run (``benchmarks/check_targets.py`` on the JSON of
+``stablelosses bench --compile --json``, or on pytest-benchmark's). Time targets are
 checked on forward+backward unless the row's mode is ``fwd``; ``ratio`` is ours ÷ the
 reference (medians), ``overhead`` ours − the reference. Every row also shows, for the same
 input and mode: ``bytes ÷ ref``, ours ÷ the same reference in bytes moved by the eager calls
@@ -10,7 +10,7 @@ ours/ref``, the aten operators of the eager calls (each is a kernel launch on a 
 ``kernels ours/ref``, the kernels the compiled calls launch (`stablelosses.bench.kernels`;
 only in a ``--compile`` run). A quick run (``--quick``) has smaller inputs: each target is
 then checked on its stand-in input, named in the row. Peak targets allow 0.5% + 4 KiB, as
-`stablelosses.bench.checks` does.
+`checks.py` (beside this file) does.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stablelosses.bench.checks import peak_within
+from checks import peak_within
+
 from stablelosses.bench.report import Key, moved, ratio, render
 
 __all__ = ["GOALS", "KINDS", "OPS_BOUND", "Goal", "format_goals", "goal_rows"]
