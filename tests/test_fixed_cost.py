@@ -35,6 +35,19 @@ def _pos(*shape):
 
 _LABELS = torch.tensor([0, 4, 1, 2])
 
+# class-index rows with every hazard (the cross-entropy family)
+_HAZARD_ROWS = torch.tensor([
+    [2.0, 0.5, -float("inf"), 1.0, 0.0],  # a masked class
+    [-float("inf")] * 5,  # fully masked
+    [float("inf"), 1.0, float("inf"), 0.0, 0.0],  # +inf row, +inf target
+    [float("inf"), 1.0, 0.0, 0.0, 0.0],  # +inf row, finite target
+    [40.0, 0.0, 0.0, 0.0, 0.0],  # p_t -> 1: the exact tail
+    [3.4e38, -3.4e38, 0.0, 1.0, 2.0],  # finfo extremes
+    [float("nan"), 0.0, 0.0, 0.0, 0.0],  # NaN in, NaN out
+    [1.0, 2.0, 3.0, 4.0, 5.0],  # an ignored target
+])
+_HAZARD_TARGETS = torch.tensor([0, 1, 0, 1, 0, 4, 2, -100])
+
 # every public function on a small input: (call, inputs)
 CALLS = {
     "safe_sqrt": (SF.safe_sqrt, lambda: (torch.tensor([0.0, 0.5, 2.0], dtype=D),)),
@@ -65,6 +78,10 @@ CALLS = {
     "linear_cross_entropy-none": (lambda x, w, t: SF.linear_cross_entropy(x, w, t, reduction="none"),
                                   lambda: (_randn(4, 3), _randn(5, 3), _LABELS)),
     "linear_focal_loss": (SF.linear_focal_loss, lambda: (_randn(4, 3), _randn(5, 3), _LABELS)),
+    # a reference model's log-probs are the usual forward without grad (DPO, GRPO)
+    "token_logps": (SF.token_logps, lambda: (_HAZARD_ROWS.double(), _HAZARD_TARGETS)),
+    "sequence_logps": (lambda x, t: SF.sequence_logps(x, t, average=True),
+                       lambda: (_HAZARD_ROWS.double().view(2, 4, 5), _HAZARD_TARGETS.view(2, 4))),
 }
 
 
@@ -80,17 +97,6 @@ def test_no_grad_forward_equals_the_recorded_forward(name):
     torch.testing.assert_close(fast, recorded.detach(), rtol=0, atol=0, equal_nan=True)
 
 
-_HAZARD_ROWS = torch.tensor([
-    [2.0, 0.5, -float("inf"), 1.0, 0.0],  # a masked class
-    [-float("inf")] * 5,  # fully masked
-    [float("inf"), 1.0, float("inf"), 0.0, 0.0],  # +inf row, +inf target
-    [float("inf"), 1.0, 0.0, 0.0, 0.0],  # +inf row, finite target
-    [40.0, 0.0, 0.0, 0.0, 0.0],  # p_t -> 1: the exact tail
-    [3.4e38, -3.4e38, 0.0, 1.0, 2.0],  # finfo extremes
-    [float("nan"), 0.0, 0.0, 0.0, 0.0],  # NaN in, NaN out
-    [1.0, 2.0, 3.0, 4.0, 5.0],  # an ignored target
-])
-_HAZARD_TARGETS = torch.tensor([0, 1, 0, 1, 0, 4, 2, -100])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)

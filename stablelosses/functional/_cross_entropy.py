@@ -7,18 +7,15 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 
 from stablelosses import _backend
 from stablelosses._autograd.cross_entropy import (
     IndexResult,
     ProbResult,
-    _class_index_ce,
     _index_loss,
     _prob_loss,
-    class_index_rows,
+    class_index_loss,
 )
-from stablelosses._compat import functorch_transforms_active
 from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_reduction
 from stablelosses._utils import (
     cast,
@@ -87,14 +84,6 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
 
 
 
-def _differentiated(x: Tensor, w: Tensor | None) -> bool:
-    """A backward or a tangent can follow: grad mode with an input that requires grad, a
-    ``torch.func`` transform (its wrappers carry the gradient) or a forward-AD dual level."""
-    if functorch_transforms_active() or forward_ad._current_level >= 0:
-        return True
-    return torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad))
-
-
 def _index_loss_reduced(
     x: Tensor, target: Tensor, w: Tensor | None, ignore_index: int, gamma: float, eps: float,
     cdim: int, reduction: str, mask: Tensor | None = None, normalizer: Tensor | float | None = None,
@@ -111,11 +100,7 @@ def _index_loss_reduced(
         # any in-range index serves the ignored targets; the others out of range raise in
         # the Function's nll_loss first, with torch's message
         idx = target.clamp(0, x.shape[cdim] - 1)
-        if _differentiated(x, w):
-            loss, invalid = _class_index_ce(x, target, idx, ignored, w, ignore_index, gamma, cdim)[:2]
-        else:  # item 4 of the design: a forward that no backward follows computes the value only
-            loss, invalid = class_index_rows(x, target, idx, ignored, w, ignore_index, gamma, cdim,
-                                             grad=False)[:2]
+        loss, invalid = class_index_loss(x, target, idx, ignored, w, ignore_index, gamma, cdim)
         if reduction != "mean":
             return _reduce(loss, reduction)
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
