@@ -24,6 +24,10 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+# The lint corpus's cached snippets (git-ignored, fetched by benchmarks/lint_corpus.py) are user
+# code for the linter to read, not modules for pytest's --doctest-modules to import.
+collect_ignore_glob = ["lint_corpus/*"]
+
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA"))]
 FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
