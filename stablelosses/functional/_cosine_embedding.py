@@ -60,13 +60,8 @@ def _terms(x1: Tensor, x2: Tensor, target: Tensor, margin: float, dim: int) -> T
 
 
 def cosine_embedding_loss(
-    input1: Tensor,
-    input2: Tensor,
-    target: Tensor,
-    margin: float = 0,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Cosine embedding loss; a zero vector gets gradient 0 (torch: about $10^6/\sqrt{D}$).
 

@@ -33,10 +33,7 @@ def _soft_margin_terms(x: Tensor, y: Tensor) -> Tensor:
 
 
 def soft_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
     reduction: str = "mean",
 ) -> Tensor:
     r"""Two-class logistic loss $\log(1 + e^{-y x})$ that does not overflow at large margins.
@@ -96,12 +93,8 @@ def _multilabel_terms(x: Tensor, y: Tensor, w: Tensor | None) -> Tensor:
 
 
 def multilabel_soft_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Multi-label one-versus-all logistic loss, exact at $\pm\infty$ scores.
 

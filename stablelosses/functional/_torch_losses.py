@@ -165,15 +165,8 @@ def _weighted(
 
 
 def _pointwise(
-    fn: str,
-    torch_fn: Callable[..., Tensor],
-    input: Tensor,
-    target: Tensor,
-    reduction: str,
-    weight: Tensor | None,
-    mean_by_weight: bool,
-    dtype_of_input: bool = False,
-    **options: Any,
+    fn: str, torch_fn: Callable[..., Tensor], input: Tensor, target: Tensor, reduction: str,
+    weight: Tensor | None, mean_by_weight: bool, dtype_of_input: bool = False, **options: Any,
 ) -> Tensor:
     check_tensors(fn, input=input, target=target, weight=weight)
     # torch's dtype: the promoted one, or input's for kernels that write into input's dtype
@@ -192,12 +185,8 @@ def _pointwise(
 
 
 def l1_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    weight: Tensor | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+    reduction: str = "mean", weight: Tensor | None = None,
 ) -> Tensor:
     r"""Mean absolute error, torch's ``F.l1_loss``: $\ell_i = w_i\,|x_i - y_i|$.
 
@@ -235,12 +224,8 @@ def l1_loss(
 
 
 def mse_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    weight: Tensor | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+    reduction: str = "mean", weight: Tensor | None = None,
 ) -> Tensor:
     r"""Mean squared error, torch's ``F.mse_loss``: $\ell_i = w_i\,(x_i - y_i)^2$.
 
@@ -314,12 +299,8 @@ def huber_loss(
 
 
 def smooth_l1_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    beta: float = 1.0,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+    reduction: str = "mean", beta: float = 1.0,
 ) -> Tensor:
     r"""Smooth L1 loss, torch's ``F.smooth_l1_loss``.
 
@@ -356,14 +337,8 @@ def smooth_l1_loss(
 
 
 def poisson_nll_loss(
-    input: Tensor,
-    target: Tensor,
-    log_input: bool = True,
-    full: bool = False,
-    size_average: bool | None = None,
-    eps: float = 1e-8,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,
+    size_average: bool | None = None, eps: float = 1e-8, reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Poisson negative log-likelihood, torch's ``F.poisson_nll_loss``.
 
@@ -404,26 +379,15 @@ def poisson_nll_loss(
     check_tensors(fn, input=input, target=target)
     dtype = out_dtype(input, target)
     res = call_torch(
-        fn,
-        F.poisson_nll_loss,
-        ("input", "target"),
-        up(input),
-        up(target),
-        log_input=log_input,
-        full=full,
-        eps=eps,
-        reduction=red,
+        fn, F.poisson_nll_loss, ("input", "target"), up(input), up(target), log_input=log_input, full=full,
+        eps=eps, reduction=red,
     )
     return res if dtype is None else cast(res, dtype)
 
 
 def binary_cross_entropy(
-    input: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Binary cross-entropy on probabilities, torch's ``F.binary_cross_entropy``.
 
@@ -465,13 +429,8 @@ def binary_cross_entropy(
     dtype = out_dtype(input, target)
     w = up(weight)
     res = call_torch(
-        fn,
-        F.binary_cross_entropy,
-        ("input", "target"),
-        up(input),
-        up(target),
-        weight=None if w is None else w.detach(),
-        reduction=red,
+        fn, F.binary_cross_entropy, ("input", "target"), up(input), up(target),
+        weight=None if w is None else w.detach(), reduction=red,
     )
     if w is not None and needs_grad(w):
         # torch's kernel gives weight no gradient: ∂ℓ/∂w = the unweighted term (value unchanged)
@@ -482,12 +441,8 @@ def binary_cross_entropy(
 
 
 def hinge_embedding_loss(
-    input: Tensor,
-    target: Tensor,
-    margin: float = 1.0,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, margin: float = 1.0, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Hinge embedding loss, torch's ``F.hinge_embedding_loss``.
 
@@ -528,13 +483,8 @@ def hinge_embedding_loss(
 
 
 def margin_ranking_loss(
-    input1: Tensor,
-    input2: Tensor,
-    target: Tensor,
-    margin: float = 0,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Margin ranking loss, torch's ``F.margin_ranking_loss``:
     $\ell_i = \max(0, -y_i\,(x_{1,i} - x_{2,i}) + \Delta)$.
@@ -569,14 +519,8 @@ def margin_ranking_loss(
     check_tensors(fn, input1=input1, input2=input2, target=target)
     dtype = out_dtype(input1, input2, target)
     res = call_torch(
-        fn,
-        F.margin_ranking_loss,
-        ("input1", "input2", "target"),
-        up(input1),
-        up(input2),
-        up(target),
-        margin=margin,
-        reduction=red,
+        fn, F.margin_ranking_loss, ("input1", "input2", "target"), up(input1), up(input2), up(target),
+        margin=margin, reduction=red,
     )
     return res if dtype is None else cast(res, dtype)
 
@@ -596,14 +540,8 @@ def _nan_rows(
 
 
 def multi_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    p: int = 1,
-    margin: float = 1.0,
-    weight: Tensor | None = None,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
+    size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Multi-class hinge loss, torch's ``F.multi_margin_loss``, with NaN in → NaN out.
 
@@ -643,13 +581,7 @@ def multi_margin_loss(
     check_same_dtype(fn, input, weight)
     w = up(weight)
     res = _nan_rows(
-        fn,
-        F.multi_margin_loss,
-        input,
-        target,
-        red,
-        p=p,
-        margin=margin,
+        fn, F.multi_margin_loss, input, target, red, p=p, margin=margin,
         weight=None if w is None else w.detach(),
     )
     if w is not None and needs_grad(w):
@@ -661,10 +593,7 @@ def multi_margin_loss(
 
 
 def multilabel_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
     reduction: str = "mean",
 ) -> Tensor:
     r"""Multi-label hinge loss, torch's ``F.multilabel_margin_loss``, with NaN in → NaN out.
@@ -743,16 +672,8 @@ def _triplet_terms(
 
 
 def triplet_margin_loss(
-    anchor: Tensor,
-    positive: Tensor,
-    negative: Tensor,
-    margin: float = 1.0,
-    p: float = 2,
-    eps: float = 1e-6,
-    swap: bool = False,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2, eps: float = 1e-6,
+    swap: bool = False, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Triplet margin loss, ``F.triplet_margin_loss``'s formula without overflow in the distance.
 
@@ -810,30 +731,17 @@ def triplet_margin_loss(
         )
     dtype = out_dtype(anchor, positive, negative)
     loss = call_torch(
-        fn,
-        _triplet_terms,
-        ("anchor", "positive", "negative"),
-        up(anchor),
-        up(positive),
-        up(negative),
-        margin,
-        p,
-        eps,
-        swap,
+        fn, _triplet_terms, ("anchor", "positive", "negative"), up(anchor), up(positive), up(negative),
+        margin, p, eps, swap,
     )
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)
 
 
 def triplet_margin_with_distance_loss(
-    anchor: Tensor,
-    positive: Tensor,
-    negative: Tensor,
-    *,
-    distance_function: Callable[[Tensor, Tensor], Tensor] | None = None,
-    margin: float = 1.0,
-    swap: bool = False,
-    reduction: str = "mean",
+    anchor: Tensor, positive: Tensor, negative: Tensor, *,
+    distance_function: Callable[[Tensor, Tensor], Tensor] | None = None, margin: float = 1.0,
+    swap: bool = False, reduction: str = "mean",
 ) -> Tensor:
     r"""Triplet loss with a distance of your choice, torch's ``F.triplet_margin_with_distance_loss``:
     $\ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0)$, $d$ = ``distance_function``
@@ -874,16 +782,8 @@ def triplet_margin_with_distance_loss(
     check_tensors(fn, anchor=anchor, positive=positive, negative=negative)
     dtype = out_dtype(anchor, positive, negative)
     res = call_torch(
-        fn,
-        F.triplet_margin_with_distance_loss,
-        ("anchor", "positive", "negative"),
-        up(anchor),
-        up(positive),
-        up(negative),
-        distance_function=_scaled(distance_function),
-        margin=margin,
-        swap=swap,
-        reduction=red,
+        fn, F.triplet_margin_with_distance_loss, ("anchor", "positive", "negative"), up(anchor), up(positive),
+        up(negative), distance_function=_scaled(distance_function), margin=margin, swap=swap, reduction=red,
     )
     return res if dtype is None else cast(res, dtype)
 
