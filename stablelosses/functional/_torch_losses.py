@@ -197,16 +197,19 @@ def l1_loss(
     hazard: a finite input gives a finite value and gradient.
 
     Args:
-        input: any shape.
-        target: broadcastable with ``input`` (torch warns when the sizes differ).
-        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``.
-        reduce: deprecated (as in torch), see ``size_average``.
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        weight: per-element weight of ``input``'s size, or ``None``. Default: ``None``.
+        input: the predictions, any shape.
+        target: the values to match, broadcastable with ``input`` (torch warns when the sizes
+            differ).
+        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``:
+            ``False`` sums the absolute errors.
+        reduce: deprecated (as in torch); ``False`` keeps one absolute error per element.
+        reduction: ``'none'`` ($\ell$) | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        weight: $w$, one weight per element of ``input`` (its size), or ``None``. Default:
+            ``None``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype (float16/bfloat16
-        computed in float32 and rounded back).
+        The mean or summed absolute error, or for ``'none'`` the errors in the broadcast shape;
+        torch's dtype (float16/bfloat16 computed in float32 and rounded back).
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``weight``'s size is not ``input``'s.
@@ -216,6 +219,8 @@ def l1_loss(
         >>> import torch, stablelosses.functional as SF
         >>> SF.l1_loss(torch.tensor([1.0, -2.0]), torch.tensor([0.0, 0.0]))
         tensor(1.5000)
+        >>> SF.l1_loss(torch.tensor([1.0, -2.0]), torch.tensor([0.0, 0.0]), weight=torch.tensor([1.0, 3.0]))
+        tensor(1.7500)
 
     Replaces ``torch.nn.functional.l1_loss``.
     """
@@ -236,15 +241,16 @@ def mse_loss(
     exact value is not representable (float32 residuals above about 1.8e19).
 
     Args:
-        input: any shape.
+        input: the predictions, any shape.
         target: broadcastable with ``input``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        weight: per-element weight of ``input``'s size, or ``None``. Default: ``None``.
+        size_average: deprecated (as in torch); ``False`` asks for the sum of squares.
+        reduce: deprecated (as in torch); ``False`` asks for every squared error.
+        reduction: ``'none'`` | ``'mean'`` (by $\sum_i w_i$ when weighted) | ``'sum'``. Default:
+            ``'mean'``.
+        weight: $w_i$ for each squared error, ``input``'s size; or ``None``. Default: ``None``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or the weighted squares $\ell$ for ``'none'``; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``weight``'s size is not ``input``'s.
@@ -274,14 +280,15 @@ def huber_loss(
     **Gradient.** torch's: $w_i\,\operatorname{clamp}(r_i, -\delta, \delta)$. No hazard.
 
     Args:
-        input: any shape.
+        input: the predictions, any shape.
         target: broadcastable with ``input``.
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        delta: the threshold, ``> 0``. Default: ``1.0``.
-        weight: per-element weight of ``input``'s size, or ``None``. Default: ``None``.
+        reduction: ``'none'`` | ``'mean'`` (over elements, weighted or not) | ``'sum'``.
+            Default: ``'mean'``.
+        delta: $\delta$, where the square turns linear, ``> 0``. Default: ``1.0``.
+        weight: $w_i$ per element, ``input``'s size; or ``None``. Default: ``None``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or the Huber terms $\ell$ (broadcast shape) for ``'none'``; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``weight``'s size is not ``input``'s.
@@ -311,15 +318,15 @@ def smooth_l1_loss(
     No hazard.
 
     Args:
-        input: any shape.
+        input: the predictions, any shape.
         target: broadcastable with ``input``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        beta: the threshold, ``>= 0``. Default: ``1.0``.
+        size_average: deprecated (as in torch); ``False``: the sum.
+        reduce: deprecated (as in torch); ``False``: no reduction.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` of the smooth-L1 terms. Default: ``'mean'``.
+        beta: $\beta$, where the square turns linear, ``>= 0``. Default: ``1.0``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or for ``'none'`` one term per element of the broadcast shape; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -355,13 +362,15 @@ def poisson_nll_loss(
         target: counts, broadcastable with ``input``.
         log_input: ``input`` is the log-rate. Default: ``True``.
         full: add Stirling's term. Default: ``False``.
-        size_average: deprecated (as in torch).
+        size_average: deprecated (as in torch); ``False`` sums the negative log-likelihoods.
         eps: added to the rate before the log when ``log_input=False``. Default: ``1e-8``.
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        reduce: deprecated (as in torch); ``False`` gives the per-element negative
+            log-likelihoods.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the elements. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        The mean or total negative log-likelihood, or the per-element $\ell$ for ``'none'``
+        (broadcast shape); torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -402,8 +411,8 @@ def binary_cross_entropy(
         input: probabilities in $[0, 1]$, any shape.
         target: same shape as ``input``.
         weight: broadcastable to ``input``, or ``None``. Default: ``None``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
+        size_average: deprecated (as in torch); ``False`` sums the cross-entropies.
+        reduce: deprecated (as in torch); ``False`` returns them per element.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
@@ -452,14 +461,14 @@ def hinge_embedding_loss(
 
     Args:
         input: distances, any shape.
-        target: $\pm 1$, broadcastable with ``input``.
-        margin: $\Delta$. Default: ``1.0``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        target: $\pm 1$ (similar or dissimilar pair), broadcastable with ``input``.
+        margin: $\Delta$, the distance a dissimilar pair must exceed. Default: ``1.0``.
+        size_average: deprecated (as in torch); ``False`` adds the terms up.
+        reduce: deprecated (as in torch); ``False`` leaves one term per pair.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the pairs. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or one $\ell_i$ per pair (the broadcast shape) for ``'none'``; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -494,14 +503,15 @@ def margin_ranking_loss(
     Args:
         input1: scores, any shape.
         input2: scores, the same number of dimensions as ``input1``.
-        target: $\pm 1$, the same number of dimensions.
-        margin: $\Delta$. Default: ``0``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
+        target: $\pm 1$ (1: ``input1`` should rank higher; -1: lower), the same number of
+            dimensions.
+        margin: $\Delta$, by how much the right one must lead. Default: ``0``.
+        size_average: deprecated (as in torch); ``False`` means the sum over pairs.
+        reduce: deprecated (as in torch); ``False`` means no reduction.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or $\ell$ for ``'none'`` (the three inputs' broadcast shape); torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -556,9 +566,9 @@ def multi_margin_loss(
         p: 1 or 2. Default: ``1``.
         margin: $\Delta$. Default: ``1.0``.
         weight: per-class weight ``(C,)``, or ``None``. Default: ``None``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        size_average: deprecated (as in torch); ``False`` sums over the samples.
+        reduce: deprecated (as in torch); ``False`` gives $\ell_n$ per sample.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the ``N`` samples. Default: ``'mean'``.
 
     Returns:
         A scalar, or ``(N,)`` for ``'none'``; ``input``'s dtype.
@@ -606,12 +616,13 @@ def multilabel_margin_loss(
     Args:
         input: scores ``(N, C)`` or ``(C,)``.
         target: int64 class indices of the same shape, padded with ``-1``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        size_average: deprecated (as in torch); ``False`` totals the samples' losses.
+        reduce: deprecated (as in torch); ``False`` returns each sample's.
+        reduction: ``'none'`` | ``'mean'`` (over samples) | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or ``(N,)`` for ``'none'``; ``input``'s dtype.
+        A scalar, or the ``N`` losses $\ell_n$ for ``'none'`` (a scalar for ``(C,)`` scores);
+        ``input``'s dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -696,8 +707,8 @@ def triplet_margin_loss(
         p: the norm degree (``p <= 0``: torch's distance). Default: ``2``.
         eps: added to the difference. Default: ``1e-6``.
         swap: use $\min(d(a, n), d(p, n))$ as the negative distance. Default: ``False``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
+        size_average: deprecated (as in torch); ``False`` sums over the triplets.
+        reduce: deprecated (as in torch); ``False`` keeps one loss per triplet.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
