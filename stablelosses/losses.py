@@ -907,7 +907,7 @@ class CosineEmbeddingLoss(nn.CosineEmbeddingLoss):
 
 class HingeEmbeddingLoss(nn.HingeEmbeddingLoss):
     """``nn.HingeEmbeddingLoss`` calling
-    [`hinge_embedding_loss`][stablelosses.functional.hinge_embedding_loss]."""
+    [`hinge_embedding_loss`][stablelosses.functional.hinge_embedding_loss] (torch's computation)."""
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return SF.hinge_embedding_loss(input, target, margin=self.margin, reduction=self.reduction)
@@ -915,7 +915,7 @@ class HingeEmbeddingLoss(nn.HingeEmbeddingLoss):
 
 class MarginRankingLoss(nn.MarginRankingLoss):
     """``nn.MarginRankingLoss`` calling
-    [`margin_ranking_loss`][stablelosses.functional.margin_ranking_loss]."""
+    [`margin_ranking_loss`][stablelosses.functional.margin_ranking_loss] (torch's computation)."""
 
     def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return SF.margin_ranking_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
@@ -947,8 +947,8 @@ class MultiLabelSoftMarginLoss(nn.MultiLabelSoftMarginLoss):
 
 
 class SoftMarginLoss(nn.SoftMarginLoss):
-    """``nn.SoftMarginLoss`` without overflow at large margins; see
-    [`soft_margin_loss`][stablelosses.functional.soft_margin_loss]."""
+    """``nn.SoftMarginLoss`` without overflow at large margins (torch's value is ``inf`` once
+    $-y x > 88.7$ in float32); see [`soft_margin_loss`][stablelosses.functional.soft_margin_loss]."""
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return SF.soft_margin_loss(input, target, reduction=self.reduction)
