@@ -452,6 +452,12 @@ class LinearCrossEntropyLoss(_LinearLoss):
                              self.chunk_size)
 
 
+def _with_gamma(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`LinearCrossEntropyLoss`'s argument names as `LinearFocalLoss` takes them: ``gamma`` first,
+    no ``label_smoothing``."""
+    return ("gamma", *(name for name in names if name != "label_smoothing"))
+
+
 class LinearFocalLoss(_LinearLoss):
     r"""Fused output layer + multi-class focal loss that never holds the ``(N, V)`` logits.
 
@@ -477,10 +483,10 @@ class LinearFocalLoss(_LinearLoss):
         True
     """
 
-    _config = ("gamma", "reduction", "ignore_index", "options", "z_loss", "softcap", "chunk_size")
+    _config = _with_gamma(LinearCrossEntropyLoss._config)
     _function = staticmethod(SF.linear_focal_loss)
     _fn_name = "linear_focal_loss"
-    _legacy_positional = ("gamma", "ignore_index", "reduction", "z_loss", "softcap", "chunk_size")
+    _legacy_positional = _with_gamma(LinearCrossEntropyLoss._legacy_positional)
 
     def __init__(
         self, in_features: int | None = None, num_classes: int | None = None, *legacy: Any,
