@@ -10,7 +10,7 @@ are documented once, on those functions. Every ``forward`` takes an optional ``m
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor, nn
@@ -452,6 +452,12 @@ class LinearCrossEntropyLoss(_LinearLoss):
                              self.chunk_size)
 
 
+def _with_gamma(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`LinearCrossEntropyLoss`'s argument names as `LinearFocalLoss` takes them: ``gamma`` first,
+    no ``label_smoothing``."""
+    return ("gamma", *(name for name in names if name != "label_smoothing"))
+
+
 class LinearFocalLoss(_LinearLoss):
     r"""Fused output layer + multi-class focal loss that never holds the ``(N, V)`` logits.
 
@@ -477,10 +483,10 @@ class LinearFocalLoss(_LinearLoss):
         True
     """
 
-    _config = ("gamma", "reduction", "ignore_index", "options", "z_loss", "softcap", "chunk_size")
+    _config = _with_gamma(LinearCrossEntropyLoss._config)
     _function = staticmethod(SF.linear_focal_loss)
     _fn_name = "linear_focal_loss"
-    _legacy_positional = ("gamma", "ignore_index", "reduction", "z_loss", "softcap", "chunk_size")
+    _legacy_positional = _with_gamma(LinearCrossEntropyLoss._legacy_positional)
 
     def __init__(
         self, in_features: int | None = None, num_classes: int | None = None, *legacy: Any,
@@ -514,12 +520,14 @@ from stablelosses.functional._preference import (  # noqa: E402
 
 
 class _ConfiguredLoss(nn.Module):
-    """A module whose ``forward`` is one call of ``_function`` with the stored ``_config``."""
+    """A module whose ``forward`` is one call of ``_function`` with the stored ``_config``; a
+    subclass's ``__init__`` passes on its arguments as its function's check returns them."""
 
     _config: tuple[str, ...] = ()
     _function: Callable[..., Tensor]
 
-    def _store(self, values: list[Any]) -> None:
+    def __init__(self, values: Sequence[Any]) -> None:
+        super().__init__()
         for name, value in zip(self._config, values):
             setattr(self, name, value)
 
@@ -558,8 +566,7 @@ class DPOLoss(_ConfiguredLoss):
 
     def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
                  reduction: str = "mean") -> None:
-        super().__init__()
-        self._store(check_dpo_options("DPOLoss", beta, loss_type, label_smoothing, reduction))
+        super().__init__(check_dpo_options("DPOLoss", beta, loss_type, label_smoothing, reduction))
 
     def forward(self, chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Tensor,
                 ref_rejected_logps: Tensor) -> Tensor:
@@ -594,8 +601,7 @@ class ORPOLoss(_PairLoss):
     _function = staticmethod(SF.orpo_loss)
 
     def __init__(self, beta: float = 0.1, reduction: str = "mean") -> None:
-        super().__init__()
-        self._store(check_orpo_args("ORPOLoss", beta, reduction))
+        super().__init__(check_orpo_args("ORPOLoss", beta, reduction))
 
 
 class SimPOLoss(_PairLoss):
@@ -621,8 +627,7 @@ class SimPOLoss(_PairLoss):
 
     def __init__(self, beta: float = 2.0, gamma_beta_ratio: float = 0.5, label_smoothing: float = 0.0,
                  reduction: str = "mean") -> None:
-        super().__init__()
-        self._store(check_simpo_args("SimPOLoss", beta, gamma_beta_ratio, label_smoothing, reduction))
+        super().__init__(check_simpo_args("SimPOLoss", beta, gamma_beta_ratio, label_smoothing, reduction))
 
 
 class CPOLoss(_PairLoss):
@@ -646,8 +651,7 @@ class CPOLoss(_PairLoss):
     _function = staticmethod(SF.cpo_loss)
 
     def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
-        super().__init__()
-        self._store(check_cpo_args("CPOLoss", beta, label_smoothing, reduction))
+        super().__init__(check_cpo_args("CPOLoss", beta, label_smoothing, reduction))
 
 
 class KTOLoss(_ConfiguredLoss):
@@ -666,6 +670,10 @@ class KTOLoss(_ConfiguredLoss):
         >>> import stablelosses as sl
         >>> sl.KTOLoss(undesirable_weight=1.33)
         KTOLoss(beta=0.1, desirable_weight=1.0, undesirable_weight=1.33, reduction='mean')
+        >>> import torch
+        >>> policy, ref = torch.tensor([-10.0, -12.0]), torch.tensor([-11.0, -11.0])
+        >>> sl.KTOLoss(beta=1.0)(policy, ref, torch.tensor([True, False]), kl=0.0)  # σ(-1) each
+        tensor(0.2689)
     """
 
     _config = ("beta", "desirable_weight", "undesirable_weight", "reduction")
@@ -673,8 +681,7 @@ class KTOLoss(_ConfiguredLoss):
 
     def __init__(self, beta: float = 0.1, desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
                  reduction: str = "mean") -> None:
-        super().__init__()
-        self._store(check_kto_args("KTOLoss", beta, desirable_weight, undesirable_weight, reduction))
+        super().__init__(check_kto_args("KTOLoss", beta, desirable_weight, undesirable_weight, reduction))
 
     def forward(self, policy_logps: Tensor, ref_logps: Tensor, desirable: Tensor,
                 kl: float | Tensor = 0.0) -> Tensor:
@@ -708,10 +715,9 @@ class PolicyLoss(_ConfiguredLoss):
 
     def __init__(self, clip_eps: float = 0.2, clip_eps_high: float | None = None, importance: str = "token",
                  loss_type: str = "grpo", beta: float = 0.0, kl_estimator: str = "k3") -> None:
-        super().__init__()
         values = check_policy_args("PolicyLoss", clip_eps, clip_eps_high, importance, loss_type, beta,
                                    kl_estimator, None)
-        self._store(values[:-1])
+        super().__init__(values[:-1])
 
     def forward(self, logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
                 ref_logps: Tensor | None = None, normalizer: float | Tensor | None = None) -> Tensor:
@@ -907,7 +913,7 @@ class CosineEmbeddingLoss(nn.CosineEmbeddingLoss):
 
 class HingeEmbeddingLoss(nn.HingeEmbeddingLoss):
     """``nn.HingeEmbeddingLoss`` calling
-    [`hinge_embedding_loss`][stablelosses.functional.hinge_embedding_loss]."""
+    [`hinge_embedding_loss`][stablelosses.functional.hinge_embedding_loss] (torch's computation)."""
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return SF.hinge_embedding_loss(input, target, margin=self.margin, reduction=self.reduction)
@@ -915,7 +921,7 @@ class HingeEmbeddingLoss(nn.HingeEmbeddingLoss):
 
 class MarginRankingLoss(nn.MarginRankingLoss):
     """``nn.MarginRankingLoss`` calling
-    [`margin_ranking_loss`][stablelosses.functional.margin_ranking_loss]."""
+    [`margin_ranking_loss`][stablelosses.functional.margin_ranking_loss] (torch's computation)."""
 
     def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return SF.margin_ranking_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
@@ -947,8 +953,8 @@ class MultiLabelSoftMarginLoss(nn.MultiLabelSoftMarginLoss):
 
 
 class SoftMarginLoss(nn.SoftMarginLoss):
-    """``nn.SoftMarginLoss`` without overflow at large margins; see
-    [`soft_margin_loss`][stablelosses.functional.soft_margin_loss]."""
+    """``nn.SoftMarginLoss`` without overflow at large margins (torch's value is ``inf`` once
+    $-y x > 88.7$ in float32); see [`soft_margin_loss`][stablelosses.functional.soft_margin_loss]."""
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return SF.soft_margin_loss(input, target, reduction=self.reduction)

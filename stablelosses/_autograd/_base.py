@@ -51,6 +51,33 @@ def applier(cls: Any) -> Callable[..., Any]:
     return apply
 
 
+def save_input(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    """``setup_context`` of a one-input Function differentiated from its input: saves it for
+    reverse and forward mode."""
+    (x,) = inputs
+    ctx.save_for_backward(x)
+    ctx.save_for_forward(x)
+
+
+def save_output(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    """``setup_context`` of a one-input Function differentiated from its output: saves it for
+    reverse and forward mode."""
+    ctx.save_for_backward(output)
+    ctx.save_for_forward(output)
+
+
+def times_saved(scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``backward`` and ``jvp`` of a one-input elementwise Function that saved one tensor
+    (:func:`save_input`, :func:`save_output`): ``scale(saved, g)``, the same map of the incoming
+    gradient and of the tangent. Use as ``backward = jvp = staticmethod(times_saved(scale))``."""
+
+    def derivative(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (saved,) = ctx.saved_tensors
+        return scale(saved, g)
+
+    return derivative
+
+
 def tangent_sum(grads: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """The jvp of an elementwise Function from its input gradients: ``Σ gᵢ · tᵢ`` over the
     tangents given (0, shaped like ``grads[0]``, when none is)."""

@@ -11,15 +11,13 @@ loss there, whatever its size), and the same in forward mode.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import applier, save_input, times_saved
 
 
-def _scaled(g: Tensor, d: Tensor) -> Tensor:
+def _scaled(d: Tensor, g: Tensor) -> Tensor:
     """``g · expm1(d)``, 0 where ``g == 0`` (also where ``expm1(d)`` is ``inf``)."""
     return torch.where(g == 0, 0.0, g * torch.expm1(d))
 
@@ -33,21 +31,8 @@ class _ExpM1MinusX(torch.autograd.Function):
     def forward(d: Tensor) -> Tensor:
         return torch.expm1(d) - d
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        (d,) = inputs
-        ctx.save_for_backward(d)
-        ctx.save_for_forward(d)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (d,) = ctx.saved_tensors
-        return _scaled(grad, d)
-
-    @staticmethod
-    def jvp(ctx: Any, tangent: Tensor) -> Tensor:
-        (d,) = ctx.saved_tensors
-        return _scaled(tangent, d)
+    setup_context = staticmethod(save_input)
+    backward = jvp = staticmethod(times_saved(_scaled))
 
 
 expm1_minus_x = applier(_ExpM1MinusX)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import applier, save_output, times_saved
 
 
 def _half_over(y: Tensor, t: Tensor) -> Tensor:
@@ -34,20 +33,8 @@ class _SafeSqrt(torch.autograd.Function):
     def forward(x: Tensor) -> Tensor:
         return torch.sqrt(x)
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        return _half_over(y, grad)
-
-    @staticmethod
-    def jvp(ctx: Any, tangent: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        return _half_over(y, tangent)
+    setup_context = staticmethod(save_output)
+    backward = jvp = staticmethod(times_saved(_half_over))
 
 
 _safe_sqrt = applier(_SafeSqrt)

@@ -54,13 +54,8 @@ def bce_terms(x: Tensor, t: Tensor, pos_weight: Tensor | None) -> Tensor:
 
 
 def binary_cross_entropy_with_logits(
-    input: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    pos_weight: Tensor | None = None,
+    input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean", pos_weight: Tensor | None = None,
 ) -> Tensor:
     r"""Binary cross-entropy on logits, exact at $\pm\infty$ where torch gives NaN.
 

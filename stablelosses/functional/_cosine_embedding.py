@@ -60,13 +60,8 @@ def _terms(x1: Tensor, x2: Tensor, target: Tensor, margin: float, dim: int) -> T
 
 
 def cosine_embedding_loss(
-    input1: Tensor,
-    input2: Tensor,
-    target: Tensor,
-    margin: float = 0,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Cosine embedding loss; a zero vector gets gradient 0 (torch: about $10^6/\sqrt{D}$).
 
@@ -89,16 +84,18 @@ def cosine_embedding_loss(
         input2: ``input1``'s shape.
         target: $\pm 1$, ``(N,)`` or ``()``.
         margin: $\Delta$, in $[-1, 1]$. Default: ``0``.
-        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``.
-        reduce: deprecated (as in torch), see ``size_average``.
+        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``:
+            ``False`` sums $\ell_n$ over the pairs.
+        reduce: deprecated (as in torch); ``False`` returns one $\ell_n$ per pair.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or ``(N,)`` for ``'none'``; the promoted dtype (half computed in float32).
+        A scalar, or ``(N,)`` for ``'none'`` (``()`` for ``(D,)`` vectors); the promoted dtype of
+        ``input1`` and ``input2`` (half computed in float32).
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
-        TypeError: an argument is not a tensor.
+        TypeError: ``input1``, ``input2`` or ``target`` is not a tensor.
         RuntimeError: the numbers of dimensions do not fit (torch's checks, naming the
             arguments), or the shapes do not broadcast.
 

@@ -50,14 +50,8 @@ def reduce_tokens(loss: Tensor, mask: Tensor | None, reduction: str, normalizer:
 
 
 def distillation_loss(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    *,
-    kind: str = "forward_kl",
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    mask: Tensor | None = None,
-    reduction: str = "mean",
+    student_logits: Tensor, teacher_logits: Tensor, *, kind: str = "forward_kl", beta: float = 0.5,
+    temperature: float = 1.0, mask: Tensor | None = None, reduction: str = "mean",
     normalizer: float | Tensor | None = None,
 ) -> Tensor:
     r"""Distillation divergence between a student's and a teacher's logits, token by token.
@@ -211,20 +205,10 @@ def _check_linear_tensors(fn: str, si: Any, sw: Any, ti: Any, tw: Any, sb: Any, 
 
 
 def linear_distillation_loss(
-    student_input: Tensor,
-    student_weight: Tensor,
-    teacher_input: Tensor,
-    teacher_weight: Tensor,
-    *,
-    student_bias: Tensor | None = None,
-    teacher_bias: Tensor | None = None,
-    kind: str = "forward_kl",
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    mask: Tensor | None = None,
-    reduction: str = "mean",
-    normalizer: float | Tensor | None = None,
-    chunk_size: int | None = None,
+    student_input: Tensor, student_weight: Tensor, teacher_input: Tensor, teacher_weight: Tensor, *,
+    student_bias: Tensor | None = None, teacher_bias: Tensor | None = None, kind: str = "forward_kl",
+    beta: float = 0.5, temperature: float = 1.0, mask: Tensor | None = None, reduction: str = "mean",
+    normalizer: float | Tensor | None = None, chunk_size: int | None = None,
 ) -> Tensor:
     r"""`distillation_loss` from both models' hidden states, without holding either ``(N, V)``.
 

@@ -282,16 +282,18 @@ def simpo_loss(
     Args:
         chosen_logps: length-averaged log-probabilities of the chosen completions, ``(N,)``.
         rejected_logps: of the rejected completions, same shape.
-        beta: $\beta \ge 0$. Default: ``2.0``.
+        beta: $\beta \ge 0$, the scale of the length-averaged margin. Default: ``2.0``.
         gamma_beta_ratio: the target margin over $\beta$, $\gamma/\beta$. Default: ``0.5``.
         label_smoothing: $\varepsilon \in [0, 1]$. Default: ``0.0``.
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the ``N`` pairs. Default: ``'mean'``.
 
     Returns:
-        ``(N,)`` for ``'none'``, else 0-d; float32 for float16/bfloat16 inputs.
+        One loss per pair, ``(N,)``, for ``'none'``; else 0-d. Float32 for float16/bfloat16
+        inputs.
 
     Raises:
-        TypeError: an input is not a floating-point tensor, or a scalar argument has the wrong type.
+        TypeError: an input is not a floating-point tensor, or ``beta``, ``gamma_beta_ratio`` or
+            ``label_smoothing`` is not a real number.
         ValueError: shapes differ, ``beta`` is negative, ``label_smoothing`` is outside $[0, 1]$,
             or ``reduction`` is unknown.
 

@@ -33,10 +33,7 @@ def _soft_margin_terms(x: Tensor, y: Tensor) -> Tensor:
 
 
 def soft_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
     reduction: str = "mean",
 ) -> Tensor:
     r"""Two-class logistic loss $\log(1 + e^{-y x})$ that does not overflow at large margins.
@@ -54,17 +51,18 @@ def soft_margin_loss(
     Args:
         input: scores, any shape.
         target: $\pm 1$ (or any real), broadcastable with ``input``.
-        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``.
-        reduce: deprecated (as in torch), see ``size_average``.
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``:
+            ``False`` sums the logistic terms.
+        reduce: deprecated (as in torch); ``False`` keeps one logistic term per element.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over all elements. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; ``input``'s dtype, as torch's kernel
-        (float16/bfloat16 computed in float32 and rounded back).
+        A scalar, or the terms $\ell_i$ in the broadcast shape for ``'none'``; ``input``'s
+        dtype, as torch's kernel (float16/bfloat16 computed in float32 and rounded back).
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
-        TypeError: an argument is not a tensor.
+        TypeError: ``input`` or ``target`` is not a tensor.
         RuntimeError: the shapes do not broadcast (the message names both).
 
     Example:
@@ -75,6 +73,8 @@ def soft_margin_loss(
         tensor(inf)
         >>> SF.soft_margin_loss(x, y)
         tensor(100.)
+        >>> torch.func.grad(SF.soft_margin_loss)(x, y)  # -y·σ(-y x)
+        tensor([-1.])
 
     Replaces ``torch.nn.functional.soft_margin_loss``.
     """
@@ -96,12 +96,8 @@ def _multilabel_terms(x: Tensor, y: Tensor, w: Tensor | None) -> Tensor:
 
 
 def multilabel_soft_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Multi-label one-versus-all logistic loss, exact at $\pm\infty$ scores.
 
@@ -121,16 +117,17 @@ def multilabel_soft_margin_loss(
         input: scores ``(N, C)`` or ``(C,)``.
         target: labels in $[0, 1]$, ``input``'s shape.
         weight: per-class weight ``(C,)`` (broadcast to ``input``), or ``None``. Default: ``None``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        size_average: deprecated (as in torch); ``False`` sums the per-sample losses.
+        reduce: deprecated (as in torch); ``False`` returns $\ell_n$, one per sample.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the samples. Default: ``'mean'``.
 
     Returns:
-        A scalar, or ``(N,)`` for ``'none'``; the promoted dtype (half computed in float32).
+        A scalar, or ``(N,)`` for ``'none'`` (a scalar for ``(C,)`` scores); the promoted dtype
+        of ``input``, ``target`` and ``weight`` (half computed in float32).
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
-        TypeError: an argument is not a tensor.
+        TypeError: ``input``, ``target`` or ``weight`` is not a tensor.
         RuntimeError: the shapes do not broadcast (the message names them).
 
     Example:

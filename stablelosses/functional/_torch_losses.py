@@ -165,15 +165,8 @@ def _weighted(
 
 
 def _pointwise(
-    fn: str,
-    torch_fn: Callable[..., Tensor],
-    input: Tensor,
-    target: Tensor,
-    reduction: str,
-    weight: Tensor | None,
-    mean_by_weight: bool,
-    dtype_of_input: bool = False,
-    **options: Any,
+    fn: str, torch_fn: Callable[..., Tensor], input: Tensor, target: Tensor, reduction: str,
+    weight: Tensor | None, mean_by_weight: bool, dtype_of_input: bool = False, **options: Any,
 ) -> Tensor:
     check_tensors(fn, input=input, target=target, weight=weight)
     # torch's dtype: the promoted one, or input's for kernels that write into input's dtype
@@ -192,12 +185,8 @@ def _pointwise(
 
 
 def l1_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    weight: Tensor | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+    reduction: str = "mean", weight: Tensor | None = None,
 ) -> Tensor:
     r"""Mean absolute error, torch's ``F.l1_loss``: $\ell_i = w_i\,|x_i - y_i|$.
 
@@ -208,16 +197,19 @@ def l1_loss(
     hazard: a finite input gives a finite value and gradient.
 
     Args:
-        input: any shape.
-        target: broadcastable with ``input`` (torch warns when the sizes differ).
-        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``.
-        reduce: deprecated (as in torch), see ``size_average``.
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        weight: per-element weight of ``input``'s size, or ``None``. Default: ``None``.
+        input: the predictions, any shape.
+        target: the values to match, broadcastable with ``input`` (torch warns when the sizes
+            differ).
+        size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``:
+            ``False`` sums the absolute errors.
+        reduce: deprecated (as in torch); ``False`` keeps one absolute error per element.
+        reduction: ``'none'`` ($\ell$) | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        weight: $w$, one weight per element of ``input`` (its size), or ``None``. Default:
+            ``None``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype (float16/bfloat16
-        computed in float32 and rounded back).
+        The mean or summed absolute error, or for ``'none'`` the errors in the broadcast shape;
+        torch's dtype (float16/bfloat16 computed in float32 and rounded back).
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``weight``'s size is not ``input``'s.
@@ -227,6 +219,8 @@ def l1_loss(
         >>> import torch, stablelosses.functional as SF
         >>> SF.l1_loss(torch.tensor([1.0, -2.0]), torch.tensor([0.0, 0.0]))
         tensor(1.5000)
+        >>> SF.l1_loss(torch.tensor([1.0, -2.0]), torch.tensor([0.0, 0.0]), weight=torch.tensor([1.0, 3.0]))
+        tensor(1.7500)
 
     Replaces ``torch.nn.functional.l1_loss``.
     """
@@ -235,12 +229,8 @@ def l1_loss(
 
 
 def mse_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    weight: Tensor | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+    reduction: str = "mean", weight: Tensor | None = None,
 ) -> Tensor:
     r"""Mean squared error, torch's ``F.mse_loss``: $\ell_i = w_i\,(x_i - y_i)^2$.
 
@@ -251,15 +241,16 @@ def mse_loss(
     exact value is not representable (float32 residuals above about 1.8e19).
 
     Args:
-        input: any shape.
+        input: the predictions, any shape.
         target: broadcastable with ``input``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        weight: per-element weight of ``input``'s size, or ``None``. Default: ``None``.
+        size_average: deprecated (as in torch); ``False`` asks for the sum of squares.
+        reduce: deprecated (as in torch); ``False`` asks for every squared error.
+        reduction: ``'none'`` | ``'mean'`` (by $\sum_i w_i$ when weighted) | ``'sum'``. Default:
+            ``'mean'``.
+        weight: $w_i$ for each squared error, ``input``'s size; or ``None``. Default: ``None``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or the weighted squares $\ell$ for ``'none'``; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``weight``'s size is not ``input``'s.
@@ -289,14 +280,15 @@ def huber_loss(
     **Gradient.** torch's: $w_i\,\operatorname{clamp}(r_i, -\delta, \delta)$. No hazard.
 
     Args:
-        input: any shape.
+        input: the predictions, any shape.
         target: broadcastable with ``input``.
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        delta: the threshold, ``> 0``. Default: ``1.0``.
-        weight: per-element weight of ``input``'s size, or ``None``. Default: ``None``.
+        reduction: ``'none'`` | ``'mean'`` (over elements, weighted or not) | ``'sum'``.
+            Default: ``'mean'``.
+        delta: $\delta$, where the square turns linear, ``> 0``. Default: ``1.0``.
+        weight: $w_i$ per element, ``input``'s size; or ``None``. Default: ``None``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or the Huber terms $\ell$ (broadcast shape) for ``'none'``; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``weight``'s size is not ``input``'s.
@@ -314,12 +306,8 @@ def huber_loss(
 
 
 def smooth_l1_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    beta: float = 1.0,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+    reduction: str = "mean", beta: float = 1.0,
 ) -> Tensor:
     r"""Smooth L1 loss, torch's ``F.smooth_l1_loss``.
 
@@ -330,15 +318,15 @@ def smooth_l1_loss(
     No hazard.
 
     Args:
-        input: any shape.
+        input: the predictions, any shape.
         target: broadcastable with ``input``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        beta: the threshold, ``>= 0``. Default: ``1.0``.
+        size_average: deprecated (as in torch); ``False``: the sum.
+        reduce: deprecated (as in torch); ``False``: no reduction.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` of the smooth-L1 terms. Default: ``'mean'``.
+        beta: $\beta$, where the square turns linear, ``>= 0``. Default: ``1.0``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or for ``'none'`` one term per element of the broadcast shape; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -356,14 +344,8 @@ def smooth_l1_loss(
 
 
 def poisson_nll_loss(
-    input: Tensor,
-    target: Tensor,
-    log_input: bool = True,
-    full: bool = False,
-    size_average: bool | None = None,
-    eps: float = 1e-8,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,
+    size_average: bool | None = None, eps: float = 1e-8, reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Poisson negative log-likelihood, torch's ``F.poisson_nll_loss``.
 
@@ -380,13 +362,15 @@ def poisson_nll_loss(
         target: counts, broadcastable with ``input``.
         log_input: ``input`` is the log-rate. Default: ``True``.
         full: add Stirling's term. Default: ``False``.
-        size_average: deprecated (as in torch).
+        size_average: deprecated (as in torch); ``False`` sums the negative log-likelihoods.
         eps: added to the rate before the log when ``log_input=False``. Default: ``1e-8``.
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        reduce: deprecated (as in torch); ``False`` gives the per-element negative
+            log-likelihoods.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the elements. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        The mean or total negative log-likelihood, or the per-element $\ell$ for ``'none'``
+        (broadcast shape); torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -404,26 +388,15 @@ def poisson_nll_loss(
     check_tensors(fn, input=input, target=target)
     dtype = out_dtype(input, target)
     res = call_torch(
-        fn,
-        F.poisson_nll_loss,
-        ("input", "target"),
-        up(input),
-        up(target),
-        log_input=log_input,
-        full=full,
-        eps=eps,
-        reduction=red,
+        fn, F.poisson_nll_loss, ("input", "target"), up(input), up(target), log_input=log_input, full=full,
+        eps=eps, reduction=red,
     )
     return res if dtype is None else cast(res, dtype)
 
 
 def binary_cross_entropy(
-    input: Tensor,
-    target: Tensor,
-    weight: Tensor | None = None,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Binary cross-entropy on probabilities, torch's ``F.binary_cross_entropy``.
 
@@ -438,8 +411,8 @@ def binary_cross_entropy(
         input: probabilities in $[0, 1]$, any shape.
         target: same shape as ``input``.
         weight: broadcastable to ``input``, or ``None``. Default: ``None``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
+        size_average: deprecated (as in torch); ``False`` sums the cross-entropies.
+        reduce: deprecated (as in torch); ``False`` returns them per element.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
@@ -465,13 +438,8 @@ def binary_cross_entropy(
     dtype = out_dtype(input, target)
     w = up(weight)
     res = call_torch(
-        fn,
-        F.binary_cross_entropy,
-        ("input", "target"),
-        up(input),
-        up(target),
-        weight=None if w is None else w.detach(),
-        reduction=red,
+        fn, F.binary_cross_entropy, ("input", "target"), up(input), up(target),
+        weight=None if w is None else w.detach(), reduction=red,
     )
     if w is not None and needs_grad(w):
         # torch's kernel gives weight no gradient: ∂ℓ/∂w = the unweighted term (value unchanged)
@@ -482,12 +450,8 @@ def binary_cross_entropy(
 
 
 def hinge_embedding_loss(
-    input: Tensor,
-    target: Tensor,
-    margin: float = 1.0,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, margin: float = 1.0, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Hinge embedding loss, torch's ``F.hinge_embedding_loss``.
 
@@ -497,14 +461,14 @@ def hinge_embedding_loss(
 
     Args:
         input: distances, any shape.
-        target: $\pm 1$, broadcastable with ``input``.
-        margin: $\Delta$. Default: ``1.0``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        target: $\pm 1$ (similar or dissimilar pair), broadcastable with ``input``.
+        margin: $\Delta$, the distance a dissimilar pair must exceed. Default: ``1.0``.
+        size_average: deprecated (as in torch); ``False`` adds the terms up.
+        reduce: deprecated (as in torch); ``False`` leaves one term per pair.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the pairs. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or one $\ell_i$ per pair (the broadcast shape) for ``'none'``; torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -528,13 +492,8 @@ def hinge_embedding_loss(
 
 
 def margin_ranking_loss(
-    input1: Tensor,
-    input2: Tensor,
-    target: Tensor,
-    margin: float = 0,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0, size_average: bool | None = None,
+    reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Margin ranking loss, torch's ``F.margin_ranking_loss``:
     $\ell_i = \max(0, -y_i\,(x_{1,i} - x_{2,i}) + \Delta)$.
@@ -544,14 +503,15 @@ def margin_ranking_loss(
     Args:
         input1: scores, any shape.
         input2: scores, the same number of dimensions as ``input1``.
-        target: $\pm 1$, the same number of dimensions.
-        margin: $\Delta$. Default: ``0``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
+        target: $\pm 1$ (1: ``input1`` should rank higher; -1: lower), the same number of
+            dimensions.
+        margin: $\Delta$, by how much the right one must lead. Default: ``0``.
+        size_average: deprecated (as in torch); ``False`` means the sum over pairs.
+        reduce: deprecated (as in torch); ``False`` means no reduction.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the broadcast shape for ``'none'``; torch's dtype.
+        A scalar, or $\ell$ for ``'none'`` (the three inputs' broadcast shape); torch's dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -569,14 +529,8 @@ def margin_ranking_loss(
     check_tensors(fn, input1=input1, input2=input2, target=target)
     dtype = out_dtype(input1, input2, target)
     res = call_torch(
-        fn,
-        F.margin_ranking_loss,
-        ("input1", "input2", "target"),
-        up(input1),
-        up(input2),
-        up(target),
-        margin=margin,
-        reduction=red,
+        fn, F.margin_ranking_loss, ("input1", "input2", "target"), up(input1), up(input2), up(target),
+        margin=margin, reduction=red,
     )
     return res if dtype is None else cast(res, dtype)
 
@@ -596,14 +550,8 @@ def _nan_rows(
 
 
 def multi_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    p: int = 1,
-    margin: float = 1.0,
-    weight: Tensor | None = None,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    input: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
+    size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Multi-class hinge loss, torch's ``F.multi_margin_loss``, with NaN in → NaN out.
 
@@ -618,9 +566,9 @@ def multi_margin_loss(
         p: 1 or 2. Default: ``1``.
         margin: $\Delta$. Default: ``1.0``.
         weight: per-class weight ``(C,)``, or ``None``. Default: ``None``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        size_average: deprecated (as in torch); ``False`` sums over the samples.
+        reduce: deprecated (as in torch); ``False`` gives $\ell_n$ per sample.
+        reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the ``N`` samples. Default: ``'mean'``.
 
     Returns:
         A scalar, or ``(N,)`` for ``'none'``; ``input``'s dtype.
@@ -643,13 +591,7 @@ def multi_margin_loss(
     check_same_dtype(fn, input, weight)
     w = up(weight)
     res = _nan_rows(
-        fn,
-        F.multi_margin_loss,
-        input,
-        target,
-        red,
-        p=p,
-        margin=margin,
+        fn, F.multi_margin_loss, input, target, red, p=p, margin=margin,
         weight=None if w is None else w.detach(),
     )
     if w is not None and needs_grad(w):
@@ -661,10 +603,7 @@ def multi_margin_loss(
 
 
 def multilabel_margin_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
+    input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
     reduction: str = "mean",
 ) -> Tensor:
     r"""Multi-label hinge loss, torch's ``F.multilabel_margin_loss``, with NaN in → NaN out.
@@ -677,12 +616,13 @@ def multilabel_margin_loss(
     Args:
         input: scores ``(N, C)`` or ``(C,)``.
         target: int64 class indices of the same shape, padded with ``-1``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
-        reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
+        size_average: deprecated (as in torch); ``False`` totals the samples' losses.
+        reduce: deprecated (as in torch); ``False`` returns each sample's.
+        reduction: ``'none'`` | ``'mean'`` (over samples) | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or ``(N,)`` for ``'none'``; ``input``'s dtype.
+        A scalar, or the ``N`` losses $\ell_n$ for ``'none'`` (a scalar for ``(C,)`` scores);
+        ``input``'s dtype.
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -743,16 +683,8 @@ def _triplet_terms(
 
 
 def triplet_margin_loss(
-    anchor: Tensor,
-    positive: Tensor,
-    negative: Tensor,
-    margin: float = 1.0,
-    p: float = 2,
-    eps: float = 1e-6,
-    swap: bool = False,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
+    anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2, eps: float = 1e-6,
+    swap: bool = False, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
 ) -> Tensor:
     r"""Triplet margin loss, ``F.triplet_margin_loss``'s formula without overflow in the distance.
 
@@ -775,8 +707,8 @@ def triplet_margin_loss(
         p: the norm degree (``p <= 0``: torch's distance). Default: ``2``.
         eps: added to the difference. Default: ``1e-6``.
         swap: use $\min(d(a, n), d(p, n))$ as the negative distance. Default: ``False``.
-        size_average: deprecated (as in torch).
-        reduce: deprecated (as in torch).
+        size_average: deprecated (as in torch); ``False`` sums over the triplets.
+        reduce: deprecated (as in torch); ``False`` keeps one loss per triplet.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
@@ -810,30 +742,17 @@ def triplet_margin_loss(
         )
     dtype = out_dtype(anchor, positive, negative)
     loss = call_torch(
-        fn,
-        _triplet_terms,
-        ("anchor", "positive", "negative"),
-        up(anchor),
-        up(positive),
-        up(negative),
-        margin,
-        p,
-        eps,
-        swap,
+        fn, _triplet_terms, ("anchor", "positive", "negative"), up(anchor), up(positive), up(negative),
+        margin, p, eps, swap,
     )
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)
 
 
 def triplet_margin_with_distance_loss(
-    anchor: Tensor,
-    positive: Tensor,
-    negative: Tensor,
-    *,
-    distance_function: Callable[[Tensor, Tensor], Tensor] | None = None,
-    margin: float = 1.0,
-    swap: bool = False,
-    reduction: str = "mean",
+    anchor: Tensor, positive: Tensor, negative: Tensor, *,
+    distance_function: Callable[[Tensor, Tensor], Tensor] | None = None, margin: float = 1.0,
+    swap: bool = False, reduction: str = "mean",
 ) -> Tensor:
     r"""Triplet loss with a distance of your choice, torch's ``F.triplet_margin_with_distance_loss``:
     $\ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0)$, $d$ = ``distance_function``
@@ -874,16 +793,8 @@ def triplet_margin_with_distance_loss(
     check_tensors(fn, anchor=anchor, positive=positive, negative=negative)
     dtype = out_dtype(anchor, positive, negative)
     res = call_torch(
-        fn,
-        F.triplet_margin_with_distance_loss,
-        ("anchor", "positive", "negative"),
-        up(anchor),
-        up(positive),
-        up(negative),
-        distance_function=_scaled(distance_function),
-        margin=margin,
-        swap=swap,
-        reduction=red,
+        fn, F.triplet_margin_with_distance_loss, ("anchor", "positive", "negative"), up(anchor), up(positive),
+        up(negative), distance_function=_scaled(distance_function), margin=margin, swap=swap, reduction=red,
     )
     return res if dtype is None else cast(res, dtype)
 

@@ -43,14 +43,18 @@ class NaNDoctorCallback(DoctorAttributes, Callback if Callback is not None else 
     ``optimizer.step()`` are used.
 
     Args:
-        max_consecutive: raise after this many skipped steps in a row (None: never).
-        divergence: also watch for divergence (``False``: skip-and-count only).
-        window, growth, loss_floor: as in `DivergenceMonitor`.
+        max_consecutive: `SkippedStepsError` from ``on_before_optimizer_step``, which ends
+            ``trainer.fit``, after this many skipped steps in a row (None: never).
+        divergence: also stop the fit on divergence with ``trainer.should_stop`` (``False``:
+            skip-and-count only).
+        window, growth, loss_floor: as in `DivergenceMonitor`, which watches the loss handed to
+            ``on_before_backward`` and the gradient norm.
 
     Attributes:
-        skipped_steps: optimizer steps skipped because of NaN/Inf gradients.
-        report: the divergence report when the run was stopped, else None.
-        error: the `DivergenceError` itself, else None.
+        skipped_steps: optimizer steps skipped because of NaN/Inf gradients, over every ``fit``
+            this callback took part in.
+        report: the text of `error`, as logged when the fit was stopped; else None.
+        error: the `DivergenceError` that set ``trainer.should_stop``, else None.
     """
 
     def __init__(self, *, max_consecutive: int | None = None, divergence: bool = True, window: int = 5,

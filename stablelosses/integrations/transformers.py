@@ -53,14 +53,18 @@ class NaNDoctorCallback(DoctorAttributes, TrainerCallback if TrainerCallback is 
     model without one is judged on its gradient norm only.
 
     Args:
-        max_consecutive: raise after this many skipped steps in a row (None: never).
-        divergence: also watch for divergence (``False``: skip-and-count only).
-        window, growth, loss_floor: as in `DivergenceMonitor`.
+        max_consecutive: `SkippedStepsError` from ``on_pre_optimizer_step``, which ends
+            ``trainer.train()``, after this many skipped steps in a row (None: never).
+        divergence: also end training on divergence with ``control.should_training_stop``
+            (``False``: skip-and-count only).
+        window, growth, loss_floor: as in `DivergenceMonitor`, which watches ``outputs.loss``
+            (the mean over the accumulated micro-batches) and the gradient norm.
 
     Attributes:
-        skipped_steps: optimizer steps skipped because of NaN/Inf gradients.
-        report: the divergence report when the run was stopped, else None.
-        error: the `DivergenceError` itself, else None.
+        skipped_steps: optimizer steps skipped because of NaN/Inf gradients, over every
+            ``train()`` this callback took part in.
+        report: the text of `error`, as logged when training was stopped; else None.
+        error: the `DivergenceError` that set ``control.should_training_stop``, else None.
     """
 
     def __init__(self, *, max_consecutive: int | None = None, divergence: bool = True, window: int = 5,
