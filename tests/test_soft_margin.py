@@ -33,6 +33,9 @@ def test_large_negative_margins_give_the_exact_value(margin, dtype):
     assert x.grad.item() == -1.0
     if dtype == torch.float32 and margin == -100.0:
         assert F.soft_margin_loss(x.detach(), y).item() == INF  # torch overflows
+        xt = x.detach().requires_grad_(True)
+        F.soft_margin_loss(xt, y).backward()
+        assert math.isnan(xt.grad.item())  # and its gradient is NaN there (the docstring says so)
 
 
 @settings(max_examples=30, deadline=None)

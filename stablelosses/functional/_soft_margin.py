@@ -45,8 +45,8 @@ def soft_margin_loss(
     is finite the value is torch's.
 
     **Gradient.** $\partial\ell/\partial x = -y\,\sigma(-y x)$ and $\partial\ell/\partial y =
-    -x\,\sigma(-y x)$: finite for every finite input (torch's is finite too, but beside an
-    ``inf`` value). NaN gives NaN.
+    -x\,\sigma(-y x)$: finite for every finite input (torch's is NaN where its value
+    overflows: $-y x = 100$ gives ``inf`` and the gradient NaN in float32). NaN gives NaN.
 
     Args:
         input: scores, any shape.
