@@ -117,13 +117,16 @@ def _is_reverse(kind: str, beta: float) -> bool:
 
 
 def _loss_of(kind: str, beta: float, ls: Tensor, lt: Tensor) -> Tensor:
+    """The divergence of each row. KL and JSD are sums of terms of both signs that cancel to
+    about 0 where ``p ≈ q``; a sum rounded below 0 is 0, nearer the true value (never negative).
+    NaN stays NaN; the gradients come from `_grads_of`, never through this."""
     if _is_forward(kind, beta):
-        return _kl_parts(ls, lt)[0]
+        return _kl_parts(ls, lt)[0].clamp_min(0.0)
     if _is_reverse(kind, beta):
-        return _kl_parts(lt, ls)[0]
+        return _kl_parts(lt, ls)[0].clamp_min(0.0)
     if kind == "jsd":
         r, u = _jsd_parts(ls, lt, beta)
-        return (beta * torch.exp(lt) * u + (1.0 - beta) * torch.exp(ls) * r).sum(-1)
+        return (beta * torch.exp(lt) * u + (1.0 - beta) * torch.exp(ls) * r).sum(-1).clamp_min(0.0)
     return 0.5 * (torch.exp(ls) - torch.exp(lt)).abs().sum(-1)
 
 
