@@ -5,10 +5,12 @@ torch.compile (Dynamo, torch 2.13) refuses to trace an ``autograd.Function`` tha
 need one. :func:`applier` builds, for a Function that defines ``jvp``, a twin subclass whose
 ``jvp`` is the base class's, and returns a function that calls the twin's ``apply`` while
 compiling and the Function's own ``apply`` otherwise. Both share ``forward``, ``setup_context``,
-``backward`` and the vmap rule, so the compiled and the eager graphs run the same code. Every call
-goes through ``Function.apply``: no direct call of ``forward``, no C++ ``apply`` that skips its
-argument binding. Compiled code gets first-order reverse mode only, which is all torch.compile
-supports through custom Functions anyway.
+``backward`` and the vmap rule, so the compiled and the eager graphs run the same code. A call
+that a backward or a tangent can follow goes through ``Function.apply`` (no C++ ``apply`` that
+skips its argument binding); one that none can follow (grad mode off or nothing requiring grad,
+outside transforms and forward AD) is the value only, the design's item 4: the Function's own
+``forward``, without ``Function.apply``'s bookkeeping. Compiled code gets first-order reverse mode
+only, which is all torch.compile supports through custom Functions anyway.
 """
 
 from __future__ import annotations
@@ -19,14 +21,29 @@ from typing import Any
 
 import torch
 
-from stablelosses._compat import functorch_transforms_active, nested_forward_transforms
+from stablelosses._compat import forward_ad_active, functorch_transforms_active, nested_forward_transforms
+
+
+def backward_can_follow(*args: Any) -> bool:
+    """A backward or a tangent can follow a call on ``args``: grad mode with a tensor among
+    them that requires grad, a ``torch.func`` transform (its wrappers carry the gradient) or an
+    open forward-AD level."""
+    if functorch_transforms_active() or forward_ad_active():
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    for a in args:  # (a loop, not any() over a generator: this runs on every tiny call)
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
 
 
 def applier(cls: Any) -> Callable[..., Any]:
     """``cls.apply``, through a jvp-free twin of ``cls`` under torch.compile.
 
     Use as ``_sqrt = applier(_SafeSqrt)`` next to the Function, then ``_sqrt(x)`` with every
-    argument of ``forward`` given positionally.
+    argument of ``forward`` given positionally. Where no backward or tangent can follow
+    (`backward_can_follow`), the value only: ``forward`` itself, outside ``Function.apply``.
     """
     if "jvp" not in vars(cls):
         raise TypeError(f"{cls.__name__}: applier is for Functions that define jvp")
@@ -40,11 +57,22 @@ def applier(cls: Any) -> Callable[..., Any]:
         {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__},
     )
 
+    forward = cls.forward
+
     def apply(*args: Any) -> Any:
         if torch.compiler.is_compiling():
             return twin.apply(*args)
         if functorch_transforms_active() and nested_forward_transforms():
             raise _nested_forward_error()
+        if not backward_can_follow(*args):
+            # The design's item 4: a call that no backward or tangent can follow computes the
+            # value only. Here that is the Function's own forward, without the graph
+            # bookkeeping of Function.apply (argument binding, setup_context, saving): the same
+            # aten ops and bytes, less host time per call (the same on any device). Tiny 8x10
+            # no-grad calls, ours − torch, best of 5x4000 on 2 threads (2026-12-07):
+            # log_softmax 25.8 -> 16.6 µs, softmax 35.6 -> 23.9, logsumexp 15.2 -> 3.9,
+            # log_cosh_loss (16 elements) 27.0 -> 14.6.
+            return forward(*args)
         return cls.apply(*args)
 
     apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"

@@ -26,9 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd import forward_ad
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import applier, backward_can_follow
 from stablelosses._autograd.rows import (
     accurate_log_pt,
     class_shape,
@@ -44,7 +43,7 @@ from stablelosses._autograd.rows import (
     smoothing_sum,
 )
 from stablelosses._autograd.softmax import _log_softmax
-from stablelosses._compat import functorch_transforms_active, log_softmax_backward
+from stablelosses._compat import log_softmax_backward
 from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
@@ -487,15 +486,6 @@ def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
 
 
 _class_index_ce = applier(_ClassIndexCE)
-
-
-def backward_can_follow(*tensors: Tensor | None) -> bool:
-    """A backward or a tangent can follow a call on ``tensors``: grad mode with one of them
-    requiring grad, a ``torch.func`` transform (its wrappers carry the gradient) or a forward-AD
-    dual level."""
-    if functorch_transforms_active() or forward_ad._current_level >= 0:
-        return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def class_index_loss(
