@@ -186,6 +186,11 @@ def test_compiled_rows_match_eager_on_hazard_rows(gamma):
         (ge,) = torch.autograd.grad(eager.nan_to_num(0.0, 0.0).sum(), xs)
         (gc,) = torch.autograd.grad(compiled.nan_to_num(0.0, 0.0).sum(), xs)
         torch.testing.assert_close(gc, ge, equal_nan=True)
+        # without grad: the value-only row (no Function), compiled and eager
+        with torch.no_grad():
+            value = torch.compile(fn, fullgraph=True)(xs.detach())
+            torch.testing.assert_close(value, eager.detach(), equal_nan=True)
+            torch.testing.assert_close(fn(xs.detach()), eager.detach(), equal_nan=True, rtol=0, atol=0)
 
 
 def _rows_through_every_loss() -> tuple[torch.Tensor, torch.Tensor]:
