@@ -1,5 +1,5 @@
-"""What the torch.nn catalog tests share: the module → function table and the comparison of a
-module's gradients with torch's on a sample."""
+"""What the torch.nn catalog tests and torch's own samples share: the module → function table,
+and the comparisons of our gradients with torch's on a sample."""
 
 from __future__ import annotations
 
@@ -30,3 +30,45 @@ def assert_gradients_match_where_finite(got, expected, inputs, w, rtol=1e-4, ato
         if b is not None:
             finite = torch.isfinite(b)
             torch.testing.assert_close(a[finite], b[finite], rtol=rtol, atol=atol)
+
+
+def only_leaf(args, kwargs, leaf):
+    """``args`` and ``kwargs`` with every tensor but ``leaf`` detached."""
+    def d(v):
+        return v if v is leaf else v.detach() if isinstance(v, torch.Tensor) else v
+
+    return [d(v) for v in args], {k: d(v) for k, v in kwargs.items()}
+
+
+def assert_leaf_gradients(ours, ref, args, kwargs, got, w, *, independent_is_zero=False, forward_ad=False):
+    """For each tensor of ``args``/``kwargs`` that requires grad, on its own: the gradient of
+    ``Σ w·got`` equals that of ``Σ w·ref(...)`` (the other tensors detached) wherever torch's is
+    finite. Where torch refuses a gradient for that tensor (it raises), ours must give one, checked
+    by ``gradcheck`` in float64 (with its forward mode when ``forward_ad``).
+    ``independent_is_zero``: where torch's value does not depend on the tensor (it does not
+    require grad: a target read only by comparisons) ours must be 0 there; else that case is a
+    refusal like the others."""
+    leaves = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.requires_grad]
+    for leaf in leaves:
+        a, k = only_leaf(args, kwargs, leaf)
+        (g_got,) = torch.autograd.grad((got * w).sum(), leaf, retain_graph=True, allow_unused=True)
+        try:
+            expected = ref(*a, **k)
+            g_exp = None
+            if expected.requires_grad or not independent_is_zero:
+                (g_exp,) = torch.autograd.grad((expected * w).sum(), leaf, allow_unused=True)
+        except RuntimeError:  # torch is "not differentiable with respect to" this argument
+            assert g_got is not None, "a floating tensor that requires grad got no gradient"
+            if leaf.dtype == torch.float64:
+                def f(v, a=a, k=k, leaf=leaf):
+                    return ours(*[v if t is leaf else t for t in a], **{n: v if t is leaf else t for n, t in k.items()})
+
+                assert torch.autograd.gradcheck(f, (leaf.detach().clone().requires_grad_(),),
+                                                check_forward_ad=forward_ad)
+            continue
+        if g_exp is None:
+            assert g_got is None or not g_got.any()
+            continue
+        g_got = torch.zeros_like(g_exp) if g_got is None else g_got
+        finite = torch.isfinite(g_exp)
+        torch.testing.assert_close(g_got[finite], g_exp[finite], rtol=1e-4, atol=1e-5)

@@ -20,7 +20,7 @@ from torch import nn
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
-from catalog_helpers import MODULE_FN, assert_gradients_match_where_finite  # noqa: E402
+from catalog_helpers import MODULE_FN, assert_gradients_match_where_finite, assert_leaf_gradients  # noqa: E402
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 
@@ -105,34 +105,8 @@ def _compare_values(name, got, expected, tol):
 
 
 def _check_gradients(ours, ref, args, kwargs, got, seed):
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(got.shape, generator=gen, dtype=got.dtype)
-    leaves = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.requires_grad]
-    for leaf in leaves:
-        def only(v, leaf=leaf):
-            return v if v is leaf else _detach(v)
-
-        a, k = [only(v) for v in args], {n: only(v) for n, v in kwargs.items()}
-        (g_got,) = torch.autograd.grad((got * w).sum(), leaf, retain_graph=True, allow_unused=True)
-        try:
-            expected = ref(*a, **k)
-            g_exp = None  # torch's value does not depend on the leaf (a target read by comparisons)
-            if expected.requires_grad:
-                (g_exp,) = torch.autograd.grad((expected * w).sum(), leaf, allow_unused=True)
-        except RuntimeError:  # torch is "not differentiable with respect to" this argument
-            assert g_got is not None, "a floating tensor that requires grad got no gradient"
-            if leaf.dtype == torch.float64:
-                def f(v, a=a, k=k, leaf=leaf):
-                    return ours(*[v if t is leaf else t for t in a], **{n: v if t is leaf else t for n, t in k.items()})
-
-                assert torch.autograd.gradcheck(f, (leaf.detach().clone().requires_grad_(),))
-            continue
-        if g_exp is None:
-            assert g_got is None or not g_got.any()
-            continue
-        g_got = torch.zeros_like(g_exp) if g_got is None else g_got
-        finite = torch.isfinite(g_exp)
-        torch.testing.assert_close(g_got[finite], g_exp[finite], rtol=1e-4, atol=1e-5)
+    w = torch.randn(got.shape, generator=torch.Generator().manual_seed(seed), dtype=got.dtype)
+    assert_leaf_gradients(ours, ref, args, kwargs, got, w, independent_is_zero=True)
 
 
 def test_every_torch_loss_is_in_the_catalog():

@@ -19,7 +19,7 @@ from torch import nn
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
-from catalog_helpers import assert_gradients_match_where_finite  # noqa: E402
+from catalog_helpers import assert_gradients_match_where_finite, assert_leaf_gradients  # noqa: E402
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 
@@ -151,44 +151,10 @@ def _check_samples(op, dtype):
     assert checked > 0
 
 
-def _only(args, kwargs, leaf):
-    """The arguments with every tensor but ``leaf`` detached."""
-    def d(v):
-        return v if v is leaf else v.detach() if isinstance(v, torch.Tensor) else v
-
-    return [d(v) for v in args], {k: d(v) for k, v in kwargs.items()}
-
-
 def _check_gradients(op, ours, args, kwargs, got):
     """Gradient of ``sum(w · out)`` w.r.t. each leaf equals torch's where torch's is finite;
     where torch refuses a gradient for a leaf (it raises), ours is checked numerically."""
-    w = torch.randn_like(got)
-    for leaf in _grad_leaves(args, kwargs):
-        (g_got,) = torch.autograd.grad((got * w).sum(), leaf, retain_graph=True, allow_unused=True)
-        try:
-            expected = _reference(op)(*_only(args, kwargs, leaf)[0], **_only(args, kwargs, leaf)[1])
-            (g_exp,) = torch.autograd.grad((expected * w).sum(), leaf, allow_unused=True)
-        except RuntimeError:  # "nll_loss_forward is not differentiable with respect to 'weight'"
-            assert g_got is not None, "a tensor that requires grad got no gradient"
-            if leaf.dtype == torch.float64:
-                _numeric_check(ours, args, kwargs, leaf)
-            continue
-        if g_exp is None:
-            assert g_got is None or not g_got.any()
-            continue
-        g_got = torch.zeros_like(g_exp) if g_got is None else g_got
-        finite = torch.isfinite(g_exp)
-        torch.testing.assert_close(g_got[finite], g_exp[finite], rtol=1e-4, atol=1e-5)
-
-
-def _numeric_check(ours, args, kwargs, leaf):
-    def f(v):
-        a = [v if t is leaf else (t.detach() if isinstance(t, torch.Tensor) else t) for t in args]
-        k = {n: v if t is leaf else (t.detach() if isinstance(t, torch.Tensor) else t)
-             for n, t in kwargs.items()}
-        return ours(*a, **k)
-
-    assert torch.autograd.gradcheck(f, (leaf.detach().clone().requires_grad_(),), check_forward_ad=True)
+    assert_leaf_gradients(ours, _reference(op), args, kwargs, got, torch.randn_like(got), forward_ad=True)
 
 
 def _check_jvp(op, dtype):
