@@ -18,15 +18,13 @@ dependency.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import stablelosses.functional as SF
-from stablelosses.bench.memory import peak_memory
+from stablelosses.bench.timing import round_robin_with_peaks
 
 
 def make(b: int, t: int, h: int, v: int, beta: float, masked_bias: bool) -> dict[str, Callable[[], Any]]:
@@ -71,14 +69,7 @@ def main() -> None:
     calls = make(b, t, h, v, 0.1, False)
     results = {k: c() for k, c in calls.items()}  # warm-up, and the values compared
     diff = max((a - c).abs().max().item() for a, c in zip(results["stable"], results["liger"]))
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(args.repeats):
-        for k, c in calls.items():
-            t0 = time.perf_counter()
-            c()
-            times[k].append(time.perf_counter() - t0)
-    med = {k: statistics.median(ts) for k, ts in times.items()}
-    peaks = {k: peak_memory(c, "cpu") for k, c in calls.items()}
+    _, med, peaks = round_robin_with_peaks(calls, args.repeats)
     masked = make(b, t, h, v, 0.1, True)
     hazard = {k: all(torch.isfinite(r).all().item() for r in c()) for k, c in masked.items()}
     print(f"{2 * b}x{t}x{h}x{v} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats); "

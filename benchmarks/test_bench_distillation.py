@@ -21,7 +21,6 @@ import argparse
 import importlib.util
 import os
 import pathlib
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import fused_peak_ratio, peak_memory
-from stablelosses.bench.timing import round_robin
+from stablelosses.bench.timing import round_robin_with_peaks
 
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
 try:
@@ -121,9 +120,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for label, *_ in CASES:
         calls = {v: make_call(label, v) for v in wanted}
-        times = round_robin(calls, args.repeats)
-        med = {v: statistics.median(ts) for v, ts in times.items()}
-        peaks = {v: peak_memory(c, "cpu") for v, c in calls.items()}
+        times, med, peaks = round_robin_with_peaks(calls, args.repeats)
         for v in calls:
             print(f"| {label} | {v} | {med[v]:.2f} s (all: {', '.join(f'{s:.2f}' for s in times[v])}) | "
                   f"{peaks[v] / 2**20:.0f} MiB | {med[v] / med['unfused']:.2f} | "

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +37,7 @@ from torch import nn
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import cpu_allocation_events, peak_memory
-from stablelosses.bench.timing import round_robin
+from stablelosses.bench.timing import round_robin_with_peaks
 from stablelosses.functional._linear import default_chunk_size
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
@@ -162,9 +161,7 @@ def main() -> None:
             continue
         cid = f"{label}-{args.device}"
         calls = {v: make_call(cid, v)[0] for v in wanted}
-        times = round_robin(calls, args.repeats)
-        med = {v: statistics.median(ts) for v, ts in times.items()}
-        peaks = {v: peak_memory(c, args.device) for v, c in calls.items()}
+        times, med, peaks = round_robin_with_peaks(calls, args.repeats, args.device)
         print(f"{cid} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats)")
         for v in calls:
             base = BASELINE.get(v, "")

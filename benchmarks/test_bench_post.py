@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +29,7 @@ import torch
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import fused_peak_ratio, peak_memory
-from stablelosses.bench.timing import round_robin
+from stablelosses.bench.timing import round_robin_with_peaks
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
@@ -114,9 +113,7 @@ def main() -> None:
         if (tier == "full" and not args.full) or args.only not in label:
             continue
         calls = {v: make_call(label, v) for v in VARIANTS}
-        times = round_robin(calls, args.repeats)
-        med = {v: statistics.median(ts) for v, ts in times.items()}
-        peaks = {v: peak_memory(c, "cpu") for v, c in calls.items()}
+        times, med, peaks = round_robin_with_peaks(calls, args.repeats)
         print(f"{label} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats)")
         for v in calls:
             tr, pr = med[v] / med["unfused"], peaks[v] / peaks["unfused"]

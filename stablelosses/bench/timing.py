@@ -11,6 +11,7 @@ slow drift of a shared machine hits all variants alike, and merges the rounds in
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,9 +22,10 @@ from torch.utils.benchmark import Measurement, Timer
 
 from stablelosses.bench.cases import Spec, kornia_available
 from stablelosses.bench.kernels import KernelCount, capture_output_code, count_kernels
+from stablelosses.bench.memory import peak_memory
 
-__all__ = ["available", "calibrate", "interleaved", "kernel_count", "make_callable", "round_robin", "timer",
-           "variant_ids"]
+__all__ = ["available", "calibrate", "interleaved", "kernel_count", "make_callable", "round_robin",
+           "round_robin_with_peaks", "timer", "variant_ids"]
 
 _COMPILED: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
 _KERNELS: dict[tuple[Any, ...], KernelCount | None] = {}
@@ -186,3 +188,13 @@ def round_robin(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, 
             call()
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+def round_robin_with_peaks(
+    calls: dict[str, Callable[[], Any]], repeats: int, device: str = "cpu"
+) -> tuple[dict[str, list[float]], dict[str, float], dict[str, int]]:
+    """`round_robin`'s times, their medians and each call's peak memory (`peak_memory`): what the
+    fused-loss scripts print against their baseline."""
+    times = round_robin(calls, repeats)
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    return times, medians, {name: peak_memory(call, device) for name, call in calls.items()}
