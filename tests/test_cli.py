@@ -23,6 +23,12 @@ def run(*args, timeout=120):
     )
 
 
+def run_code(code):
+    """``python -c code`` in a fresh interpreter that imports this checkout's package."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+
+
 # ---- trace --------------------------------------------------------------------------------
 
 
@@ -181,8 +187,7 @@ def test_help_and_version_import_no_torch(args):
             "try:\n    runpy.run_module('stablelosses', run_name='__main__', alter_sys=True)\n"
             "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
             "print('\\nTORCH' if 'torch' in sys.modules else '\\nNO TORCH')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = run_code(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().endswith("NO TORCH"), proc.stdout[-300:]
     assert ("stablelosses 0.2" in proc.stdout) == (args == ["--version"])
@@ -194,8 +199,7 @@ def test_the_package_loads_torch_on_first_use_of_a_public_name():
             "f = sl.safe_sqrt\n"
             "print(before, 'torch' in sys.modules, f.__module__, sl.debug.__name__, 'CrossEntropyLoss' in dir(sl))\n"
             "try:\n    sl.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = run_code(code)
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.splitlines()
     assert first.split()[:2] == ["False", "True"] and first.split()[3:] == ["stablelosses.debug", "True"]
