@@ -341,13 +341,12 @@ def class_index_rows(
     # 1.41-1.43x / 0.90-0.91x with den.
     if gamma == 0.0:
         val, den = nll_t, qs
-    elif not grad:  # focal_rows' value, without its backward row scale
-        val, den = (r / qs).pow(gamma) * nll_t, qs
     else:
         # p_t = e^{−nll_t}: its relative error is nll_t's absolute one, which only enters
-        # the scale's γ p_t r term (r = nll_t / rest), small where nll_t is large
-        val, scale = focal_rows(r / qs, torch.exp(nll_t.neg()), nll_t, gamma)
-        den = qs / scale
+        # the backward's scale, its γ p_t r term (r = nll_t / rest), small where nll_t is large
+        p_t = torch.exp(nll_t.neg()) if grad else None
+        val, scale = focal_rows(r / qs, p_t, nll_t, gamma)
+        den = qs if scale is None else qs / scale
     out = val
     if weight is not None:
         w_t = weight[idx]

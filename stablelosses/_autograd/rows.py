@@ -380,15 +380,18 @@ def focal_terms(m: Tensor, lt: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
     return mg * lt.neg(), mg * (1.0 + gamma * pr)
 
 
-def focal_rows(rest: Tensor, p_t: Tensor, nll_t: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+def focal_rows(rest: Tensor, p_t: Tensor | None, nll_t: Tensor, gamma: float) -> tuple[Tensor, Tensor | None]:
     """`focal_terms` for first-order code (no autograd through it), in N-sized operators:
-    ``m^γ (−l)`` and ``m^γ (1 + γ p_t r)`` with ``m = rest``, ``−l = nll_t``.
+    ``m^γ (−l)`` and ``m^γ (1 + γ p_t r)`` with ``m = rest``, ``−l = nll_t``; the value only
+    (the scale ``None``) without ``p_t``, for a forward that no backward follows.
 
     The two singular points are 0/0 and 0·inf, each mapped to its limit by one ``nan_to_num``
     (a NaN row is NaN through ``m^γ`` all the same): ``r = −l / m → 1`` at ``p_t = 1``, and
     ``p_t r → 0`` at ``p_t = 0``.
     """
     mg = rest.pow(gamma)
+    if p_t is None:
+        return mg * nll_t, None
     r = torch.nan_to_num(nll_t / rest, nan=1.0)
     pr = torch.nan_to_num(p_t * r, nan=0.0)
     return mg * nll_t, torch.addcmul(mg, mg, pr, value=gamma)
