@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._autograd._base import applier, backward_can_follow
+from stablelosses._autograd._base import applier
 from stablelosses._autograd.rows import (
     accurate_log_pt,
     class_shape,
@@ -381,6 +381,12 @@ class _ClassIndexCE(torch.autograd.Function):
         return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim)
 
     @staticmethod
+    def value(x, target, idx, ignored, weight, ignore_index, gamma, cdim):
+        # what `applier` runs where no backward or tangent can follow: the same outputs, without
+        # what only the backward reads (p''s target entry −r, the focal row scale)
+        return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim, grad=False)
+
+    @staticmethod
     def setup_context(ctx, inputs, output):
         x, target, idx, _ignored, weight, ignore_index, gamma, cdim = inputs
         _, invalid, p, den, val = output
@@ -486,16 +492,3 @@ def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
 
 _class_index_ce = applier(_ClassIndexCE)
 
-
-def class_index_loss(
-    x: Tensor, target: Tensor, idx: Tensor, ignored: Tensor, weight: Tensor | None, ignore_index: int,
-    gamma: float, cdim: int,
-) -> tuple[Tensor, Tensor]:
-    """The class-index loss (0 on invalid rows) and the invalid rows: `_ClassIndexCE` where a
-    backward or a tangent can follow, else its forward's value only (design item 4: a forward
-    that no backward follows computes only the value; the same bits)."""
-    if backward_can_follow(x, weight):
-        out = _class_index_ce(x, target, idx, ignored, weight, ignore_index, gamma, cdim)
-    else:
-        out = class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim, grad=False)
-    return out[0], out[1]

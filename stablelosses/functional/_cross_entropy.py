@@ -12,9 +12,9 @@ from stablelosses import _backend
 from stablelosses._autograd.cross_entropy import (
     IndexResult,
     ProbResult,
+    _class_index_ce,
     _index_loss,
     _prob_loss,
-    class_index_loss,
 )
 from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_reduction
 from stablelosses._utils import (
@@ -100,7 +100,7 @@ def _index_loss_reduced(
         # any in-range index serves the ignored targets; the others out of range raise in
         # the Function's nll_loss first, with torch's message
         idx = target.clamp(0, x.shape[cdim] - 1)
-        loss, invalid = class_index_loss(x, target, idx, ignored, w, ignore_index, gamma, cdim)
+        loss, invalid = _class_index_ce(x, target, idx, ignored, w, ignore_index, gamma, cdim)[:2]
         if reduction != "mean":
             return _reduce(loss, reduction)
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
