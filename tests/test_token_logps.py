@@ -244,6 +244,49 @@ def test_linear_ignored_rows_and_empty_sequence_have_zero_gradient():
     assert torch.all(gx[1] == 0) and torch.all(gx[0, 1] == 0)
 
 
+@pytest.mark.parametrize("chunk_bytes", [8, 8 * 4 * 3, 10**9])  # one column, 3-wide blocks, one block
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_size", [None, 1, 5])
+def test_linear_vocabulary_blocks_match_the_unfused_reference(monkeypatch, chunk_bytes, temperature, chunk_size):
+    # the blockwise head's lse over blocks, the label in any block (the last one narrower), whole
+    # blocks of -inf logits, an ignored row whose hidden state is NaN (gradient 0, dW finite),
+    # and a fully ignored sequence
+    import stablelosses._autograd.linear as engine
+
+    monkeypatch.setattr(engine, "CHUNK_BYTES", chunk_bytes)
+    x, w, b, labels = _linear(n_rows=(3, 4), v=11)
+    b = b.detach().clone()
+    b[[2, 3, 4, 5]] = -INF
+    b.requires_grad_()
+    labels = torch.where(torch.isin(labels, torch.tensor([2, 3, 4, 5])), 10, labels)
+    labels[2] = -100
+    with torch.no_grad():
+        x[0, 1] = torch.nan  # labels[0, 1] is ignored
+    out = SF.linear_sequence_logps(x, w, labels, linear_bias=b, temperature=temperature, chunk_size=chunk_size,
+                                   average=True)
+    g = torch.randn(3, dtype=D)
+    grads = torch.autograd.grad((out * g).sum(), (x, w, b))
+    copies = [x.detach().nan_to_num(0.0).requires_grad_(), w.detach().clone().requires_grad_(),
+              b.detach().clone().requires_grad_()]
+    want = SF.sequence_logps(_unfused(*copies) / temperature, labels, average=True)
+    want_grads = torch.autograd.grad((want * g).sum(), copies)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-13)
+    for a, c in zip(grads, want_grads):
+        torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-12)
+    assert out[2].item() == 0.0 and torch.all(grads[0][0, 1] == 0) and torch.all(grads[0][2] == 0)
+
+
+def test_linear_out_of_range_label_raises_in_any_block(monkeypatch):
+    import stablelosses._autograd.linear as engine
+
+    monkeypatch.setattr(engine, "CHUNK_BYTES", 8 * 4 * 3)
+    x, w, b, labels = _linear(n_rows=(2, 5), v=11)
+    for bad in (11, -3):
+        labels[1, 2] = bad
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            SF.linear_token_logps(x, w, labels, linear_bias=b)
+
+
 def test_linear_gradcheck_float64():
     x, w, b, labels = _linear(n_rows=(2, 3), h=4, v=5)
     assert torch.autograd.gradcheck(

@@ -1,47 +1,57 @@
 r"""The token log-prob head on the chunk engine (`_autograd/linear.py`): each row's ``log p_t``
 under ``softmax(u / T)`` and, with ``entropy``, the row's entropy, from one chunk of logits ``u``.
 
-Without the entropy, the forward is torch's ``log_softmax`` written over the chunk (the engine's
-own buffer) and a gather, and the backward torch's ``softmax`` written over it, times ``−g``, with
-``g`` added at the label: ``g (onehot − p)``. Each row max (a read) finds the rows of all
-``-inf`` logits. Measured on one ``512 × 32000`` float32 chunk (2 CPU threads, 2026-12-07): this
-forward 0.15 s and backward 0.25 s, against 0.50 s and 0.70 s for the row core's exact
-log-softmax with the exact tail of ``log p_t`` (five more passes); the chunk's matmul is 0.70 s.
-So ``log p_t`` rounds as ``log_softmax`` does (the logits form, `token_logps`, keeps the tail).
+Without the entropy the head is blockwise: the engine hands it each chunk in vocabulary blocks
+``u_b``. Per block, a max with its index (one read) and torch's ``log_softmax`` written over the
+block (one pass) give ``lse_b = m_b + log Σ e^{u − m_b}`` (``m_b`` minus the log-softmax at the
+max), and a gather the label's logit if the block holds it. ``combine`` takes ``lse`` over the
+blocks, ``log p_t = u_t − lse``, and keeps ``lse`` as the state (``+inf`` on invalid rows). The
+backward block is ``g (onehot − p)`` with ``p = exp(u − lse)``: a subtraction, an ``exp`` and a
+scale, each in place. ``log p_t`` therefore rounds as ``u_t − lse`` does, within a few ulp of
+``log_softmax`` (the logits form, `token_logps`, keeps the exact tail as ``p_t → 1``).
 
-With the entropy: the row core's exact log-softmax (``-inf`` exactly at probability 0), so
-``H = −Σ_j p_j log p_j`` drops the ``p_j = 0`` terms by a select, finite with ``-inf`` logits,
-and the gradient ``g₀ (onehot − p) − g₁ p (log p + H)`` is 0 wherever ``p = 0``.
+With the entropy the head takes whole rows: the row core's exact log-softmax (``-inf`` exactly
+at probability 0), so ``H = −Σ_j p_j log p_j`` drops the ``p_j = 0`` terms by a select, finite
+with ``-inf`` logits, and the gradient ``g₀ (onehot − p) − g₁ p (log p + H)`` is 0 wherever
+``p = 0``.
 
-Invalid rows (ignored labels, rows of all ``-inf`` logits) give 0 and the gradient 0, whatever
-they hold. Every gradient is divided by ``T`` for the scaled heads. A row with a ``+inf`` logit
-(an infinite bias) is NaN here.
+Invalid rows (ignored labels, rows of all ``-inf`` logits) give 0 and the gradient 0; the caller
+zeroes the hidden state of ignored rows, so that whatever they hold never reaches ``dW``. Every
+gradient is divided by ``T`` for the scaled heads. A row with a ``+inf`` logit (an infinite
+bias) is NaN here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
 
 from stablelosses._autograd.linear import Head
-from stablelosses._autograd.rows import exact_log_softmax, log_softmax_over, put, softmax_over
+from stablelosses._autograd.rows import exact_log_softmax, log_softmax_over, put
 
 _INF = float("inf")
 
 
 class _Row(NamedTuple):
-    """One chunk's rows: the log-softmax (or the softmax, for the backward without entropy), the
-    label index ``(n, 1)``, the valid rows, ``log p_t`` (0 on invalid rows) and the entropy
-    (``None`` without ``entropy``; 0 on invalid rows)."""
+    """One chunk's rows (entropy heads): the log-softmax, the label index ``(n, 1)``, the valid
+    rows, ``log p_t`` and the entropy (0 on invalid rows)."""
 
     lsm: Tensor
     idx: Tensor
     valid: Tensor
-    logp: Tensor | None
-    h: Tensor | None
+    logp: Tensor
+    h: Tensor
+
+
+def _in_block(t: Tensor, v0: int, width: int) -> tuple[Tensor, Tensor]:
+    """The labels' column in the block ``v0 : v0 + width`` (clamped into it) ``(n, 1)`` and
+    whether the block holds the label ``(n, 1)``."""
+    loc = (t - v0).unsqueeze(1)
+    idx = loc.clamp(0, width - 1)
+    return idx, idx == loc
 
 
 @dataclass(frozen=True)
@@ -60,44 +70,68 @@ class TokenLogpsHead(Head):
     scaled: bool = False
     n_out: int = 1
     fn: str = "linear_token_logps"
+    blockwise: ClassVar[bool] = True
+    n_state: ClassVar[int] = 1  # lse (+inf on invalid rows)
 
-    def _rows(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...], probs: bool = False) -> _Row:
-        """The chunk's rows; ``probs`` (no entropy, backward): the softmax instead of the
-        log-softmax, and no outputs."""
+    def _scale(self, u: Tensor, rows: tuple[Tensor, ...]) -> Tensor:
+        """``u / T`` in place (the engine's own buffer), or ``u``."""
+        return u.mul_(rows[2].to(u.dtype).unsqueeze(1)) if self.scaled else u
+
+    # --- blockwise (no entropy) ---------------------------------------------------------------
+
+    def block_forward(self, u: Tensor, rows: tuple[Tensor, ...], v0: int) -> Tensor:
+        """``(lse_b, u_t or 0)`` of the block."""
+        u = self._scale(u, rows)
+        idx, held = _in_block(rows[0], v0, u.shape[1])
+        u_t = torch.where(held, u.gather(1, idx), 0.0)
+        m, at = u.max(1, keepdim=True)
+        lsm = log_softmax_over(u, 1)
+        # −log Σ e^{u − m} is the log-softmax at the max; an all -inf block adds nothing
+        lse = torch.where(m == -_INF, m, m - lsm.gather(1, at))
+        return torch.cat([lse, u_t], 1)
+
+    def combine(self, parts: list[Tensor], rows: tuple[Tensor, ...], vocab: int) -> tuple[Tensor, Tensor]:
+        # a label out of range raises as torch's gather does (a gather from a broadcast 0)
+        p = parts[0]
+        p.new_zeros(()).expand(p.shape[0], vocab).gather(1, torch.where(rows[1], rows[0], 0).unsqueeze(1))
+        p = torch.stack(parts, 2)  # (n, 2, blocks)
+        lse, u_t = torch.logsumexp(p[:, 0], 1), p[:, 1].sum(1)
+        valid = rows[1] & (lse != -_INF)
+        logp = torch.where(valid, u_t - lse, 0.0)
+        return logp.unsqueeze(1), torch.where(valid, lse, _INF).unsqueeze(1)
+
+    def block_backward(self, u: Tensor, rows: tuple[Tensor, ...], v0: int, state: Tensor,
+                       grad_out: Tensor) -> Tensor:
+        """``c (onehot − e^{u − lse})``, ``c = g / T``, 0 on invalid rows (``lse = +inf``)."""
+        u = self._scale(u, rows)
+        c = torch.where(state == _INF, 0.0, grad_out[:, :1])
+        if self.scaled:
+            c = c * rows[2].to(c.dtype).unsqueeze(1)
+        g = u.sub_(state).exp_().mul_(c.neg())
+        idx, held = _in_block(rows[0], v0, u.shape[1])
+        return g.scatter_add_(1, idx, torch.where(held, c, 0.0))
+
+    # --- whole rows (entropy) -----------------------------------------------------------------
+
+    def _rows(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> _Row:
         (u,) = logits
         t, valid = rows[0], rows[1]
-        if self.scaled:
-            u = u.mul_(rows[2].to(u.dtype).unsqueeze(1))  # the engine's own buffer
-        h = None
-        if self.entropy:
-            lsm, m = exact_log_softmax(u, 1)
-            valid = valid & (m.squeeze(1) != -_INF)
-            p = torch.exp(lsm)
-            # −Σ p log p over the entries with p > 0 (0 · log 0 = 0: a select, not a product)
-            h = torch.rsub((p * torch.where(torch.isneginf(lsm), 0.0, lsm)).sum(1), 0.0)
-            h = torch.where(valid, h, 0.0)
-        else:
-            valid = valid & (u.amax(1) != -_INF)
-            lsm = softmax_over(u, 1) if probs else log_softmax_over(u, 1)
+        u = self._scale(u, rows)
+        lsm, m = exact_log_softmax(u, 1)
+        valid = valid & (m.squeeze(1) != -_INF)
+        p = torch.exp(lsm)
+        # −Σ p log p over the entries with p > 0 (0 · log 0 = 0: a select, not a product)
+        h = torch.rsub((p * torch.where(torch.isneginf(lsm), 0.0, lsm)).sum(1), 0.0)
+        h = torch.where(valid, h, 0.0)
         idx = torch.where(valid, t, 0).unsqueeze(1)
-        logp = None if probs else torch.where(valid, lsm.gather(1, idx).squeeze(1), 0.0)
+        logp = torch.where(valid, lsm.gather(1, idx).squeeze(1), 0.0)
         return _Row(lsm, idx, valid, logp, h)
-
-    def _outputs(self, row: _Row) -> Tensor:
-        assert row.logp is not None
-        if row.h is None:
-            return row.logp.unsqueeze(1)
-        return torch.stack([row.logp, row.h], 1)
 
     def _grad(self, row: _Row, rows: tuple[Tensor, ...], grad_out: Tensor) -> Tensor:
         """``g₀ (onehot − p) − g₁ p (log p + H)``, over ``T``; 0 on invalid rows."""
-        g0 = grad_out[:, :1]
-        if row.h is None:
-            g = row.lsm.mul_(g0.neg())  # the softmax (``probs``), our own buffer
-        else:
-            g1, h = grad_out[:, 1:], row.h.unsqueeze(1)
-            lsm0 = torch.where(torch.isneginf(row.lsm), 0.0, row.lsm)
-            g = torch.exp(row.lsm).mul_(lsm0.add_(h).mul_(g1).add_(g0)).neg_()
+        g0, g1, h = grad_out[:, :1], grad_out[:, 1:], row.h.unsqueeze(1)
+        lsm0 = torch.where(torch.isneginf(row.lsm), 0.0, row.lsm)
+        g = torch.exp(row.lsm).mul_(lsm0.add_(h).mul_(g1).add_(g0)).neg_()
         g = put(g, 1, row.idx, g0, add=True)
         if self.scaled:
             g = g.mul_(rows[2].to(g.dtype).unsqueeze(1))
@@ -105,24 +139,25 @@ class TokenLogpsHead(Head):
         return g.masked_fill_(~row.valid.unsqueeze(1), 0.0)
 
     def forward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
-        return self._outputs(self._rows(logits, rows))
+        row = self._rows(logits, rows)
+        return torch.stack([row.logp, row.h], 1)
 
     def backward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...],
                  grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        return (self._grad(self._rows(logits, rows, probs=not self.entropy), rows, grad_out),)
+        return (self._grad(self._rows(logits, rows), rows, grad_out),)
 
     def forward_backward(self, logits: tuple[Tensor, ...], rows: tuple[Tensor, ...],
                          grad_out: Tensor) -> tuple[Tensor, tuple[Tensor | None, ...]]:
-        if not self.entropy:  # the forward's log-softmax buffer is not the backward's softmax
-            return Head.forward_backward(self, logits, rows, grad_out)
         row = self._rows(logits, rows)
-        return self._outputs(row), (self._grad(row, rows, grad_out),)
+        return torch.stack([row.logp, row.h], 1), (self._grad(row, rows, grad_out),)
 
 
 @dataclass(frozen=True)
 class _EntropyHead(TokenLogpsHead):
     entropy: bool = True
     n_out: int = 2
+    blockwise: ClassVar[bool] = False
+    n_state: ClassVar[int] = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +170,8 @@ class _ScaledEntropyHead(TokenLogpsHead):
     entropy: bool = True
     scaled: bool = True
     n_out: int = 2
+    blockwise: ClassVar[bool] = False
+    n_state: ClassVar[int] = 0
 
 
 _HEADS = {

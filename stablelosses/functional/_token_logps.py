@@ -244,7 +244,9 @@ def _linear_token_logps(
             inv_t = torch.full((1,), 1.0 / temperature, dtype=torch.float64, device=x.device)
         rows = (*rows, inv_t.expand(n))
     head = token_logps_head(entropy, scaled_t)
-    out = linear_chunks(head, [(x.reshape(n, x.shape[-1]), w, b)], rows, chunk_size=chunk_size)
+    # ignored rows' hidden states never reach the matmuls (a NaN there would reach dW as 0 · NaN)
+    x2 = torch.where(rows[1].unsqueeze(1), x.reshape(n, x.shape[-1]), 0.0)
+    out = linear_chunks(head, [(x2, w, b)], rows, chunk_size=chunk_size)
     logp = out[:, 0].view(lab.shape)
     return logp, (out[:, 1].view(lab.shape) if entropy else None), lab
 
