@@ -293,7 +293,8 @@ def linear_token_logps(
     Raises:
         TypeError: a tensor has the wrong dtype, or a scalar argument the wrong type.
         ValueError: the shapes do not fit, or a scalar argument is out of range.
-        IndexError: a label that is not ``ignore_index`` is out of range.
+        RuntimeError: a label that is not ``ignore_index`` is out of range (torch's gather error;
+            the logits forms raise ``nll_loss``'s IndexError).
 
     Example:
         >>> import torch
@@ -347,7 +348,8 @@ def linear_sequence_logps(
     Raises:
         TypeError: a tensor has the wrong dtype, or a scalar argument the wrong type.
         ValueError: the shapes do not fit, ``labels`` is 0-d, or a scalar argument is out of range.
-        IndexError: a label that is not ``ignore_index`` is out of range.
+        RuntimeError: a label that is not ``ignore_index`` is out of range (torch's gather error;
+            the logits forms raise ``nll_loss``'s IndexError).
 
     Example:
         >>> import torch
