@@ -104,7 +104,6 @@ class Head:
         out = self.forward(tuple(u.clone() for u in logits), rows)
         return out, self.backward(logits, rows, grad_out)
 
-
     def block_forward(self, u: Tensor, rows: tuple[Tensor, ...], v0: int) -> Tensor:
         """Blockwise: ``(n, k)`` per-row partials of the logits block ``u`` ``(n, V_b)``, the
         columns ``v0 : v0 + V_b`` (the engine's own buffer: the head may overwrite it)."""
@@ -215,8 +214,8 @@ def _block_logits(
     xc: Tensor, w: Tensor, b: Tensor | None, blk: slice, cd: torch.dtype, buf: Tensor
 ) -> tuple[Tensor, Tensor]:
     """The block ``blk`` of the weight in ``cd`` and the logits ``xc W_blk^T + b_blk``, written
-    into the front of ``buf`` (the chunk's one logits buffer, reused by every block: one
-    allocation per sweep, not one per block)."""
+    into the front of ``buf`` (the chunk's one logits buffer, reused by every block of both
+    sweeps: one allocation per chunk, not one per block)."""
     wb = w[blk].to(cd)
     u = buf[: xc.shape[0] * wb.shape[0]].view(xc.shape[0], wb.shape[0])
     if b is None:
@@ -249,7 +248,7 @@ def _run_blocks_eager(
             xc = x[sl].to(cd)
             rc = (*(r[sl] for r in rows), *consts)
             st = None if state is None else state[sl]
-            buf = torch.empty(xc.shape[0] * (blocks[0].stop - blocks[0].start), dtype=cd, device=dev)
+            buf = torch.empty(xc.shape[0] * min(cols, vocab), dtype=cd, device=dev)
             if st is None:
                 parts = [head.block_forward(_block_logits(xc, w, bc, blk, cd, buf)[1], rc, blk.start)
                          for blk in blocks]
