@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from trl_reference import trl_policy
 
 import stablelosses as sl
 import stablelosses.functional as SF
@@ -246,27 +247,6 @@ def test_preference_half_precision_is_the_float32_value():
 # ---------------------------------------------------------------- policy loss and KL penalty
 
 
-def _trl_policy(logps, old, adv, mask, eps_lo, eps_hi, importance, loss_type, ref=None, beta=0.0):
-    mask = mask.to(logps.dtype)
-    log_ratio = logps - old
-    if importance == "token":
-        liw = log_ratio
-    else:
-        liw = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    c1 = torch.exp(liw)
-    c2 = torch.clamp(c1, 1 - eps_lo, 1 + eps_hi)
-    a = adv if adv.dim() == 2 else adv.unsqueeze(1)
-    ptl = -torch.min(c1 * a, c2 * a)
-    if beta:
-        d = ref - logps
-        ptl = ptl + beta * (torch.exp(d) - d - 1)
-    if loss_type == "grpo":
-        return ((ptl * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type == "bnpo" or loss_type == "dapo":
-        return (ptl * mask).sum() / mask.sum().clamp(min=1.0)
-    return (ptl * mask).sum() / (ptl.size(0) * ptl.size(1))
-
-
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("importance", ["token", "sequence"])
 def test_policy_loss_matches_trl(loss_type, importance):
@@ -278,7 +258,7 @@ def test_policy_loss_matches_trl(loss_type, importance):
     adv = torch.randn(B, generator=g, dtype=D)
     mask = torch.rand(B, T, generator=g) > 0.3
     mask[:, 0] = True
-    want = _trl_policy(logps, old, adv, mask, 0.2, 0.28, importance, loss_type, ref, 0.04)
+    want = trl_policy(logps, old, adv, mask, 0.2, 0.28, importance, loss_type, ref, 0.04)
     got = SF.policy_loss(logps, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28, importance=importance,
                          loss_type=loss_type, ref_logps=ref, beta=0.04)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
@@ -286,7 +266,7 @@ def test_policy_loss_matches_trl(loss_type, importance):
     SF.policy_loss(lp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28, importance=importance,
                    loss_type=loss_type, ref_logps=ref, beta=0.04).backward()
     lp2 = logps.clone().requires_grad_(True)
-    _trl_policy(lp2, old, adv, mask, 0.2, 0.28, importance, loss_type, ref, 0.04).backward()
+    trl_policy(lp2, old, adv, mask, 0.2, 0.28, importance, loss_type, ref, 0.04).backward()
     torch.testing.assert_close(lp.grad, lp2.grad, rtol=1e-10, atol=1e-12)
 
 
