@@ -1,5 +1,6 @@
 """What the torch.nn catalog tests and torch's own samples share: the module → function table,
-and the comparisons of our gradients with torch's on a sample."""
+an OpInfo sample's arguments as fresh leaves or detached, and the comparisons of our gradients
+with torch's on a sample."""
 
 from __future__ import annotations
 
@@ -16,6 +17,39 @@ MODULE_FN = {
     "SmoothL1Loss": "smooth_l1_loss", "SoftMarginLoss": "soft_margin_loss",
     "TripletMarginLoss": "triplet_margin_loss", "TripletMarginWithDistanceLoss": "triplet_margin_with_distance_loss",
 }
+
+
+def dtype_id(d) -> str:
+    """A dtype as a test id (``float32``)."""
+    return str(d).replace("torch.", "")
+
+
+def sample_args(sample, f):
+    """``f`` applied to each of an OpInfo sample's values: ``(args, kwargs)``, the input first."""
+    return [f(v) for v in (sample.input, *sample.args)], {k: f(v) for k, v in sample.kwargs.items()}
+
+
+def fresh_leaf(differentiable: bool):
+    """``f`` for `sample_args`: each tensor a fresh copy, a leaf that requires grad when
+    ``differentiable`` and floating (so targets and weights get gradients too)."""
+    def f(v):
+        if isinstance(v, torch.Tensor):
+            v = v.detach().clone()
+            if differentiable and v.is_floating_point():
+                v.requires_grad_()
+        return v
+
+    return f
+
+
+def detach(v):
+    """``v`` detached if it is a tensor."""
+    return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def detached(args, kwargs):
+    """``(args, kwargs)`` with every tensor detached."""
+    return [detach(v) for v in args], {k: detach(v) for k, v in kwargs.items()}
 
 
 def assert_gradients_match_where_finite(got, expected, inputs, w, rtol=1e-4, atol=1e-5):

@@ -20,7 +20,16 @@ from torch import nn
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
-from catalog_helpers import MODULE_FN, assert_gradients_match_where_finite, assert_leaf_gradients  # noqa: E402
+from catalog_helpers import (  # noqa: E402
+    MODULE_FN,
+    assert_gradients_match_where_finite,
+    assert_leaf_gradients,
+    detach,
+    detached,
+    dtype_id,
+    fresh_leaf,
+    sample_args,
+)
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 
@@ -58,41 +67,16 @@ def _op_id(op) -> str:
     return _fn_name(op)
 
 
-def _dtype_id(d) -> str:
-    return str(d).replace("torch.", "")
-
-
 def _subsample(samples):
     samples = list(samples)
     step = max(1, len(samples) // MAX_SAMPLES)
     return samples[::step][:MAX_SAMPLES]
 
 
-def _map(sample, f):
-    args = [f(v) for v in (sample.input, *sample.args)]
-    kwargs = {k: f(v) for k, v in sample.kwargs.items()}
-    return args, kwargs
-
-
-def _leaf(differentiable: bool):
-    def f(v):
-        if isinstance(v, torch.Tensor):
-            v = v.detach().clone()
-            if differentiable and v.is_floating_point():
-                v.requires_grad_()
-        return v
-
-    return f
-
-
-def _detach(v):
-    return v.detach() if isinstance(v, torch.Tensor) else v
-
-
 def _upcast(v):
     if isinstance(v, torch.Tensor) and v.dtype in HALVES:
         return v.detach().float()
-    return _detach(v)
+    return detach(v)
 
 
 def _compare_values(name, got, expected, tol):
@@ -122,7 +106,7 @@ def test_every_torch_loss_is_in_the_catalog():
     assert {_fn_name(op) for op in OPS} == set(NAMES)
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("op", OPS, ids=_op_id)
 def test_opinfo_samples(op, dtype):
     if dtype not in op.supported_dtypes("cpu"):
@@ -131,8 +115,8 @@ def test_opinfo_samples(op, dtype):
     ours = getattr(SF, name)
     checked = 0
     for i, sample in enumerate(_subsample(op.sample_inputs("cpu", dtype, requires_grad=True))):
-        args, kwargs = _map(sample, _leaf(True))
-        plain_args, plain_kwargs = [_detach(v) for v in args], {k: _detach(v) for k, v in kwargs.items()}
+        args, kwargs = sample_args(sample, fresh_leaf(True))
+        plain_args, plain_kwargs = detached(args, kwargs)
         try:
             expected = op.op(*plain_args, **plain_kwargs)
         except (RuntimeError, ValueError, TypeError, IndexError) as e:  # torch refuses: so must we
@@ -147,15 +131,15 @@ def test_opinfo_samples(op, dtype):
     assert checked > 0
 
 
-@pytest.mark.parametrize("dtype", HALVES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", HALVES, ids=dtype_id)
 @pytest.mark.parametrize("op", OPS, ids=_op_id)
 def test_opinfo_samples_half_is_torch_float32_rounded(op, dtype):
     name = _fn_name(op)
     ours = getattr(SF, name)
     checked = 0
     for sample in _subsample(op.sample_inputs("cpu", dtype, requires_grad=False)):
-        args, kwargs = _map(sample, _detach)
-        up_args, up_kwargs = _map(sample, _upcast)
+        args, kwargs = sample_args(sample, detach)
+        up_args, up_kwargs = sample_args(sample, _upcast)
         try:
             expected = op.op(*up_args, **up_kwargs)
         except (RuntimeError, ValueError, TypeError, IndexError):

@@ -19,7 +19,14 @@ from torch import nn
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
-from catalog_helpers import assert_gradients_match_where_finite, assert_leaf_gradients  # noqa: E402
+from catalog_helpers import (  # noqa: E402
+    assert_gradients_match_where_finite,
+    assert_leaf_gradients,
+    detached,
+    dtype_id,
+    fresh_leaf,
+    sample_args,
+)
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 
@@ -88,34 +95,8 @@ def _op_id(op):
     return f"{op.name}.{op.variant_test_name}".rstrip(".")
 
 
-def _dtype_id(d):
-    return str(d).replace("torch.", "")
-
-
-def _leaves(sample, differentiable: bool):
-    """The sample's positional and keyword arguments, every floating tensor a fresh leaf that
-    requires grad when ``differentiable`` (so target and weight get gradients too)."""
-    def leaf(v):
-        if isinstance(v, torch.Tensor):
-            v = v.detach().clone()
-            if differentiable and v.is_floating_point():
-                v.requires_grad_()
-        return v
-
-    args = [leaf(v) for v in (sample.input, *sample.args)]
-    kwargs = {k: leaf(v) for k, v in sample.kwargs.items()}
-    return args, kwargs
-
-
 def _grad_leaves(args, kwargs):
     return [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.requires_grad]
-
-
-def _detached(args, kwargs):
-    def d(v):
-        return v.detach() if isinstance(v, torch.Tensor) else v
-
-    return [d(v) for v in args], {k: d(v) for k, v in kwargs.items()}
 
 
 def _check_samples(op, dtype):
@@ -126,8 +107,8 @@ def _check_samples(op, dtype):
     half = dtype in (torch.float16, torch.bfloat16)
     checked = 0
     for sample in op.sample_inputs("cpu", dtype, requires_grad=differentiable):
-        args, kwargs = _leaves(sample, differentiable)
-        plain_args, plain_kwargs = _detached(args, kwargs)
+        args, kwargs = sample_args(sample, fresh_leaf(differentiable))
+        plain_args, plain_kwargs = detached(args, kwargs)
         try:
             expected = op.op(*plain_args, **plain_kwargs)
         except (RuntimeError, ValueError, TypeError, IndexError) as e:  # torch refuses: so must we
@@ -163,7 +144,7 @@ def _check_jvp(op, dtype):
     ours = OURS[(op.name, op.variant_test_name)]
     checked = 0
     for sample in op.sample_inputs("cpu", dtype, requires_grad=True):
-        args, kwargs = _leaves(sample, True)
+        args, kwargs = sample_args(sample, fresh_leaf(True))
         leaves = _grad_leaves(args, kwargs)
         if not leaves:
             continue
@@ -248,13 +229,13 @@ def test_linear_cross_entropy_opinfos_are_checked():
     assert set(LINEAR) <= {(op.name, op.variant_test_name) for op in OPS}
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("op", OPS, ids=_op_id)
 def test_opinfo_samples(op, dtype):
     _check_samples(op, dtype)
 
 
-@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("op", OPS, ids=_op_id)
 def test_opinfo_jvp(op, dtype):
     _check_jvp(op, dtype)
@@ -269,7 +250,7 @@ def test_module_db_error_inputs():
     _check_module_error_inputs(nn.CrossEntropyLoss)  # the only one of ours with error inputs
 
 
-@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("torch_cls", [nn.MSELoss, nn.CrossEntropyLoss, nn.KLDivLoss], ids=lambda c: c.__name__)
 def test_module_db_inputs(torch_cls, dtype):
     _check_module_inputs(torch_cls, dtype)
