@@ -36,6 +36,14 @@ def run(src: str, fn: str, *args):
     return out.detach(), grads
 
 
+def assert_rewrite_agrees(old: str, new: str, fn: str, *args):
+    """``fn`` rewritten gives the original's values and gradients on ordinary inputs."""
+    (v0, g0), (v1, g1) = run(old, fn, *args), run(new, fn, *args)
+    torch.testing.assert_close(v1, v0)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a)
+
+
 # (code, hazardous spelling, spelling left alone, where the spellings are from)
 CASES = [
     ("SL114", """
@@ -167,10 +175,7 @@ def test_log1mexp_rewrite_is_exact_where_finite_and_finite_near_zero():
     """)
     c = torch.tensor([-0.2, -1.5, -3.0], dtype=torch.float64)
     r = torch.tensor([-2.0, -0.4, -4.0], dtype=torch.float64)
-    (v0, g0), (v1, g1) = run(old, "odds", c, r), run(src, "odds", c, r)
-    torch.testing.assert_close(v1, v0)
-    for a, b in zip(g0, g1):
-        torch.testing.assert_close(b, a)
+    assert_rewrite_agrees(old, src, "odds", c, r)
     near = torch.tensor([-1e-9, -0.5]), torch.tensor([-2.0, -3.0])
     v0, g0 = run(old, "odds", *near)
     v1, g1 = run(src, "odds", *near)
@@ -191,10 +196,7 @@ def test_k3_rewrite_keeps_the_value_and_is_accurate_at_small_d():
     assert "torch.expm1(ref_logps - logps) - (ref_logps - logps)" in new
     a = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
     b = torch.tensor([-1.3, -1.2, -0.9], dtype=torch.float64)
-    (v0, g0), (v1, g1) = run(old, "kl", a, b), run(new, "kl", a, b)
-    torch.testing.assert_close(v1, v0)
-    for x, y in zip(g0, g1):
-        torch.testing.assert_close(y, x)
+    assert_rewrite_agrees(old, new, "kl", a, b)
     ref = run(new, "kl", a, a + 1e-4)[0]  # float64 reference, d = 1e-4
     low_old = run(old, "kl", a.float(), (a + 1e-4).float())[0].double()
     low_new = run(new, "kl", a.float(), (a + 1e-4).float())[0].double()
@@ -225,9 +227,7 @@ def test_entropy_rewrite_is_zero_at_masked_entries():
     old, new = HEAD + textwrap.dedent(src), fixed(src)
     assert "SF.xlogy(log_prob.exp(), log_prob.exp())" in new
     lp = torch.log_softmax(torch.tensor([[0.0, 1.0, 2.0], [0.5, -1.0, 3.0]], dtype=torch.float64), -1)
-    (v0, g0), (v1, g1) = run(old, "entropy", lp), run(new, "entropy", lp)
-    torch.testing.assert_close(v1, v0)
-    torch.testing.assert_close(g1[0], g0[0])
+    assert_rewrite_agrees(old, new, "entropy", lp)
     masked = torch.log_softmax(torch.tensor([[0.0, float("-inf"), 2.0]]), -1)
     v0, _ = run(old, "entropy", masked)
     v1, g1 = run(new, "entropy", masked)
