@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import fused_peak_ratio, peak_memory
-from stablelosses.bench.timing import round_robin_with_peaks
+from stablelosses.bench.timing import VARIANT_TABLE_HEAD, compare_variants
 
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
 try:
@@ -116,15 +116,12 @@ def main() -> None:
     wanted = ["unfused"] + [v for v in args.variants.split(",") if v != "unfused"
                             and (v != "liger" or LigerFusedLinearJSDLoss is not None)]
     torch.set_num_threads(args.threads)
-    print("| case | variant | median time | peak | time / unfused | peak / unfused |")
-    print("|---|---|---|---|---|---|")
+    rows = []
     for label, *_ in CASES:
         calls = {v: make_call(label, v) for v in wanted}
-        times, med, peaks = round_robin_with_peaks(calls, args.repeats)
-        for v in calls:
-            print(f"| {label} | {v} | {med[v]:.2f} s (all: {', '.join(f'{s:.2f}' for s in times[v])}) | "
-                  f"{peaks[v] / 2**20:.0f} MiB | {med[v] / med['unfused']:.2f} | "
-                  f"{peaks[v] / peaks['unfused']:.3f} |", flush=True)
+        rows += compare_variants(label, calls, args.repeats, {v: "unfused" for v in calls})
+    print("\n" + VARIANT_TABLE_HEAD)
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

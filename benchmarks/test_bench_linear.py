@@ -37,7 +37,7 @@ from torch import nn
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import cpu_allocation_events, peak_memory
-from stablelosses.bench.timing import round_robin_with_peaks
+from stablelosses.bench.timing import VARIANT_TABLE_HEAD, compare_variants
 from stablelosses.functional._linear import default_chunk_size
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
@@ -161,20 +161,8 @@ def main() -> None:
             continue
         cid = f"{label}-{args.device}"
         calls = {v: make_call(cid, v)[0] for v in wanted}
-        times, med, peaks = round_robin_with_peaks(calls, args.repeats, args.device)
-        print(f"{cid} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats)")
-        for v in calls:
-            base = BASELINE.get(v, "")
-            ratio, tr, pr = "", "—", "—"
-            if base in calls:
-                tr, pr = f"{med[v] / med[base]:.2f}", f"{peaks[v] / peaks[base]:.2f}"
-                ratio = f"  vs {base}: time {med[v] / med[base]:.3f}, peak {peaks[v] / peaks[base]:.3f}"
-            print(f"  {v:17s} median {med[v]:7.3f} s  (all: {', '.join(f'{s:.2f}' for s in times[v])})  "
-                  f"peak {peaks[v] / 2**20:7.1f} MiB{ratio}", flush=True)
-            rows.append(f"| {label} | {v} | {med[v]:.2f} s | {peaks[v] / 2**20:.0f} MiB | {base or '—'} "
-                        f"| {tr} | {pr} |")
-    print("\n| case | variant | median time | peak | against | time ratio | peak ratio |")
-    print("|---|---|---|---|---|---|---|")
+        rows += compare_variants(label, calls, args.repeats, BASELINE, args.device)
+    print("\n" + VARIANT_TABLE_HEAD)
     print("\n".join(rows))
 
 

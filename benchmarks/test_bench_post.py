@@ -29,7 +29,7 @@ import torch
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import fused_peak_ratio, peak_memory
-from stablelosses.bench.timing import round_robin_with_peaks
+from stablelosses.bench.timing import VARIANT_TABLE_HEAD, compare_variants
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
@@ -113,16 +113,8 @@ def main() -> None:
         if (tier == "full" and not args.full) or args.only not in label:
             continue
         calls = {v: make_call(label, v) for v in VARIANTS}
-        times, med, peaks = round_robin_with_peaks(calls, args.repeats)
-        print(f"{label} ({torch.get_num_threads()} threads, {args.repeats} interleaved repeats)")
-        for v in calls:
-            tr, pr = med[v] / med["unfused"], peaks[v] / peaks["unfused"]
-            print(f"  {v:14s} median {med[v]:7.3f} s  (all: {', '.join(f'{s:.2f}' for s in times[v])})  "
-                  f"peak {peaks[v] / 2**20:7.1f} MiB  vs unfused: time {tr:.3f}, peak {pr:.3f}", flush=True)
-            rows.append(f"| {label} | {v} | {med[v]:.2f} s | {peaks[v] / 2**20:.0f} MiB "
-                        f"| {tr:.2f} | {pr:.2f} |")
-    print("\n| case (B×T×H×V) | variant | median time | peak | time ÷ unfused | peak ÷ unfused |")
-    print("|---|---|---|---|---|---|")
+        rows += compare_variants(label, calls, args.repeats, {v: "unfused" for v in calls})
+    print("\n" + VARIANT_TABLE_HEAD)
     print("\n".join(rows))
 
 

@@ -24,8 +24,8 @@ from stablelosses.bench.cases import Spec, kornia_available
 from stablelosses.bench.kernels import KernelCount, capture_output_code, count_kernels
 from stablelosses.bench.memory import peak_memory
 
-__all__ = ["available", "calibrate", "interleaved", "kernel_count", "make_callable", "round_robin",
-           "round_robin_with_peaks", "timer", "variant_ids"]
+__all__ = ["VARIANT_TABLE_HEAD", "available", "calibrate", "compare_variants", "interleaved", "kernel_count",
+           "make_callable", "round_robin", "round_robin_with_peaks", "timer", "variant_ids"]
 
 _COMPILED: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
 _KERNELS: dict[tuple[Any, ...], KernelCount | None] = {}
@@ -198,3 +198,34 @@ def round_robin_with_peaks(
     times = round_robin(calls, repeats)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     return times, medians, {name: peak_memory(call, device) for name, call in calls.items()}
+
+
+# The header of `compare_variants`' rows.
+VARIANT_TABLE_HEAD = (
+    "| case | variant | median time | peak | against | time ratio | peak ratio |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+def compare_variants(
+    label: str, calls: dict[str, Callable[[], Any]], repeats: int, against: dict[str, str],
+    device: str = "cpu",
+) -> list[str]:
+    """What the fused-loss scripts report for one case: the ``calls`` timed interleaved
+    (`round_robin_with_peaks`), a printed line per variant (median, every time, peak, and its
+    ratios to the variant ``against`` names for it, if that one ran), and the Markdown rows
+    under `VARIANT_TABLE_HEAD`."""
+    times, med, peaks = round_robin_with_peaks(calls, repeats, device)
+    print(f"{label} ({torch.get_num_threads()} threads, {repeats} interleaved repeats)")
+    rows = []
+    for v in calls:
+        base = against.get(v, "")
+        ratio, tr, pr = "", "—", "—"
+        if base in calls:
+            tr, pr = f"{med[v] / med[base]:.2f}", f"{peaks[v] / peaks[base]:.2f}"
+            ratio = f"  vs {base}: time {med[v] / med[base]:.3f}, peak {peaks[v] / peaks[base]:.3f}"
+        print(f"  {v:17s} median {med[v]:7.3f} s  (all: {', '.join(f'{t:.2f}' for t in times[v])})  "
+              f"peak {peaks[v] / 2**20:7.1f} MiB{ratio}", flush=True)
+        rows.append(f"| {label} | {v} | {med[v]:.2f} s | {peaks[v] / 2**20:.0f} MiB | {base or '—'} "
+                    f"| {tr} | {pr} |")
+    return rows
