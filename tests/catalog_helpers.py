@@ -1,9 +1,10 @@
 """What the torch.nn catalog tests and torch's own samples share: the module → function table,
-an OpInfo sample's arguments as fresh leaves or detached, and the comparisons of our gradients
-with torch's on a sample."""
+an OpInfo sample's arguments as fresh leaves or detached, the comparisons of our gradients
+with torch's on a sample, and of our errors with torch's on its error inputs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 # name of the module class -> the function it calls
@@ -50,6 +51,29 @@ def detach(v):
 def detached(args, kwargs):
     """``(args, kwargs)`` with every tensor detached."""
     return [detach(v) for v in args], {k: detach(v) for k, v in kwargs.items()}
+
+
+def assert_error_inputs_match(op, ours) -> None:
+    """Each of the OpInfo ``op``'s error inputs raises its error type from torch's op and from ``ours``."""
+    for ei in op.error_inputs(torch.device("cpu")):
+        s = ei.sample_input
+        with pytest.raises(ei.error_type):
+            op.op(s.input, *s.args, **s.kwargs)
+        with pytest.raises(ei.error_type):
+            ours(s.input, *s.args, **s.kwargs)
+
+
+def assert_module_error_inputs_match(info, torch_cls, our_cls) -> None:
+    """Each of the ModuleInfo ``info``'s error inputs (at least one) raises its error type from
+    torch's module and from ours."""
+    errors = list(info.module_error_inputs_func(info, "cpu", torch.float32, False, training=True))
+    assert errors
+    for e in errors:
+        c, f = e.module_error_input.constructor_input, e.module_error_input.forward_input
+        with pytest.raises(e.error_type):
+            torch_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
+        with pytest.raises(e.error_type):
+            our_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
 
 
 def assert_gradients_match_where_finite(got, expected, inputs, w, rtol=1e-4, atol=1e-5):

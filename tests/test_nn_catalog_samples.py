@@ -22,8 +22,10 @@ pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the te
 pytest.importorskip("numpy")
 from catalog_helpers import (  # noqa: E402
     MODULE_FN,
+    assert_error_inputs_match,
     assert_gradients_match_where_finite,
     assert_leaf_gradients,
+    assert_module_error_inputs_match,
     detach,
     detached,
     dtype_id,
@@ -163,13 +165,7 @@ def test_opinfo_samples_half_is_torch_float32_rounded(op, dtype):
 
 @pytest.mark.parametrize("op", [o for o in OPS if o.error_inputs_func is not None], ids=_op_id)
 def test_opinfo_error_inputs(op):
-    ours = getattr(SF, _fn_name(op))
-    for ei in op.error_inputs(torch.device("cpu")):
-        s = ei.sample_input
-        with pytest.raises(ei.error_type):
-            op.op(s.input, *s.args, **s.kwargs)
-        with pytest.raises(ei.error_type):
-            ours(s.input, *s.args, **s.kwargs)
+    assert_error_inputs_match(op, getattr(SF, _fn_name(op)))
 
 
 @pytest.mark.parametrize("cls", sorted(MODULE_INFOS), ids=str)
@@ -193,15 +189,6 @@ def test_module_db_inputs(cls):
 
 @pytest.mark.parametrize("cls", sorted(n for n, m in MODULE_INFOS.items() if m.module_error_inputs_func), ids=str)
 def test_module_db_error_inputs(cls):
-    info = MODULE_INFOS[cls]
-    errors = list(info.module_error_inputs_func(info, "cpu", torch.float32, False, training=True))
-    assert errors
-    for e in errors:
-        mi = e.module_error_input
-        c, f = mi.constructor_input, mi.forward_input
-        with pytest.raises(e.error_type):
-            getattr(nn, cls)(*c.args, **c.kwargs)(*f.args, **f.kwargs)
-        with pytest.raises(e.error_type):
-            getattr(sl, cls)(*c.args, **c.kwargs)(*f.args, **f.kwargs)
+    assert_module_error_inputs_match(MODULE_INFOS[cls], getattr(nn, cls), getattr(sl, cls))
 
 

@@ -20,8 +20,10 @@ from torch import nn
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (in the test extra)
 pytest.importorskip("numpy")
 from catalog_helpers import (  # noqa: E402
+    assert_error_inputs_match,
     assert_gradients_match_where_finite,
     assert_leaf_gradients,
+    assert_module_error_inputs_match,
     detached,
     dtype_id,
     fresh_leaf,
@@ -180,28 +182,14 @@ def _check_jvp(op, dtype):
 
 
 def _check_error_inputs(op):
-    ours = OURS[(op.name, op.variant_test_name)]
-    for ei in op.error_inputs(torch.device("cpu")):
-        s = ei.sample_input
-        with pytest.raises(ei.error_type):
-            op.op(s.input, *s.args, **s.kwargs)
-        with pytest.raises(ei.error_type):
-            ours(s.input, *s.args, **s.kwargs)
+    assert_error_inputs_match(op, OURS[(op.name, op.variant_test_name)])
 
 
 def _check_module_error_inputs(torch_cls):
     info = MODULE_INFOS[torch_cls]
     if info.module_error_inputs_func is None:  # module_db gained error inputs after torch 2.6
         pytest.skip(f"this torch's module_db has no error inputs for {torch_cls.__name__}")
-    errors = list(info.module_error_inputs_func(info, "cpu", torch.float32, False, training=True))
-    assert errors
-    for e in errors:
-        mi = e.module_error_input
-        c, f = mi.constructor_input, mi.forward_input
-        with pytest.raises(e.error_type):
-            torch_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
-        with pytest.raises(e.error_type):
-            MODULES[torch_cls](*c.args, **c.kwargs)(*f.args, **f.kwargs)
+    assert_module_error_inputs_match(info, torch_cls, MODULES[torch_cls])
 
 
 def _check_module_inputs(torch_cls, dtype):
