@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 import stablelosses.functional as SF
-from stablelosses.bench.memory import fused_peak_ratio, peak_memory
-from stablelosses.bench.timing import VARIANT_TABLE_HEAD, compare_variants
+from stablelosses.bench.memory import fused_peak_ratio
+from stablelosses.bench.timing import VARIANT_TABLE_HEAD, bench_fused_call, compare_variants
 
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
 try:
@@ -92,11 +92,7 @@ PARAMS = [pytest.param(c[0], v, id=f"{c[0]}-cpu-{v}",
 def test_fwdbwd(benchmark, case, variant):
     call = make_call(case, variant)
     benchmark.group = "linear_distillation_loss " + case
-    benchmark.extra_info.update(fn="linear_distillation_loss", case=case, variant=variant, mode="fwdbwd",
-                                threads=torch.get_num_threads())
-    result = benchmark.pedantic(call, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    benchmark.extra_info["peak_bytes"] = peak_memory(call, "cpu")
-    assert all(torch.isfinite(r).all() for r in result)
+    bench_fused_call(benchmark, call, ROUNDS, fn="linear_distillation_loss", case=case, variant=variant)
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])

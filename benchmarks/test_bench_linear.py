@@ -37,7 +37,7 @@ from torch import nn
 
 import stablelosses.functional as SF
 from stablelosses.bench.memory import cpu_allocation_events, peak_memory
-from stablelosses.bench.timing import VARIANT_TABLE_HEAD, compare_variants
+from stablelosses.bench.timing import VARIANT_TABLE_HEAD, bench_fused_call, compare_variants
 from stablelosses.functional._linear import default_chunk_size
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
@@ -109,11 +109,8 @@ def make_call(cid: str, variant: str) -> tuple[Callable[[], Any], tuple[int, int
 def test_fwdbwd(benchmark, case, variant):
     call, (n, h, v, size) = make_call(case, variant)
     benchmark.group = "linear_cross_entropy " + case
-    benchmark.extra_info.update(fn="linear_cross_entropy", case=case, variant=variant, mode="fwdbwd",
-                                shape=[n, h, v], threads=torch.get_num_threads())
-    result = benchmark.pedantic(call, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    benchmark.extra_info["peak_bytes"] = peak_memory(call, case.rsplit("-", 1)[1])
-    assert all(torch.isfinite(r).all() for r in result)
+    bench_fused_call(benchmark, call, ROUNDS, case.rsplit("-", 1)[1], fn="linear_cross_entropy", case=case,
+                     variant=variant, shape=[n, h, v])
 
 
 def allocations(call: Callable[[], Any]) -> list[int]:

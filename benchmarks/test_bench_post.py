@@ -28,8 +28,8 @@ import pytest
 import torch
 
 import stablelosses.functional as SF
-from stablelosses.bench.memory import fused_peak_ratio, peak_memory
-from stablelosses.bench.timing import VARIANT_TABLE_HEAD, compare_variants
+from stablelosses.bench.memory import fused_peak_ratio
+from stablelosses.bench.timing import VARIANT_TABLE_HEAD, bench_fused_call, compare_variants
 
 FULL = os.environ.get("STABLELOSSES_BENCH_FULL") == "1"
 ROUNDS = int(os.environ.get("STABLELOSSES_BENCH_ROUNDS", "3"))
@@ -85,11 +85,7 @@ def _params() -> list[Any]:
 def test_fwdbwd(benchmark, case, variant):
     call = make_call(case, variant)
     benchmark.group = "sequence_logps " + case
-    benchmark.extra_info.update(fn="linear_sequence_logps", case=case, variant=variant, mode="fwdbwd",
-                                threads=torch.get_num_threads())
-    result = benchmark.pedantic(call, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    benchmark.extra_info["peak_bytes"] = peak_memory(call, "cpu")
-    assert all(torch.isfinite(r).all() for r in result)
+    bench_fused_call(benchmark, call, ROUNDS, fn="linear_sequence_logps", case=case, variant=variant)
 
 
 @pytest.mark.parametrize("case", [label for label, *_, tier in CASES if tier == "default" or FULL])

@@ -24,8 +24,9 @@ from stablelosses.bench.cases import Spec, kornia_available
 from stablelosses.bench.kernels import KernelCount, capture_output_code, count_kernels
 from stablelosses.bench.memory import peak_memory
 
-__all__ = ["VARIANT_TABLE_HEAD", "available", "calibrate", "compare_variants", "interleaved", "kernel_count",
-           "make_callable", "round_robin", "round_robin_with_peaks", "timer", "variant_ids"]
+__all__ = ["VARIANT_TABLE_HEAD", "available", "bench_fused_call", "calibrate", "compare_variants",
+           "interleaved", "kernel_count", "make_callable", "round_robin", "round_robin_with_peaks", "timer",
+           "variant_ids"]
 
 _COMPILED: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
 _KERNELS: dict[tuple[Any, ...], KernelCount | None] = {}
@@ -198,6 +199,18 @@ def round_robin_with_peaks(
     times = round_robin(calls, repeats)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     return times, medians, {name: peak_memory(call, device) for name, call in calls.items()}
+
+
+def bench_fused_call(
+    benchmark: Any, call: Callable[[], Any], rounds: int, device: str = "cpu", **info: Any
+) -> None:
+    """pytest-benchmark's timing of one fused-loss variant's forward+backward ``call`` (``rounds``
+    rounds of one call after a warm-up), with ``info`` and the call's peak memory in
+    ``extra_info``; every gradient it returns must be finite."""
+    benchmark.extra_info.update(mode="fwdbwd", threads=torch.get_num_threads(), **info)
+    result = benchmark.pedantic(call, rounds=rounds, iterations=1, warmup_rounds=1)
+    benchmark.extra_info["peak_bytes"] = peak_memory(call, device)
+    assert all(torch.isfinite(r).all() for r in result)
 
 
 # The header of `compare_variants`' rows.
