@@ -26,39 +26,40 @@ class Rule:
     page: str  # docs: the hazard page
 
 
-RULES: dict[str, Rule] = {r.code: r for r in [
-    Rule("SL101", "sqrt-of-mse", "square root of an MSE or a mean of squares", "sqrt-at-zero"),
-    Rule("SL102", "log-of-softmax", "log of softmax", "focal-log-zero"),
-    Rule("SL103", "hand-softmax", "hand-written softmax exp(x) / sum(exp(x))", "softmax-logsumexp"),
-    Rule("SL104", "log-of-sigmoid", "log of sigmoid", "sigmoid-focal-saturated"),
-    Rule("SL105", "bce-on-sigmoid", "binary_cross_entropy of sigmoid outputs", "sigmoid-focal-saturated"),
-    Rule("SL106", "focal-power", "(1 - p) ** gamma on probabilities", "focal-gamma-below-one"),
-    Rule("SL107", "divide-by-norm", "division by a norm with no eps", "zero-vector"),
-    Rule("SL108", "eps-hack", "log(x + eps) / sqrt(x + eps) where an exact op exists", "sqrt-at-zero"),
-    Rule("SL109", "masked-softmax", "masked_fill(-inf) then softmax, no guard for masked rows",
-         "softmax-logsumexp"),
-    Rule("SL110", "kl-div-probabilities", "F.kl_div given probabilities, not log-probabilities",
-         "kl-zero-targets"),
-    Rule("SL111", "masked-mean", "masked mean as sum(x * mask) / mask.sum()", "masked-mean-empty"),
-    Rule("SL112", "log-cosh", "log(cosh(r))", "log-cosh-overflow"),
-    Rule("SL113", "exp-unshifted", "exp of an unshifted logit: hand-written logsumexp", "softmax-logsumexp"),
-    # the post-training hazards (2026): finite loss, NaN gradient
-    Rule("SL114", "exp-log-ratio", "exp of a log-ratio with no guard before it (GRPO's 0 * inf)",
-         "finite-loss-nan-gradient"),
-    Rule("SL115", "log1p-exp", "log1p(-exp(x)) / log(1 - exp(x)): log1mexp by hand", "log1mexp"),
-    Rule("SL116", "exp-minus-one", "exp(d) - d - 1 (the k3 KL estimator) by hand", "log1mexp"),
-    Rule("SL117", "mask-multiply", "x * mask after a value that can be inf or NaN",
-         "finite-loss-nan-gradient"),
-    Rule("SL118", "guard-after-op", "where / nan_to_num after the op that made the inf or NaN",
-         "finite-loss-nan-gradient"),
-    Rule("SL119", "entropy-by-hand", "exp(logp) * logp or p * log(p): 0 * -inf", "masked-entropy"),
-    Rule("SL120", "kl-log-target-masked", "F.kl_div(log_target=True) on masked (-inf) log-probs",
-         "kl-zero-targets"),
-    Rule("SL121", "row-mean-denominator", "x.sum(-1) / mask.sum(-1): a per-sequence mean of an empty "
-         "sequence", "masked-mean-empty"),
-    Rule("SL122", "clamp-under-no-grad", "x.clamp_() under torch.no_grad(): a straight-through gradient",
-         "finite-loss-nan-gradient"),
-]}
+# code | name | summary | the docs hazard page: one rule a line (a line indented by four spaces
+# continues the one above); a table in text, where a list of calls repeats one shape 22 times
+_TABLE = """
+SL101 | sqrt-of-mse | square root of an MSE or a mean of squares | sqrt-at-zero
+SL102 | log-of-softmax | log of softmax | focal-log-zero
+SL103 | hand-softmax | hand-written softmax exp(x) / sum(exp(x)) | softmax-logsumexp
+SL104 | log-of-sigmoid | log of sigmoid | sigmoid-focal-saturated
+SL105 | bce-on-sigmoid | binary_cross_entropy of sigmoid outputs | sigmoid-focal-saturated
+SL106 | focal-power | (1 - p) ** gamma on probabilities | focal-gamma-below-one
+SL107 | divide-by-norm | division by a norm with no eps | zero-vector
+SL108 | eps-hack | log(x + eps) / sqrt(x + eps) where an exact op exists | sqrt-at-zero
+SL109 | masked-softmax | masked_fill(-inf) then softmax, no guard for masked rows | softmax-logsumexp
+SL110 | kl-div-probabilities | F.kl_div given probabilities, not log-probabilities | kl-zero-targets
+SL111 | masked-mean | masked mean as sum(x * mask) / mask.sum() | masked-mean-empty
+SL112 | log-cosh | log(cosh(r)) | log-cosh-overflow
+SL113 | exp-unshifted | exp of an unshifted logit: hand-written logsumexp | softmax-logsumexp
+SL114 | exp-log-ratio | exp of a log-ratio with no guard before it (GRPO's 0 * inf) | finite-loss-nan-gradient
+SL115 | log1p-exp | log1p(-exp(x)) / log(1 - exp(x)): log1mexp by hand | log1mexp
+SL116 | exp-minus-one | exp(d) - d - 1 (the k3 KL estimator) by hand | log1mexp
+SL117 | mask-multiply | x * mask after a value that can be inf or NaN | finite-loss-nan-gradient
+SL118 | guard-after-op | where / nan_to_num after the op that made the inf or NaN | finite-loss-nan-gradient
+SL119 | entropy-by-hand | exp(logp) * logp or p * log(p): 0 * -inf | masked-entropy
+SL120 | kl-log-target-masked | F.kl_div(log_target=True) on masked (-inf) log-probs | kl-zero-targets
+SL121 | row-mean-denominator | x.sum(-1) / mask.sum(-1): a per-sequence mean of an empty sequence
+    | masked-mean-empty
+SL122 | clamp-under-no-grad | x.clamp_() under torch.no_grad(): a straight-through gradient
+    | finite-loss-nan-gradient
+"""
+
+RULES: dict[str, Rule] = {
+    row[0]: Rule(*row)
+    for row in (tuple(cell.strip() for cell in line.split(" | "))
+                for line in _TABLE.replace("\n    |", " |").strip().splitlines())
+}
 
 SF = "stablelosses.functional"
 TF = "torch.nn.functional"
