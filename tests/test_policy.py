@@ -20,6 +20,7 @@ import stablelosses.functional as SF
 
 mpmath.mp.dps = 50
 D = torch.float64
+INF = float("inf")
 
 
 def _batch(b=3, t=5, dtype=D, seed=0, adv_per_token=False):
@@ -297,3 +298,48 @@ def test_kl_penalty_masked_after_it_at_a_padded_token_has_a_zero_gradient():
     _, tangent = torch.func.jvp(lambda x: SF.kl_penalty(x, torch.zeros(2)) * torch.tensor([1.0, 0.0]),
                                 (lp.detach(),), (torch.tensor([1.0, 0.0]),))
     assert torch.isfinite(tangent).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kl_penalty_masked_after_it_has_a_zero_second_derivative(dtype):
+    # the double backward of the masked 0 · e^200: expm1 sees 0 there, not d
+    lp = torch.zeros(2, dtype=dtype, requires_grad=True)
+    kl = SF.kl_penalty(lp, torch.tensor([800.0 if dtype == D else 200.0, 0.5], dtype=dtype))
+    (g,) = torch.autograd.grad(torch.where(torch.tensor([False, True]), kl, 0.0).sum(), lp, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), lp)
+    assert gg[0] == 0 and gg[1].item() == pytest.approx(math.exp(0.5))
+
+
+def test_k3_at_a_neg_inf_log_prob_is_inf():
+    # d = ref − (−inf) = +inf: expm1(d) − d is inf − inf; the value is +inf, as k1's −inf and k2's +inf
+    logps = torch.tensor([-INF, -1.0])
+    out = SF.kl_penalty(logps, torch.tensor([-1.0, -1.0]))
+    assert out[0].item() == math.inf and out[1].item() == 0.0
+    out = SF.policy_loss(logps[None, :1], torch.tensor([[-1.0]]), torch.tensor([1.0]),
+                         torch.ones(1, 1, dtype=torch.bool), ref_logps=torch.tensor([[-1.0]]), beta=0.04)
+    assert out.item() == math.inf
+
+
+@pytest.mark.parametrize("log_ratio", [0.0, 0.1, -0.1, 0.5, -0.5, 200.0, -200.0])
+def test_zero_advantage_gradient_is_the_derivative_inside_the_clip_range(log_ratio):
+    # at A = 0 the loss is 0 for every r: ∂/∂logps = 0, and ∂/∂A is −r inside [1 − ε, 1 + ε_h]
+    # (both one-sided derivatives agree; TRL's formula gives it too), else the minimal-norm
+    # subgradient −min(r, 1 + ε_h)
+    logps = torch.tensor([[log_ratio]], dtype=D, requires_grad=True)
+    adv = torch.zeros(1, dtype=D, requires_grad=True)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    out = SF.policy_loss(logps, torch.zeros(1, 1, dtype=D), adv, mask, clip_eps=0.2)
+    g_lp, g_adv = torch.autograd.grad(out, (logps, adv))
+    r = math.exp(log_ratio)
+    assert out.item() == 0.0 and g_lp.item() == 0.0
+    assert g_adv.item() == pytest.approx(-min(r, 1.2), rel=1e-12)
+    if 0.8 <= r <= 1.2:  # smooth there: the one-sided difference quotients agree with it
+        for h in (1e-7, -1e-7):
+            f = SF.policy_loss(logps.detach(), torch.zeros(1, 1, dtype=D), torch.tensor([h], dtype=D), mask)
+            assert (f.item() / h) == pytest.approx(g_adv.item(), rel=1e-6)
+
+
+def test_nan_log_prob_at_an_unmasked_zero_advantage_gives_nan():
+    out = SF.policy_loss(torch.tensor([[float("nan")]]), torch.zeros(1, 1), torch.zeros(1),
+                         torch.ones(1, 1, dtype=torch.bool))
+    assert torch.isnan(out)

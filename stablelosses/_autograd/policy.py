@@ -18,18 +18,22 @@ from stablelosses._autograd._base import applier, save_input, times_saved
 
 
 def _scaled(d: Tensor, g: Tensor) -> Tensor:
-    """``g · expm1(d)``, 0 where ``g == 0`` (also where ``expm1(d)`` is ``inf``)."""
-    return torch.where(g == 0, 0.0, g * torch.expm1(d))
+    """``g · expm1(d)``, 0 where ``g == 0`` (also where ``expm1(d)`` is ``inf``). Double where:
+    ``expm1`` never sees the ``d`` of a zero ``g``, so the double backward is 0 there too."""
+    zero = g == 0
+    return torch.where(zero, 0.0, g * torch.expm1(torch.where(zero, 0.0, d)))
 
 
 class _ExpM1MinusX(torch.autograd.Function):
-    """``expm1(d) − d``; the gradient and the tangent ``g · expm1(d)`` are 0 where ``g == 0``."""
+    """``expm1(d) − d`` (``+inf`` at ``d = +inf``); the gradient and the tangent ``g · expm1(d)``
+    are 0 where ``g == 0``."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(d: Tensor) -> Tensor:
-        return torch.expm1(d) - d
+        # d = +inf (a -inf log-prob): expm1(d) − d is inf − inf; the value is +inf
+        return torch.where(d == float("inf"), d, torch.expm1(d) - d)
 
     setup_context = staticmethod(save_input)
     backward = jvp = staticmethod(times_saved(_scaled))

@@ -156,17 +156,19 @@ def policy_loss(
 
     The ratio is never exponentiated where it is not used: for $A > 0$ the term is
     $-A\min(r, 1+\varepsilon_h)$, for $A < 0$ it is $-A\max(r, 1-\varepsilon)$, so ``exp``
-    runs only on the unclipped side, and masked positions and $A = 0$ never reach it (a select
-    *before* the ``exp``). TRL's ``exp(log_ratio)`` at a padded token with log-ratio
+    runs only on the unclipped side, and masked positions never reach it (a select *before*
+    the ``exp``); $A = 0$ takes the $A > 0$ side. TRL's ``exp(log_ratio)`` at a padded token with log-ratio
     $0 - (-200)$ gives ``inf``, and the mask multiply turns the gradient into NaN; a
     ``torch.where`` after the ``exp`` does not help (``ExpBackward`` still computes
     ``0 · inf``).
 
     **Gradient.** With respect to ``logps``: $-A r$ on the unclipped side (times the
     aggregation weight, and through the sequence mean for ``'sequence'``), exactly 0 on the
-    clipped side, at masked positions and where $A = 0$; plus $\beta\,\partial k$. With respect
-    to ``advantages``: $-\min(r, 1+\varepsilon_h)$ or $-\max(r, 1-\varepsilon)$ (the bound where
-    $A = 0$). ``old_logps`` gets the negative of the ratio's gradient.
+    clipped side and at masked positions (0 where $A = 0$); plus $\beta\,\partial k$. With
+    respect to ``advantages``: $-\min(r, 1+\varepsilon_h)$ for $A \ge 0$ (at $A = 0$ the
+    minimal-norm subgradient, and $-r$, the derivative, inside the clip range) and
+    $-\max(r, 1-\varepsilon)$ for $A < 0$. ``old_logps`` gets the negative of the ratio's
+    gradient.
 
     Args:
         logps: the policy's per-token log-probabilities, ``(B, T)``.
@@ -246,11 +248,12 @@ def policy_loss(
     count = mask.sum(-1, keepdim=True, dtype=lp.dtype)
     if importance == "sequence":
         log_r = (log_r.sum(-1, keepdim=True) / count.clamp(min=1.0)).expand_as(lp)
-    # The clipped side in log space: A > 0 is clipped at r ≥ 1 + ε_h, A < 0 at r ≤ 1 − ε. A NaN
-    # log-ratio is on neither side, so exp sees it: NaN in, NaN out.
-    pos = adv > 0
+    # The clipped side in log space: A ≥ 0 is clipped at r ≥ 1 + ε_h, A < 0 at r ≤ 1 − ε. A NaN
+    # log-ratio is on neither side, so exp sees it: NaN in, NaN out. A = 0 takes the A > 0 side:
+    # its ∂/∂A, −min(r, 1 + ε_h), is the minimal-norm subgradient (−r inside the clip range).
+    pos = adv >= 0
     clipped = torch.where(pos, log_r >= math.log1p(eps_high), log_r <= math.log1p(-clip_eps))
-    use_r = mask & ~clipped & (adv != 0)
+    use_r = mask & ~clipped
     # double where: exp sees 0 wherever its value is not used
     r = torch.exp(torch.where(use_r, log_r, 0.0))
     # (a tensor operand: torch.where of two Python floats would be float32)
