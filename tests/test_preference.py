@@ -254,6 +254,41 @@ def test_orpo_at_zero_log_prob_is_zero_with_the_limit_gradients():
     assert gr.item() == 0.0
 
 
+@pytest.mark.parametrize("r", [-1.0, -0.5, -3.0])
+def test_orpo_second_derivatives_at_zero_log_prob_are_the_limits(r):
+    # ∂ℓ/∂c = −odds(r) / (e^c + (1 − e^c) odds(r)) is smooth through c = 0: its derivatives
+    # there are odds(r)(1 − odds(r)) and −odds(r)/(1 − e^r); ∂ℓ/∂r is 0 along c = 0
+    ct = torch.tensor([0.0], dtype=D, requires_grad=True)
+    rt = torch.tensor([r], dtype=D, requires_grad=True)
+    gc, gr = torch.autograd.grad(SF.orpo_loss(ct, rt, beta=1.0), (ct, rt), create_graph=True)
+    hcc, hcr = torch.autograd.grad(gc.sum(), (ct, rt), retain_graph=True)
+    hrc, hrr = torch.autograd.grad(gr.sum(), (ct, rt))
+    o = math.exp(r) / -math.expm1(r)
+    assert hcc.item() == pytest.approx(o * (1 - o), rel=1e-9)
+    assert hcr.item() == pytest.approx(hrc.item(), rel=1e-12)
+    assert hcr.item() == pytest.approx(-o / -math.expm1(r), rel=1e-9)
+    assert hrr.item() == 0.0
+    # continuous with the derivative just below 0, and the same from forward mode
+    c2 = torch.tensor([-1e-9], dtype=D, requires_grad=True)
+    (g2,) = torch.autograd.grad(SF.orpo_loss(c2, rt.detach(), beta=1.0), c2, create_graph=True)
+    assert torch.autograd.grad(g2.sum(), c2)[0].item() == pytest.approx(hcc.item(), rel=1e-6)
+    hess = torch.func.hessian(lambda a: SF.orpo_loss(a, rt.detach(), beta=1.0))(ct.detach())
+    assert hess.item() == pytest.approx(hcc.item(), rel=1e-12)
+
+
+def test_orpo_both_log_probs_zero_is_zero_with_zero_gradient():
+    # two completions of probability 1 (two empty ones from sequence_logps(average=True)):
+    # c = 0 gives 0 whatever r ≤ 0; the limit gradient −odds(r) has no finite limit at r = 0
+    ct = torch.zeros(2, requires_grad=True)
+    rt = torch.tensor([0.0, -1.0], requires_grad=True)
+    out = SF.orpo_loss(ct, rt, reduction="none")
+    assert torch.equal(out, torch.zeros(2))
+    gc, gr = torch.autograd.grad(out.sum(), (ct, rt), create_graph=True)
+    assert gc[0] == 0 and gr[0] == 0 and torch.isfinite(gc).all()
+    assert all(torch.isfinite(h).all() for h in torch.autograd.grad(gc.sum(), (ct, rt)))
+    assert torch.isnan(SF.orpo_loss(torch.zeros(1), torch.tensor([float("nan")])))
+
+
 def test_orpo_nan_in_nan_out():
     c = torch.tensor([float("nan"), -0.5], requires_grad=True)
     out = SF.orpo_loss(c, torch.full((2,), -1.0), reduction="none")

@@ -48,17 +48,28 @@ def _log_odds_ratio(c: Tensor, r: Tensor) -> Tensor:
 
 
 def _odds_grads(c: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
-    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` in the forms of the module docstring, from
-    ``c`` and ``r`` in differentiable ops (double backward differentiates them)."""
-    big_l = _log_odds_ratio(c, r)
-    pos = big_l > 0
-    lo_r = r - log1mexp(r)
-    # exponent of −∂ℓ/∂c: log σ(L) + logodds(r) − c where L > 0, log σ(−L) − log1mexp(c) else
-    e_pos = F.logsigmoid(torch.where(pos, big_l, 1.0)) + torch.where(pos, lo_r - c, 0.0)
-    e_neg = F.logsigmoid(-torch.where(pos, -1.0, big_l)) - log1mexp(torch.where(pos, -1.0, c))
-    gc = -torch.exp(torch.where(pos, e_pos, e_neg))
-    gr = torch.exp(F.logsigmoid(-big_l) - log1mexp(r))
-    return gc, gr
+    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` from ``c`` and ``r`` in differentiable ops
+    (double backward differentiates them), finite with finite derivatives at ``c = 0``.
+
+    Where ``L > 0`` both are written with ``z = e^{−L} = e^{t}·(−expm1(c)) ∈ [0, 1)``,
+    ``t = logodds(r) − c``: ``log(−∂ℓ/∂c) = t − log1p(z)`` and ``∂ℓ/∂r = z / (1 + z) / (1 − e^r)``,
+    smooth through ``c = 0`` (``L = +inf``, ``z = 0``), where the log-space forms would
+    differentiate ``σ(−L)·∂L/∂c = 0·inf``. Elsewhere ``L ≤ 0`` and the log-space forms of the
+    module docstring hold. Double where: each branch sees only its own arguments.
+    """
+    pos = _log_odds_ratio(c, r).detach() > 0
+    # L > 0: r < c ≤ 0, so t − c ≤ 0 and z < 1 (the placeholders keep the other rows finite)
+    cp, rp = torch.where(pos, c, -1.0), torch.where(pos, r, -2.0)
+    t = (rp - log1mexp(rp)) - cp
+    z = torch.exp(t) * -torch.expm1(cp)
+    gc_pos = -torch.exp(t - torch.log1p(z))
+    gr_pos = z / (1.0 + z) * torch.exp(-log1mexp(rp))
+    # L ≤ 0: −∂ℓ/∂c = exp(log σ(−L) − log1mexp(c)), ∂ℓ/∂r = exp(log σ(−L) − log1mexp(r))
+    cn, rn = torch.where(pos, -1.0, c), torch.where(pos, -1.0, r)
+    ln = F.logsigmoid(-_log_odds_ratio(cn, rn))
+    gc_neg = -torch.exp(ln - log1mexp(cn))
+    gr_neg = torch.exp(ln - log1mexp(rn))
+    return torch.where(pos, gc_pos, gc_neg), torch.where(pos, gr_pos, gr_neg)
 
 
 class _OddsRatio(torch.autograd.Function):
@@ -73,7 +84,9 @@ class _OddsRatio(torch.autograd.Function):
 
     @staticmethod
     def forward(c: Tensor, r: Tensor) -> Tensor:
-        return torch.rsub(F.logsigmoid(_log_odds_ratio(c, r)), 0.0)  # 0 − log σ: +0.0 at L = +inf
+        # c = 0 gives 0 whatever r ≤ 0 (L = +inf; at r = 0 too, where L would be inf − inf)
+        big_l = torch.where((c == 0) & (r <= 0), float("inf"), _log_odds_ratio(c, r))
+        return torch.rsub(F.logsigmoid(big_l), 0.0)  # 0 − log σ: +0.0 at L = +inf
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -83,13 +96,22 @@ class _OddsRatio(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         c, r = ctx.saved_tensors
-        gc, gr = _odds_grads(c, r)
+        gc, gr = _pair_grads(c, r)
         return grad * gc, grad * gr
 
     @staticmethod
     def jvp(ctx, c_t: Tensor | None, r_t: Tensor | None):
         c, r = ctx.saved_tensors
-        return tangent_sum(_odds_grads(c, r), (c_t, r_t))
+        return tangent_sum(_pair_grads(c, r), (c_t, r_t))
+
+
+def _pair_grads(c: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """`_odds_grads`, and 0 for both where ``c = r = 0`` (two completions of probability 1,
+    e.g. two empty ones: the limit along ``c = 0`` is ``−odds(r) → −inf``, so no finite limit;
+    the loss is 0 there and carries no preference)."""
+    both = (c == 0) & (r == 0)
+    gc, gr = _odds_grads(torch.where(both, -1.0, c), torch.where(both, -2.0, r))
+    return torch.where(both, 0.0, gc), torch.where(both, 0.0, gr)
 
 
 _odds_ratio = applier(_OddsRatio)
