@@ -76,6 +76,31 @@ def test_ignored_position_is_zero_with_zero_gradient_whatever_its_row_holds():
     assert torch.isnan(gn).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ignored_position_holding_nan_is_zero_with_zero_gradient(dtype):
+    # "whatever its row holds" includes NaN: a padded row of garbage (both NaN signs: 0/0 is
+    # a negative NaN on x86, float("nan") a positive one)
+    nan = torch.tensor(float("nan"), dtype=dtype)
+    x = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [INF, 0.0, 0.0]], dtype=dtype)
+    x[1, 0], x[2, 1], x[3, 2] = nan, -nan, nan
+    x.requires_grad_()
+    labels = torch.tensor([2, -100, -100, -100])
+    for fn in (lambda x: SF.token_logps(x, labels), lambda x: SF.sequence_logps(x[None], labels[None])):
+        out = fn(x)
+        (g,) = torch.autograd.grad(out.sum(), x)
+        assert torch.isfinite(out).all() and torch.isfinite(g).all()
+        assert torch.all(g[1:] == 0)
+    torch.testing.assert_close(SF.token_logps(x, labels)[0], torch.log_softmax(x[0], -1)[2])
+    # the unignored NaN row stays NaN, value and gradient
+    out = SF.token_logps(x, torch.tensor([2, 0, -100, -100]))
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert torch.isnan(out[1]) and torch.isnan(g[1]).all() and torch.all(g[2:] == 0)
+    # double backward: 0 there too
+    (g,) = torch.autograd.grad(SF.token_logps(x, labels).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g[0].sum(), x)
+    assert torch.all(gg[1:] == 0)
+
+
 def test_neg_inf_logits_and_a_label_at_neg_inf():
     x = torch.tensor([[0.0, -INF, 1.0], [0.0, -INF, 1.0]], dtype=D, requires_grad=True)
     labels = torch.tensor([0, 1])

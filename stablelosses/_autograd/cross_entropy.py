@@ -321,17 +321,19 @@ _prob_loss = applier(_ProbLoss)
 
 def class_index_rows(
     x: Tensor, target: Tensor, idx: Tensor, ignored: Tensor, weight: Tensor | None, ignore_index: int,
-    gamma: float, cdim: int, grad: bool = True,
+    gamma: float, cdim: int, clean: bool, grad: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`_ClassIndexCE`'s forward: the loss (0 on invalid rows), the invalid rows, the saved row
     ``p'`` (target entry ``−r``), the row divisor and the unweighted value. ``grad=False`` (a
     forward that no backward follows, outside the Function): the value only; ``p'`` keeps a 0
-    at the target (2 aten ops fewer) and the focal divisor is not formed."""
+    at the target (2 aten ops fewer) and the focal divisor is not formed. ``clean``: the
+    ignored rows' gradient is 0 whatever they hold (`rows.index_row`'s ``ignored``)."""
     # nll_loss on the logits is the gather of −x_t: 0 on ignored targets and torch's own
     # IndexError ("Target 3 is out of bounds.") for the others out of range.
     nll = F.nll_loss(x, target, ignore_index=ignore_index, reduction="none")
     # compiled: the fused spelling of the same row (measured: see rows.fused_index_row)
-    p, qs, r, nll_t, m = index_row(x, nll, idx, cdim, torch.compiler.is_compiling(), grad)
+    p, qs, r, nll_t, m = index_row(x, nll, idx, cdim, torch.compiler.is_compiling(), grad,
+                                   ignored if clean else None)
     # den: the backward's row divisor p'_t S (≥ p'_t ≥ 1/C, NaN on NaN rows: so is their
     # gradient), over the focal row scale for the focal loss (inf where the scale is 0).
     # One saved N-sized divisor: compiled, the partitioner had recomputed the focal scale
@@ -377,18 +379,18 @@ class _ClassIndexCE(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, target, idx, ignored, weight, ignore_index, gamma, cdim):
-        return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim)
+    def forward(x, target, idx, ignored, weight, ignore_index, gamma, cdim, clean):
+        return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim, clean)
 
     @staticmethod
-    def value(x, target, idx, ignored, weight, ignore_index, gamma, cdim):
+    def value(x, target, idx, ignored, weight, ignore_index, gamma, cdim, clean):
         # what `applier` runs where no backward or tangent can follow: the same outputs, without
         # what only the backward reads (p''s target entry −r, the focal row scale)
-        return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim, grad=False)
+        return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim, clean, False)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, idx, _ignored, weight, ignore_index, gamma, cdim = inputs
+        x, target, idx, _ignored, weight, ignore_index, gamma, cdim, clean = inputs
         _, invalid, p, den, val = output
         ctx.mark_non_differentiable(invalid, p, den, val)
         ctx.set_materialize_grads(False)
@@ -396,14 +398,14 @@ class _ClassIndexCE(torch.autograd.Function):
         # the same tensors as for backward: torch.func's generated vmap rule keeps one list of
         # their batch dims, and a shorter list breaks jacrev(jacfwd(f))
         ctx.save_for_forward(x, target, idx, weight, invalid, p, den, val)
-        ctx.ignore_index, ctx.gamma, ctx.cdim = ignore_index, gamma, cdim
+        ctx.ignore_index, ctx.gamma, ctx.cdim, ctx.clean = ignore_index, gamma, cdim, clean
 
     @staticmethod
     def backward(ctx, grad_loss, _gi, _gp, _gd, _gval):
         x, target, idx, weight, invalid, p, den, val = ctx.saved_tensors
         cdim = ctx.cdim
         if grad_loss is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None
         if torch.is_grad_enabled():
             return _double_backward(ctx, x, idx, weight, invalid, grad_loss)
         # the incoming gradient over the row divisor, 0 on invalid rows (also where the focal
@@ -416,10 +418,10 @@ class _ClassIndexCE(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             contrib = (grad_loss * val).masked_fill(invalid, 0.0)
             gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
-        return gx, None, None, None, gw, None, None, None
+        return gx, None, None, None, gw, None, None, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, _target_t, _idx_t, _ignored_t, w_t, _ii, _gamma, _cdim):
+    def jvp(ctx, x_t, _target_t, _idx_t, _ignored_t, w_t, _ii, _gamma, _cdim, _clean):
         x, _target, idx, weight, invalid = ctx.saved_tensors[:5]
         cdim, gamma = ctx.cdim, ctx.gamma
         # recomputed in plain ops (not the saved softmax): reverse mode over this rule
@@ -473,8 +475,9 @@ def _plain_rows(x: Tensor, idx: Tensor, gamma: float, cdim: int) -> _PlainRows:
 def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
     """First derivatives as a differentiable graph of the saved ``x`` and ``weight``
     (`_plain_rows`): ``a·(softmax − onehot)`` with the target entry ``−rest·a``."""
-    rows = _plain_rows(x, idx, ctx.gamma, ctx.cdim)
     cdim = ctx.cdim
+    # clean: the invalid rows' logits as 0, so their gradient is 0 whatever they hold
+    rows = _plain_rows(torch.where(invalid.unsqueeze(cdim), 0.0, x) if ctx.clean else x, idx, ctx.gamma, cdim)
     s = grad_loss.masked_fill(invalid, 0.0)
     a = s if rows.scale is None else (s * rows.scale).masked_fill(invalid, 0.0)
     if weight is not None:
@@ -487,7 +490,7 @@ def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
     if ctx.needs_input_grad[4]:
         contrib = (s * rows.val).masked_fill(invalid, 0.0)
         gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
-    return gx, None, None, None, gw, None, None, None
+    return gx, None, None, None, gw, None, None, None, None
 
 
 _class_index_ce = applier(_ClassIndexCE)

@@ -100,7 +100,7 @@ def _index_loss_reduced(
         # any in-range index serves the ignored targets; the others out of range raise in
         # the Function's nll_loss first, with torch's message
         idx = target.clamp(0, x.shape[cdim] - 1)
-        loss, invalid = _class_index_ce(x, target, idx, ignored, w, ignore_index, gamma, cdim)[:2]
+        loss, invalid = _class_index_ce(x, target, idx, ignored, w, ignore_index, gamma, cdim, False)[:2]
         if reduction != "mean":
             return _reduce(loss, reduction)
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)

@@ -60,7 +60,7 @@ def logps_rows(x: Tensor, labels: Tensor, ignore_index: int) -> tuple[Tensor, Te
     ignored = target == ignore_index
     # any in-range index serves the ignored rows; an out-of-range label raises in nll_loss
     idx = target.clamp(0, max(x.shape[1] - 1, 0))
-    loss, invalid = _class_index_ce(x, target, idx, ignored, None, ignore_index, 0.0, 1)[:2]
+    loss, invalid = _class_index_ce(x, target, idx, ignored, None, ignore_index, 0.0, 1, True)[:2]
     return torch.rsub(loss, 0.0), ~invalid  # 0 − loss: +0.0 at invalid rows
 
 
