@@ -34,6 +34,8 @@ assert _spec is not None and _spec.loader is not None
 naive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(naive)
 
+D = torch.float64
+
 
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
@@ -522,6 +524,21 @@ def test_linear_teacher_takes_no_gradient_unless_asked():
     loss = SF.linear_distillation_loss(hs, ws, ht, wt, kind="jsd", mask=mask)
     loss.backward()
     assert ws.grad is not None and hs.grad is not None and wt.grad is None
+
+
+@pytest.mark.parametrize("value", [4.0, 0.0])
+def test_linear_normalizer_tensor_gets_its_gradient(value):
+    # as distillation_loss: loss = total / n, d loss / d n = −total / n² (0 at n = 0)
+    g = torch.Generator().manual_seed(3)
+    hs, ht = torch.randn(3, 4, generator=g, dtype=D), torch.randn(3, 4, generator=g, dtype=D)
+    ws, wt = torch.randn(5, 4, generator=g, dtype=D), torch.randn(6, 4, generator=g, dtype=D)
+    n1 = torch.tensor(value, dtype=D, requires_grad=True)
+    fused = SF.linear_distillation_loss(hs, ws, ht, wt, normalizer=n1)
+    (g1,) = torch.autograd.grad(fused, n1)
+    total = SF.linear_distillation_loss(hs, ws, ht, wt, reduction="sum")
+    want = 0.0 if value == 0 else -total.item() / value**2
+    assert g1.item() == pytest.approx(want, rel=1e-12)
+    assert fused.item() == pytest.approx(0.0 if value == 0 else total.item() / value, rel=1e-12)
 
 
 def test_linear_all_ignored_and_normalizer_no_sync():

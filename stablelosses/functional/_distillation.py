@@ -227,7 +227,8 @@ def linear_distillation_loss(
     **Gradients.** The student's input, weight and bias get theirs; the teacher side is
     computed only when one of its tensors requires grad (otherwise no teacher logit gradient is
     formed). First order only: a double backward raises (use `distillation_loss` on
-    ``F.linear`` outputs for second derivatives). ``normalizer`` and ``mask`` are constants.
+    ``F.linear`` outputs for second derivatives). A ``normalizer`` tensor gets its gradient
+    (``−loss / normalizer``); ``mask`` is a constant.
 
     Args:
         student_input: $(\dots, H_s)$ hidden states.
@@ -241,7 +242,7 @@ def linear_distillation_loss(
         temperature: as in `distillation_loss`. Default: ``1.0``.
         mask: bool, broadcastable to the token shape ``student_input.shape[:-1]``. Default: ``None``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
-        normalizer: as in `distillation_loss` (a constant here). Default: ``None``.
+        normalizer: as in `distillation_loss`. Default: ``None``.
         chunk_size: rows per chunk of the flattened tokens (``None``: the engine's default, the
             chunk's logits within 64 MiB). Default: ``None``.
 
@@ -296,4 +297,8 @@ def linear_distillation_loss(
             normalizer = keep.sum()
         keep = divide(keep, normalizer.detach() if isinstance(normalizer, Tensor) else normalizer)
     total, _ = linear_chunks_reduced(head, streams, rows, keep.unsqueeze(1), chunk_size=chunk_size)
+    if reduction == "mean" and isinstance(normalizer, Tensor) and normalizer.requires_grad:
+        # the rows were weighted by 1 / normalizer as a constant; × n/n (exactly 1, 0 where
+        # n = 0) gives the normalizer its gradient −total / n
+        total = total * divide(normalizer.detach(), normalizer)
     return total
