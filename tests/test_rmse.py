@@ -338,3 +338,49 @@ def test_rmse_masked_nan_and_zero_residual():
     got = SF.rmse_loss(x, torch.zeros(4), "sum", mask=m)
     torch.testing.assert_close(got, torch.tensor(math.sqrt(10.0)))
     assert torch.isfinite(_grad(got, x)[0]).all()
+
+
+def test_float64_tiny_residuals_do_not_underflow():
+    # float64 squares lose their digits below 1.5e-154: the norm is taken again scaled by 2**600
+    x = torch.tensor([1e-170, 1e-170, 0.0], dtype=torch.float64, requires_grad=True)
+    out = SF.rmse_loss(x, torch.zeros(3, dtype=torch.float64))
+    (g,) = torch.autograd.grad(out, x)
+    want = math.sqrt(2 / 3) * 1e-170
+    assert out.item() == pytest.approx(want, rel=1e-15)
+    torch.testing.assert_close(g, torch.tensor([1e-170, 1e-170, 0.0], dtype=torch.float64) / (3 * want))
+    # and at the float32 analogue, float32's own result
+    out32 = SF.rmse_loss((x.detach() * 1e140).float(), torch.zeros(3))
+    assert out32.item() == pytest.approx(want * 1e140, rel=1e-6)
+    # ordinary and overflowing float64 residuals keep their values
+    for v in (1.0, 1e200):
+        r = torch.tensor([v, -v, 0.0], dtype=torch.float64)
+        assert SF.rmse_loss(r, torch.zeros(3, dtype=torch.float64)).item() == pytest.approx(v * math.sqrt(2 / 3))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("values", [[1e-30, 1e-30], [1e-30, 0.0], [1e20, 0.0], [3.0, -4.0]])
+def test_double_backward_at_tiny_and_huge_residuals(reduction, values):
+    # the Hessian of sqrt(Σ r² / D): (I − u uᵀ) / (D · rmse), u = r / (sqrt(D) · rmse); the
+    # backward is (r / rmse) · (g / D), so its derivative forms no rmse² (float32 under- and
+    # overflows there)
+    x = torch.tensor(values, requires_grad=True)
+    (g,) = torch.autograd.grad(SF.rmse_loss(x, torch.zeros(2), reduction), x, create_graph=True)
+    hess = torch.stack([torch.autograd.grad(g[i], x, retain_graph=True)[0] for i in range(2)])
+    r = torch.tensor(values, dtype=torch.float64)
+    d = 2.0 if reduction == "mean" else 1.0
+    rmse = torch.linalg.vector_norm(r) / math.sqrt(d)
+    u = r / (math.sqrt(d) * rmse)
+    want = (torch.eye(2, dtype=torch.float64) - torch.outer(u, u)) / (d * rmse)
+    torch.testing.assert_close(hess.double(), want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+    fwd = torch.func.hessian(lambda a: SF.rmse_loss(a, torch.zeros(2), reduction))(x.detach())
+    torch.testing.assert_close(fwd.double(), want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("value", [1e-40, -1e-40, 2.0, float("inf")])
+def test_none_reduction_double_backward_is_zero(value):
+    # |r| has derivative sign(r) and second derivative 0 (r ≠ 0); r / |r| would give inf − inf
+    # at a subnormal r
+    x = torch.tensor([value], requires_grad=True)
+    (g,) = torch.autograd.grad(SF.rmse_loss(x, torch.zeros(1), "none").sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    assert g.item() == math.copysign(1.0, value) and gg.item() == 0.0

@@ -11,35 +11,68 @@ from torch import Tensor
 from stablelosses._autograd._base import applier
 from stablelosses._autograd._residual import residual_grads, residual_tangent
 
-# 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it.
-_DOWN, _UP = 2.0**-600, 2.0**600
+# 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it;
+# 2**600 lifts residuals whose norm is below 2**-450 to squares of at most 2**300.
+_DOWN, _UP, _TINY = 2.0**-600, 2.0**600, 2.0**-450
 
 
 def _norm(r: Tensor) -> Tensor:
-    """``sqrt(Σ r²)`` in float64 without overflow of the squares (0 for an empty ``r``).
+    """``sqrt(Σ r²)`` in float64 without overflow or underflow of the squares (0 for an empty
+    ``r``).
 
     A float32 square fits float64. Eager torch's ``vector_norm(dtype=float64)`` makes a float64
     copy of ``r`` first (``_to_copy``: the peak and most of the eager time on CPU); compiled,
-    inductor casts inside the one reduction. A float64 square overflows past 1.3e154, so the
-    norm of ``r · 2**-600`` (scaled back) is taken there. One spelling, eager and compiled.
+    inductor casts inside the one reduction. A float64 square overflows past 1.3e154 and loses
+    its digits below 1.5e-154, so float64 residuals are normed again scaled by a power of two
+    (exact): ``2**-600`` where the direct norm is ``inf``, ``2**600`` where it is below
+    ``2**-450`` (every square of ``r · 2**600`` then fits), 1 elsewhere (the same value). One
+    spelling, eager and compiled.
     """
     if r.dtype != torch.float64:
         return torch.linalg.vector_norm(r, dtype=torch.float64)
     direct = torch.linalg.vector_norm(r)
-    return torch.where(direct == math.inf, torch.linalg.vector_norm(r * _DOWN) * _UP, direct)
+    s = torch.where(direct == math.inf, _DOWN, torch.where(direct < _TINY, _UP, torch.ones_like(direct)))
+    return torch.linalg.vector_norm(r * s) / s
 
 
-def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor) -> Tensor:
+def _value(r: Tensor, mode: str, eps: float) -> Tensor:
+    """The reduced rmse of ``r`` (``'mean'``/``'sum'``), in float64: the forward's value before
+    its cast, and a differentiable graph of ``r`` for the double backward."""
+    value = _norm(r)
+    if mode == "mean":
+        value = value / r.numel() ** 0.5  # 0 / 0 = NaN for an empty input, as torch
+    if eps != 0.0:
+        value = torch.hypot(value, value.new_full((), math.sqrt(eps)))
+    return value
+
+
+def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor, eps: float) -> Tensor:
     """``g · r / (D·rmse)`` elementwise, 0 where ``rmse == 0``.
 
-    ``r_i / rmse`` is bounded by ``sqrt(D)``; dividing ``r`` by ``rmse · D / g`` keeps that
-    order (``1 / rmse`` alone would overflow for a subnormal rmse). Where rmse == 0 every
-    ``r_i`` is 0 and the safe divisor 1 gives the defined value 0.
+    First order: one pass, ``r / (rmse · D / g)``: ``r_i / rmse`` is bounded by ``sqrt(D)`` and
+    the divisor neither over- nor underflows for any ``g`` a loss sends back. Where rmse == 0
+    every ``r_i`` is 0 and the safe divisor 1 gives the defined value 0.
+
+    Differentiable (grad mode on: a double backward follows): the same formula from ``r`` in
+    float64 ops with the rmse recomputed (`_value`), not through the saved one, whose own
+    backward would then take that chain's incoming gradient (``~1/rmse``): in float32 the
+    divisor underflows for an rmse of ``1e-30``. ``'none'`` without ``eps``: ``sign(r) · g``,
+    the same values (0 at 0), whose derivative is 0 (``r / |r|`` would differentiate to
+    ``inf − inf`` at a subnormal ``r``).
     """
-    safe = value.masked_fill(value == 0, 1)
     if mode == "none":
-        return r / safe * g
-    return r / (safe * (r.numel() if mode == "mean" else 1) / g)
+        if eps == 0.0:  # (sign(NaN) is 0 in torch: the NaN is kept by the select)
+            return torch.where(torch.isnan(r), r, torch.sign(r)) * g
+        return r / value * g
+    d = r.numel() if mode == "mean" else 1
+    if torch.is_grad_enabled():
+        r64 = r.double()
+        v = _value(r64, mode, eps)
+        zero = v == 0
+        out = (r64 / torch.where(zero, 1.0, v)) * (g.double() / d)
+        return out.to(r.dtype)
+    safe = value.masked_fill(value == 0, 1)
+    return r / (safe * d / g)
 
 
 class _RMSE(torch.autograd.Function):
@@ -61,20 +94,15 @@ class _RMSE(torch.autograd.Function):
         if mode == "none":
             # sqrt(r² + eps) = hypot(r, sqrt(eps)), which never forms r².
             return (r.abs() if eps == 0.0 else torch.hypot(r, r.new_full((), math.sqrt(eps)))), r
-        value = _norm(r)
-        if mode == "mean":
-            value = value / r.numel() ** 0.5  # 0 / 0 = NaN for an empty input, as torch
-        if eps != 0.0:
-            value = torch.hypot(value, value.new_full((), math.sqrt(eps)))
-        return value.to(r.dtype), r
+        return _value(r, mode, eps).to(r.dtype), r
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-        input, target, mode, _ = inputs
+        input, target, mode, eps = inputs
         value, r = output
         ctx.save_for_backward(r, value)
         ctx.save_for_forward(r, value)
-        ctx.mode = mode
+        ctx.mode, ctx.eps = mode, eps
         ctx.shapes = input.shape, target.shape
         ctx.set_materialize_grads(False)
 
@@ -82,7 +110,7 @@ class _RMSE(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor | None, grad_r: Tensor | None
                  ) -> tuple[Tensor | None, Tensor | None, None, None]:
         r, value = ctx.saved_tensors
-        g = None if grad is None else _sensitivity(r, value, ctx.mode, grad)
+        g = None if grad is None else _sensitivity(r, value, ctx.mode, grad, ctx.eps)
         return *residual_grads(ctx, g, grad_r), None, None
 
     @staticmethod
@@ -90,7 +118,7 @@ class _RMSE(torch.autograd.Function):
             ) -> tuple[Tensor, Tensor]:
         r, value = ctx.saved_tensors
         t_r = residual_tangent(r, t_input, t_target)
-        g = _sensitivity(r, value, ctx.mode, torch.ones_like(value))
+        g = _sensitivity(r, value, ctx.mode, torch.ones_like(value), ctx.eps)
         return (g * t_r if ctx.mode == "none" else (g * t_r).sum()), t_r
 
 
