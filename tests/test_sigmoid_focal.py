@@ -15,6 +15,8 @@ import stablelosses as sl
 import stablelosses.functional as SF
 from stablelosses import naive as naive_formulas
 
+INF, NAN = float("inf"), float("nan")
+
 REDUCTIONS = ["none", "mean", "sum"]
 
 
@@ -410,3 +412,28 @@ def test_input_gradient_alone_vs_mpmath(x, t, gamma):
         SF.sigmoid_focal_loss(xv, torch.tensor([t], dtype=dtype), gamma=gamma, reduction="sum").backward()
         atol = 1e-300 if dtype == torch.float64 else 1e-44
         torch.testing.assert_close(xv.grad.double(), torch.tensor([dx], dtype=torch.float64), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("alpha", [0.25, -1.0, 1.0])
+def test_infinite_logits_give_the_limits(gamma, alpha):
+    # x = ±inf: the loss is 0 where the target sits at that end (w = 0) or α_t = 0, else +inf;
+    # the input gradient is its limit ±α_t·w^(1+γ), finite, with a finite second derivative
+    # (torchvision's formula and the lerp of two softpluses give NaN there)
+    x0 = torch.tensor([INF, -INF, INF, -INF, INF, -INF, 3.0, NAN])
+    t = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.3, 0.3, 0.4, 0.5])
+    x = x0.clone().requires_grad_()
+    out = SF.sigmoid_focal_loss(x, t, alpha=alpha, gamma=gamma)
+    (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    w = torch.where(x0 > 0, 1 - t, t)[:6]
+    a_t = alpha * t[:6] + (1 - alpha) * (1 - t[:6]) if alpha >= 0 else torch.ones(6)
+    want = torch.where((w == 0) | (a_t == 0), 0.0, INF)
+    assert torch.equal(out[:6], want)
+    torch.testing.assert_close(g[:6], torch.sign(x0[:6]) * a_t * w ** (1 + gamma))
+    assert torch.isfinite(g[:7]).all() and torch.isfinite(gg[:7]).all()
+    assert torch.isnan(out[7]) and torch.isnan(g[7])
+    # the first-order backward (no graph) gives the same limits
+    x2 = x0.clone().requires_grad_()
+    (g2,) = torch.autograd.grad(SF.sigmoid_focal_loss(x2, t, alpha=alpha, gamma=gamma).sum(), x2)
+    torch.testing.assert_close(g2[:7], g[:7].detach())

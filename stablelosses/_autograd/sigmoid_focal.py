@@ -27,6 +27,7 @@ forward over reverse) stay finite for saturated logits as well.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -85,21 +86,28 @@ def _ce_and_sides(x: Tensor, t: Tensor, need_ce: bool = True) -> tuple[Tensor | 
 
 def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
     if gamma == 0.0:
-        # α_t·BCE: torch's own term, bit for bit (torchvision's tests compare with it).
+        # α_t·BCE: torch's own term, bit for bit (torchvision's tests compare with it), but at
+        # x = ±inf, where torch's (1 − t)·x meets 0·inf and inf − inf: there the limit, +inf,
+        # or 0 where the target sits at that end (w = 0); a NaN target stays NaN (w·0)
         loss = F.binary_cross_entropy_with_logits(x, t, reduction="none")
-    else:
-        ce, sn, sp = _ce_and_sides(x, t)
-        assert ce is not None
-        # q = lerp(σ(x), σ(-x), t): σ(∓x) itself for a hard target. In place only on tensors
-        # made from both x and t (a vmap over one of them batches both)
-        loss = ce.mul_(torch.lerp(sp, sn, t).pow_(gamma))
-    if alpha >= 0:
-        if gamma == 0.0:
-            loss = _alpha_t(t, alpha, torchvision_rounding=True) * loss
-        else:
-            # α_t·l = (1-α)·l + (2α-1)·t·l: one pass fewer than forming α_t first
-            loss = torch.addcmul(loss * (1 - alpha), loss, t, value=2 * alpha - 1)
-    return loss
+        w = torch.where(x > 0, 1 - t, t)
+        loss = torch.where(torch.isinf(x), torch.where(w == 0, 0.0, w * 0.0 + math.inf), loss)
+        if alpha >= 0:
+            a_t = _alpha_t(t, alpha, torchvision_rounding=True)
+            loss = torch.where(a_t == 0, 0.0, a_t * loss)  # α_t = 0: 0 also where loss is inf
+        return loss
+    ce, sn, sp = _ce_and_sides(x, t)
+    assert ce is not None
+    # q = lerp(σ(x), σ(-x), t): σ(∓x) itself for a hard target; the factor α_t·q^γ in one
+    # buffer. In place only on tensors made from both x and t (a vmap over one of them
+    # batches both)
+    factor = torch.lerp(sp, sn, t).pow_(gamma)
+    if alpha >= 0:  # α_t·f = (1-α)·f + (2α-1)·t·f: one pass fewer than forming α_t first
+        factor = torch.addcmul(factor * (1 - alpha), factor, t, value=2 * alpha - 1)
+    # x = ±inf: the lerp of an infinite softplus is NaN (inf·0, inf − inf) where the limit is
+    # +inf, or 0 where the factor is 0 (the target at that end, or α_t = 0). A NaN input stays
+    # NaN through q. (Two in-place passes over our own buffers.)
+    return ce.nan_to_num_(nan=math.inf, posinf=math.inf).mul_(factor).masked_fill_(factor == 0, 0.0)
 
 
 def _grad_x_lean(x: Tensor, t: Tensor, alpha: float, gamma: float, scale: Tensor, reduced: bool
@@ -121,7 +129,9 @@ def _grad_x_lean(x: Tensor, t: Tensor, alpha: float, gamma: float, scale: Tensor
     if gamma != 0.0:
         assert ce is not None
         dq = pn.addcmul_(pn, t, value=-2.0)  # σ(x)σ(-x)(1 - 2t)
-        ratio = ce.div_(q.clamp_min_(torch.finfo(x.dtype).tiny))
+        # ce/q is bounded where σ(x)σ(-x) is not 0; at x = ±inf (NaN or inf there) the term
+        # is 0 (a NaN input stays NaN through σ(x) − t)
+        ratio = ce.div_(q.clamp_min_(torch.finfo(x.dtype).tiny)).nan_to_num_(nan=0.0, posinf=0.0)
         d = d.addcmul_(ratio, dq, value=gamma).mul_(q.pow_(gamma))
     if alpha < 0:
         return d.mul_(scale)
@@ -133,8 +143,15 @@ def _grad_x_lean(x: Tensor, t: Tensor, alpha: float, gamma: float, scale: Tensor
 
 def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
            need_x: bool, need_t: bool) -> tuple[Tensor | None, Tensor | None]:
-    """d loss / d x and d loss / d t, elementwise, in differentiable torch ops."""
-    p = _parts(x, t)
+    """d loss / d x and d loss / d t, elementwise, in differentiable torch ops.
+
+    At ``x = ±inf`` (computed at 0 and replaced: double where, so the second derivatives stay
+    finite) d/dx is its limit ``±α_t w^{1+γ}`` (constant in ``x``: second derivative 0) and
+    d/dt is ``−x α_t w^γ``, infinite as the loss is around it (NaN where ``w = 0``).
+    """
+    inf_x = torch.isinf(x)
+    xs = torch.where(inf_x, 0.0, x)
+    p = _parts(xs, t)
     a, e, pos, w = p["a"], p["e"], p["pos"], p["w"]
     small = e / (1 + e)
     ce = torch.addcmul(p["log1p_e"], w, a)
@@ -147,7 +164,7 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
             gx = torch.where(pos, core, -core)
         if need_t:
             d = gamma * (1 - e) * c
-            gt = mod * (-x - torch.where(pos, d, -d))
+            gt = mod * (-xs - torch.where(pos, d, -d))
             if alpha >= 0:
                 gt = gt * _alpha_t(t, alpha) + (2 * alpha - 1) * ce * mod
     else:
@@ -155,11 +172,19 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
             core = w - small
             gx = torch.where(pos, core, -core)
         if need_t:
-            gt = -x
+            gt = -xs
             if alpha >= 0:
                 gt = gt * _alpha_t(t, alpha) + (2 * alpha - 1) * ce
-    if gx is not None and alpha >= 0:
-        gx = gx * _alpha_t(t, alpha)
+    # the target mass on the side x does not favour; 1 at finite x (double where: pow's
+    # derivative at 0 is inf for γ < 1)
+    w_inf = torch.where(inf_x, torch.where(x > 0, 1 - t, t), 1.0)
+    mod_inf = w_inf**gamma if gamma != 0.0 else torch.ones_like(w_inf)
+    if gx is not None:
+        gx = torch.where(inf_x, torch.where(x > 0, w_inf, -w_inf) * mod_inf, gx)
+        if alpha >= 0:
+            gx = gx * _alpha_t(t, alpha)
+    if gt is not None:
+        gt = torch.where(inf_x, -x * mod_inf * (_alpha_t(t, alpha) if alpha >= 0 else 1.0), gt)
     return gx, gt
 
 

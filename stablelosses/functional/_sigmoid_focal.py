@@ -71,6 +71,12 @@ def sigmoid_focal_loss(
     second derivative in $x$ and $t$ is finite everywhere; at a hard target with
     $|x| > 66$ (float32) it omits terms of the size of $(1-p_t)^\gamma |x|$.
 
+    **Infinite logits.** At $x = \pm\infty$ the loss is its limit: 0 where the target sits at
+    that end ($t = 1$ at $+\infty$, $t = 0$ at $-\infty$) or $\alpha_t = 0$, else $+\infty$
+    (torchvision's formula gives NaN); the gradient in $x$ is the limit $\pm\alpha_t w^{1+\gamma}$
+    ($w$ the target mass on the other side), with second derivative 0. The gradient in ``t``
+    is infinite there, as the loss is around it.
+
     **Mask.** ``mask`` (bool, True = counts), broadcastable to the unreduced loss $\ell$,
     reduces over its True entries $M$ as every loss does ([the `mask=`
     argument](../migration.md#the-mask-argument)): ``'mean'`` is $\sum_M \ell_i / \max(1, |M|)$.
