@@ -355,3 +355,15 @@ def test_every_headline_quotes_numbers_its_history_lines_show():
             if messages and mode == "raise":
                 break
     assert checked > 100
+
+
+def test_contract_positional_order_and_a_wrong_optimizer():
+    # DivergenceMonitor(model, window=5, growth=1e3, mode='raise'): positional as the contract
+    net = nn.Linear(2, 2)
+    m = DivergenceMonitor(net, 7, 50.0, "warn")
+    assert (m.window, m.growth, m.mode, m.optimizer) == (7, 50.0, "warn", None)
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        DivergenceMonitor(net, optimizer=10)
+    with pytest.raises(TypeError):
+        DivergenceMonitor(net, 5, 1e3, "raise", torch.optim.SGD(net.parameters(), lr=0.1))
+

@@ -108,6 +108,19 @@ def test_contract_minus_inf_outputs_are_silent():
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("x", [[3e38, -3e38], [60000.0, -60000.0]])
+def test_minus_inf_overflow_from_finite_inputs_is_reported(x):
+    # the contract's -inf values are masked entries and zero probabilities; a -inf log-softmax
+    # of finite logits without a mask is an overflow, reported as torch's own is
+    t = torch.tensor(x, dtype=torch.float32 if abs(x[0]) > 1e5 else torch.float16)
+    for fn in (sl.log_softmax, torch.log_softmax):
+        with pytest.raises(NonFiniteError, match="overflow"), detect_nonfinite():
+            fn(t, -1)
+    with detect_nonfinite() as d:  # with a mask, its -inf entries are defined
+        sl.log_softmax(torch.tensor([1.0, 2.0]), -1, mask=torch.tensor([True, False]))
+    assert d.reports == []
+
+
 def test_internal_intermediates_on_the_way_to_a_finite_result_are_silent():
     x = torch.zeros(3, requires_grad=True)
     logits = torch.tensor([[10.0, -200.0], [0.0, -INF]], requires_grad=True)

@@ -43,8 +43,10 @@ from stablelosses.debug._report import _judge_inputs, _kind, make_error
 
 __all__ = ["install", "uninstall", "call", "public_functions", "public_name"]
 
-# The -inf outputs docs/design.md defines: log-probabilities of masked entries or zero probabilities,
-# logsumexp of an all -inf slice. A -inf from these is silent; NaN or +inf is still reported.
+# The -inf outputs docs/design.md defines: log-probabilities of masked entries (a -inf input, which
+# is not finite and so never blamed, or a mask= argument) and of zero probabilities (xlogy(x, 0)).
+# A -inf from these is silent; from finite inputs and no mask it is an overflow
+# (log_softmax([3e38, -3e38])), reported as torch's own is; NaN or +inf is always reported.
 NEG_INF_OK = frozenset({"log_softmax", "logsumexp", "xlogy", "logaddexp", "log_sigmoid"})
 
 _local = threading.local()  # .det: this thread's detector; .depth: True inside a public call
@@ -184,7 +186,8 @@ def _diagnose(det: Any, fn: Any, name: str, args: tuple, kwargs: dict, outs: lis
     kind = _kind(det, outs, in_finite, in_nan)
     if kind is None:
         return None
-    if (kind == "overflow" and short in NEG_INF_OK
+    defined = short == "xlogy" or isinstance(kwargs.get("mask"), torch.Tensor)
+    if (kind == "overflow" and short in NEG_INF_OK and defined
             and not any(_has_nan(o) or bool((o == float("inf")).any()) for o in outs)):
         return None  # a defined -inf: a masked entry or a zero probability
     cause, detail = _cause(fn, short, kind, args, kwargs, in_finite)

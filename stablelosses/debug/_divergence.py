@@ -94,15 +94,16 @@ class DivergenceMonitor:
 
     Args:
         model: the ``nn.Module`` being trained.
-        optimizer: optional; its learning rates give the update-to-weight ratio.
-        window: steps of history (``>= 1``).
-        growth: the factor (``> 1``) that counts as divergence.
-        loss_floor: the smallest scale (``> 0``) a loss's rise is measured against.
+        window: steps of history (``>= 1``). Default: ``5``.
+        growth: the factor (``> 1``) that counts as divergence. Default: ``1e3``.
         mode: ``'raise'`` raises `DivergenceError`; ``'warn'`` issues a `DivergenceWarning`,
-            then starts a fresh window.
+            then starts a fresh window. Default: ``'raise'``.
+        optimizer: optional, keyword-only; its learning rates give the update-to-weight ratio.
+        loss_floor: keyword-only; the smallest scale (``> 0``) a loss's rise is measured
+            against. Default: ``1.0``.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
+        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` is not an optimizer.
         ValueError: ``window < 1``, ``growth <= 1``, ``loss_floor <= 0`` or an unknown ``mode``.
 
     Example:
@@ -131,15 +132,20 @@ class DivergenceMonitor:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
         window: int = 5,
         growth: float = 1e3,
         mode: str = "raise",
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
         loss_floor: float = 1.0,
     ) -> None:
+        # the contract's positional order: (model, window, growth, mode); the rest by keyword
         if not isinstance(model, nn.Module):
             raise TypeError(f"DivergenceMonitor: model must be an nn.Module, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "DivergenceMonitor: optimizer must be a torch.optim.Optimizer or None, got "
+                f"{type(optimizer).__name__}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"DivergenceMonitor: window must be an int >= 1, got {window!r}")
         if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not growth > 1:

@@ -111,9 +111,9 @@ class NaNDoctor:
     def start(self, model: nn.Module, optimizer: Any | None = None) -> None:
         if self.divergence and self.monitor is None:
             opt = getattr(optimizer, "optimizer", optimizer)  # a wrapper's torch optimizer
-            self.monitor = DivergenceMonitor(model, opt if isinstance(opt, torch.optim.Optimizer) else None,
-                                             window=self.window, growth=self.growth,
-                                             loss_floor=self.loss_floor)
+            self.monitor = DivergenceMonitor(
+                model, self.window, self.growth,
+                optimizer=opt if isinstance(opt, torch.optim.Optimizer) else None, loss_floor=self.loss_floor)
 
     def close(self) -> None:
         """Remove the monitor's hooks and let go of the model and optimizers; the next `start`
