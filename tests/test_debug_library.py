@@ -215,3 +215,39 @@ def test_every_public_function_is_checked():
             if callable(obj) and not inspect.isclass(obj) and name not in config:
                 assert name in covered, name
     assert {"safe_sqrt", "cross_entropy", "rmse_loss", "log_softmax"} <= covered
+
+
+# ---- the backward of a public function, as one operator ------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, x, upstream", [(torch.float16, 1e-7, 100.0), (torch.float32, 1e-30, 1e30)])
+def test_overflow_in_a_public_functions_backward_is_reported(dtype, x, upstream):
+    # d sqrt / dx = 1 / (2 sqrt x): finite inputs and upstream gradient, an Inf gradient
+    x = torch.tensor([x], dtype=dtype, requires_grad=True)
+    with pytest.raises(NonFiniteError) as info, detect_nonfinite():
+        (sl.safe_sqrt(x) * upstream).sum().backward()
+    err = info.value
+    assert err.op == "stablelosses.safe_sqrt" and err.phase == "backward" and err.kind == "overflow"
+    assert "in the backward of stablelosses.safe_sqrt" in str(err)
+    assert err.lineno == line_of(__file__, "(sl.safe_sqrt(x) * upstream).sum().backward()")
+
+
+def test_a_public_functions_backward_is_not_blamed_for_what_it_received_or_was_given():
+    x = torch.tensor([1e-30], requires_grad=True)
+    with detect_nonfinite() as d:
+        y = sl.safe_sqrt(x)
+    (y * 1e30).sum().backward()  # after the context: not watched
+    assert d.reports == [] and torch.isinf(x.grad).all()
+    x.grad = None
+    with detect_nonfinite(mode="warn") as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (sl.safe_sqrt(x) * torch.tensor([float("nan")])).sum().backward()  # a NaN gradient came in
+    assert all(r.op != "stablelosses.safe_sqrt" for r in d.reports)
+    # masked logits (-inf inputs) with finite gradients: silent, and the same gradient as unwatched
+    logits = torch.tensor([[2.0, -INF, 0.5], [-INF, -INF, -INF]], requires_grad=True)
+    with detect_nonfinite() as d:
+        SF.cross_entropy(logits, torch.tensor([0, 1]), label_smoothing=0.1).backward()
+    watched = logits.grad.clone()
+    logits.grad = None
+    SF.cross_entropy(logits, torch.tensor([0, 1]), label_smoothing=0.1).backward()
+    assert d.reports == [] and torch.equal(watched, logits.grad)

@@ -5,7 +5,10 @@ While a `detect_nonfinite` context is active on a thread, every public function 
 thread has its result checked: a NaN or Inf it returns from inputs without one is reported
 under the public name (``stablelosses.safe_sqrt``, ``stablelosses.functional.cross_entropy``).
 What the function does inside (its ATen operators, a ``log 0`` selected away by a ``where``) is
-not looked at, so the check does not depend on how a function is written today.
+not looked at, so the check does not depend on how a function is written today. Its backward is
+checked the same way: each input that requires grad is passed as a view of its own, whose hook
+sees the gradient this call sends it; one that is not finite while the forward's inputs and the
+incoming gradients were is reported under the public name, phase ``backward``.
 
 How: each public function is, from import on, a thin wrapper (``stablelosses/_public.py``) that
 reads one global, the observer slot. While it is empty the wrapper only calls the function.
@@ -95,15 +98,23 @@ def uninstall(det: Any) -> None:
 
 
 def call(fn: Callable[..., Any], short: str, args: tuple, kwargs: dict) -> Any:
-    """Run ``fn``; under this thread's active detector, check what it returns."""
+    """Run ``fn``; under this thread's active detector, check what it returns and, when its
+    backward runs inside the context, the gradients it sends to its inputs (`_watch_backward`)."""
     det = getattr(_local, "det", None)
-    if det is None or getattr(_local, "depth", False) or det._suspended or not det.forward:
+    if det is None or getattr(_local, "depth", False) or det._suspended:
         return fn(*args, **kwargs)  # not watched here, or inside another public call
+    watch = _watch_backward(det, short, args, kwargs)
+    if watch is not None:
+        args, kwargs = watch.args, watch.kwargs
     _local.depth = True
     try:
         out = fn(*args, **kwargs)
     finally:
         _local.depth = False
+    if watch is not None:
+        watch.outputs(out)
+    if not det.forward:
+        return out
     det._suspended = True  # the checks below run torch operators
     try:
         err = _check(det, fn, short, out, args, kwargs)
@@ -112,6 +123,83 @@ def call(fn: Callable[..., Any], short: str, args: tuple, kwargs: dict) -> Any:
     if err is not None:
         det._emit(err)
     return out
+
+
+class _Backward:
+    """A public function's backward as one operator: the gradients it sends to its inputs,
+    judged against its forward inputs and the gradients it received (see `_watch_backward`)."""
+
+    def __init__(self, det: Any, short: str, args: tuple, kwargs: dict, tensors: list) -> None:
+        self.det, self.name = det, public_name(short)
+        self.in_finite = all(_all_finite(t) for t in tensors)
+        self.in_nan = any(_has_nan(t) for t in tensors)
+        self.inputs = [TensorSummary.of(t) for t in tensors]
+        self.module_path = det._module_path()
+        self.filename, self.lineno = _user_line(sys._getframe(2))
+        self.args, self.kwargs = tree_map(self._alias, (args, kwargs))
+
+    def _alias(self, a: Any) -> Any:
+        # a view of its own: the hook sees exactly this call's gradient for the input
+        if isinstance(a, torch.Tensor) and a.requires_grad and a.is_floating_point():
+            a = a.view_as(a)
+            a.register_hook(self._sent)
+        return a
+
+    def outputs(self, out: Any) -> None:
+        for o in tree_flatten(out)[0]:
+            if isinstance(o, torch.Tensor) and o.requires_grad:
+                o.register_hook(self._received)
+
+    def _received(self, g: torch.Tensor) -> None:
+        with self._reading():
+            self.in_finite = self.in_finite and _all_finite(g)
+            self.in_nan = self.in_nan or _has_nan(g)
+
+    def _sent(self, g: torch.Tensor) -> None:
+        if self.det._suspended or getattr(_local, "det", None) is not self.det:
+            return  # the backward runs after the context closed, or on another thread
+        det: Any = self.det
+        with self._reading():
+            if _all_finite(g):
+                return
+            kind = _kind(det, [g], self.in_finite, self.in_nan)
+            err = None if kind is None else make_error(
+                op=self.name, phase="backward", kind=kind,
+                cause="overflow" if kind == "overflow" else "invalid",
+                detail="the gradient it sends to an input is not finite, from finite inputs and "
+                       "incoming gradients",
+                hint=None, module_path=self.module_path, filename=self.filename, lineno=self.lineno,
+                node=self.name, forward_op=None, inputs=self.inputs, outputs=[TensorSummary.of(g)])
+        if err is not None:
+            det._emit(err)
+
+    def _reading(self) -> Any:
+        det = self.det
+
+        class _Suspend:
+            def __enter__(self) -> None:
+                det._suspended = True
+
+            def __exit__(self, *exc: Any) -> None:
+                det._suspended = False
+
+        return _Suspend()
+
+
+def _watch_backward(det: Any, short: str, args: tuple, kwargs: dict) -> _Backward | None:
+    """A `_Backward` for a call whose backward may run inside the context: the detector watches
+    the backward, grad mode is on, no ``torch.func`` transform is active and an input requires
+    grad. None otherwise."""
+    if not det.backward or not torch.is_grad_enabled() or _compat.functorch_transforms_active():
+        return None
+    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    if not any(t.requires_grad for t in tensors) or any(_compat.is_fake(t) for t in tensors):
+        return None
+    det._suspended = True  # reading the inputs runs torch operators
+    try:
+        return _Backward(det, short, args, kwargs, tensors)
+    finally:
+        det._suspended = False
 
 
 def _check(det: Any, fn: Any, short: str, out: Any, args: tuple, kwargs: dict) -> NonFiniteError | None:

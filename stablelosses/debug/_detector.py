@@ -166,7 +166,8 @@ class detect_nonfinite:
     computes inside on the way to a finite result (a ``log 0`` selected away by a ``where``) and
     the ``-inf`` outputs the design contract (``docs/design.md``) defines (``log_softmax`` on
     masked entries, ``logsumexp`` of an all ``-inf`` slice, ``xlogy(x, 0)``) stay silent. Their
-    backward is trusted.
+    backward is one operator too: a gradient one sends to an input that is not finite, from
+    finite inputs and incoming gradients, is reported under its public name in the backward.
 
     **What the message says.** ``err.cause`` is one of ``'division by zero'``, ``'0/0'``,
     ``'log of zero'``, ``'overflow'`` and ``'invalid'``; for a catalogued hazard ``err.hint``
