@@ -300,7 +300,10 @@ def test_notebook(tmp_path, capsys):
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb))
     assert cli_main(["lint", str(path)]) == 1
-    assert capsys.readouterr().out.startswith(f"{path}:cell 3:1:5: SL104")
+    out = capsys.readouterr()
+    assert out.out.startswith(f"{path}:cell 3:1:5: SL104")
+    # --fix does not rewrite notebooks: their findings are not counted as fixable
+    assert "found 1 (0 fixable with --fix)" in out.err
 
 
 def test_flake8_plugin_class():

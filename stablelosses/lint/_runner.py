@@ -216,7 +216,10 @@ def _lint_many(paths: list[Path], select, ignore) -> Iterator[_FileResult]:
 
 
 def fixable(r: Report, reports: Sequence[Report]) -> bool:
-    """Has a rewrite, or lies inside one that has (the outer rewrite removes it)."""
+    """Has a rewrite, or lies inside one that has (the outer rewrite removes it); never in a
+    notebook, which ``--fix`` does not rewrite."""
+    if r.cell is not None:
+        return False
     if r.fix is not None:
         return True
     a, b = (r.line, r.column), (r.end_line, r.end_column)
