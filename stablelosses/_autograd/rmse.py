@@ -53,10 +53,10 @@ def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor, eps: float) -> 
     the divisor neither over- nor underflows for any ``g`` a loss sends back. Where rmse == 0
     every ``r_i`` is 0 and the safe divisor 1 gives the defined value 0.
 
-    Differentiable (grad mode on: a double backward follows): the same formula from ``r`` in
-    float64 ops with the rmse recomputed (`_value`), not through the saved one, whose own
-    backward would then take that chain's incoming gradient (``~1/rmse``): in float32 the
-    divisor underflows for an rmse of ``1e-30``. ``'none'`` without ``eps``: ``sign(r) · g``,
+    Differentiable (grad mode on: a double backward follows): the same formula, the same
+    values, with the rmse recomputed from ``r`` (`_value`, float64 inside) rather than read from
+    the saved output, whose own backward would then take that chain's incoming gradient
+    (``~1/rmse``): in float32 its divisor underflowed for an rmse of ``1e-30``. ``'none'`` without ``eps``: ``sign(r) · g``,
     the same values (0 at 0), whose derivative is 0 (``r / |r|`` would differentiate to
     ``inf − inf`` at a subnormal ``r``).
     """
@@ -64,15 +64,10 @@ def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor, eps: float) -> 
         if eps == 0.0:  # (sign(NaN) is 0 in torch: the NaN is kept by the select)
             return torch.where(torch.isnan(r), r, torch.sign(r)) * g
         return r / value * g
-    d = r.numel() if mode == "mean" else 1
     if torch.is_grad_enabled():
-        r64 = r.double()
-        v = _value(r64, mode, eps)
-        zero = v == 0
-        out = (r64 / torch.where(zero, 1.0, v)) * (g.double() / d)
-        return out.to(r.dtype)
+        value = _value(r, mode, eps).to(r.dtype)  # a graph of r, not the saved output
     safe = value.masked_fill(value == 0, 1)
-    return r / (safe * d / g)
+    return r / (safe * (r.numel() if mode == "mean" else 1) / g)
 
 
 class _RMSE(torch.autograd.Function):

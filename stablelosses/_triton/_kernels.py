@@ -494,6 +494,13 @@ def _sigmoid_focal_forward_kernel(X, T, KEEP, LOSS, n, alpha, gamma, HAS_ALPHA: 
         a_t = alpha * t + (1.0 - alpha) * (1.0 - t)
     if HAS_ALPHA:
         loss = a_t * loss
+    # x = ±inf: the limit, 0 where the target sits at that end (w = 0) or α_t = 0, else +inf
+    # (the formulas meet inf − inf and 0·inf there), as the torch path
+    w = tl.where(x > 0.0, 1.0 - t, t)
+    zero = w == 0.0
+    if HAS_ALPHA:
+        zero = zero | (a_t == 0.0)
+    loss = tl.where(tl.abs(x) == float("inf"), tl.where(zero, 0.0, float("inf")), loss)
     loss = tl.where((x != x) | (t != t), float("nan"), loss)
     tl.store(LOSS + offs, tl.where(kept, loss, 0.0), mask=ok)
 
@@ -515,7 +522,8 @@ def _sigmoid_focal_backward_kernel(X, T, KEEP, G, stride_g, DX, n, scale, alpha,
     sp, sn, q, ce = _sigmoid_parts(x, t)
     d = tl.where(t < 0.5, sp + t * (-sn - sp), -sn - (1.0 - t) * (-sn - sp))
     if FOCAL:
-        ratio = ce / tl.maximum(q, 1.1754943508222875e-38)
+        # ce / q at x = ±inf is NaN or inf; its term's limit there is 0 (σ(x)σ(−x) is 0)
+        ratio = tl.where(tl.abs(x) == float("inf"), 0.0, ce / tl.maximum(q, 1.1754943508222875e-38))
         d = (d + gamma * ratio * (sp * sn * (1.0 - 2.0 * t))) * _pow01(q, gamma)
     if HAS_ALPHA:
         d = d * (t * (2.0 * alpha - 1.0) + (1.0 - alpha))
