@@ -56,9 +56,10 @@ def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor, eps: float) -> 
     Differentiable (grad mode on: a double backward follows): the same formula, the same
     values, with the rmse recomputed from ``r`` (`_value`, float64 inside) rather than read from
     the saved output, whose own backward would then take that chain's incoming gradient
-    (``~1/rmse``): in float32 its divisor underflowed for an rmse of ``1e-30``. ``'none'`` without ``eps``: ``sign(r) · g``,
-    the same values (0 at 0), whose derivative is 0 (``r / |r|`` would differentiate to
-    ``inf − inf`` at a subnormal ``r``).
+    (``~1/rmse``): in float32 its divisor underflowed for an rmse of ``1e-30``.
+
+    ``'none'`` without ``eps``: ``sign(r) · g``, the same values (0 at 0), whose derivative is 0
+    (``r / |r|`` would differentiate to ``inf − inf`` at a subnormal ``r``).
     """
     if mode == "none":
         if eps == 0.0:  # (sign(NaN) is 0 in torch: the NaN is kept by the select)
