@@ -16,7 +16,7 @@ from stablelosses._autograd.cross_entropy import (
     _index_loss,
     _prob_loss,
 )
-from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_reduction
+from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_torch_reduction
 from stablelosses._utils import (
     cast,
     check_floating,
@@ -39,7 +39,7 @@ def check_cross_entropy_args(
 ) -> tuple[str, float, int]:
     """``(reduction, label_smoothing, ignore_index)`` checked (also by ``CrossEntropyLoss`` at
     construction)."""
-    return (check_reduction(fn, reduction), check_label_smoothing(fn, label_smoothing),
+    return (check_torch_reduction(fn, reduction), check_label_smoothing(fn, label_smoothing),
             check_int(fn, "ignore_index", ignore_index, tensor=True))
 
 

@@ -106,7 +106,7 @@ def gaussian_nll_loss(
     Replaces ``torch.nn.functional.gaussian_nll_loss``.
     """
     fn = "gaussian_nll_loss"
-    red = check_reduction(fn, reduction)
+    red = check_reduction(fn, reduction, alias=False, invalid="is not valid")  # torch's own check and words
     check_tensors(fn, input=input, target=target)
     if isinstance(var, float):
         if var < 0:

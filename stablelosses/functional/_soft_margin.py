@@ -143,7 +143,8 @@ def multilabel_soft_margin_loss(
     Replaces ``torch.nn.functional.multilabel_soft_margin_loss``.
     """
     fn = "multilabel_soft_margin_loss"
-    red = check_reduction(fn, reduction, size_average, reduce)
+    # torch's checks the three names itself, in its own words
+    red = check_reduction(fn, reduction, size_average, reduce, alias=False, invalid="is not valid")
     check_tensors(fn, input=input, target=target, weight=weight)
     dtype = out_dtype(input, target, weight)  # torch's formula promotes with weight
     loss = call_torch(fn, _multilabel_terms, ("input", "target", "weight"), up(input), up(target), up(weight))

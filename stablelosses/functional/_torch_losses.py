@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._compat import is_transform_wrapped
-from stablelosses._spec import check_reduction as _check_reduction
+from stablelosses._spec import TORCH_INVALID, check_torch_reduction
 from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, cast, legacy_reduction
 from stablelosses._utils import reduce as _reduce
 
@@ -54,10 +54,13 @@ __all__ = [
 # ------------------------------------------------------------------------- shared by the catalog
 
 
-def check_reduction(fn: str, reduction: object, size_average: object = None, reduce: object = None) -> str:
-    """torch's mapping of the deprecated pair onto ``reduction``, then the checked reduction."""
+def check_reduction(fn: str, reduction: object, size_average: object = None, reduce: object = None, *,
+                    alias: bool = True, invalid: str = TORCH_INVALID) -> str:
+    """torch's mapping of the deprecated pair onto ``reduction`` (with torch's warning), then the
+    checked reduction: ``'elementwise_mean'`` is ``'mean'`` (with torch's warning) where the torch
+    function takes it (``alias``), and a bad one's message holds torch's words (``invalid``)."""
     resolved = legacy_reduction(size_average, reduce, reduction)  # type: ignore[arg-type]
-    return _check_reduction(fn, resolved)
+    return check_torch_reduction(fn, resolved, alias=alias, invalid=invalid)
 
 
 def check_tensors(fn: str, **tensors: object) -> None:
@@ -384,7 +387,8 @@ def poisson_nll_loss(
     Replaces ``torch.nn.functional.poisson_nll_loss``.
     """
     fn = "poisson_nll_loss"
-    red = check_reduction(fn, reduction, size_average, reduce)
+    # torch's poisson_nll_loss checks the three names itself: no 'elementwise_mean'
+    red = check_reduction(fn, reduction, size_average, reduce, alias=False)
     check_tensors(fn, input=input, target=target)
     dtype = out_dtype(input, target)
     res = call_torch(
@@ -789,7 +793,7 @@ def triplet_margin_with_distance_loss(
     Replaces ``torch.nn.functional.triplet_margin_with_distance_loss``.
     """
     fn = "triplet_margin_with_distance_loss"
-    red = check_reduction(fn, reduction)
+    red = check_reduction(fn, reduction, alias=False)  # torch's checks the three names itself
     check_tensors(fn, anchor=anchor, positive=positive, negative=negative)
     dtype = out_dtype(anchor, positive, negative)
     res = call_torch(
