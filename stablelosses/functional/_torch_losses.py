@@ -116,14 +116,32 @@ def call_torch(
         raise renamed from None
 
 
+def scalar_type(dtype: torch.dtype) -> str:
+    """torch's C++ name of a dtype, as its messages write it: ``Float``, ``Half``, ``Long``."""
+    return torch.empty(0, dtype=dtype, device="meta").type().rsplit(".", 1)[-1].removesuffix("Tensor")
+
+
 def check_same_dtype(fn: str, input: Tensor, weight: Tensor | None) -> None:
-    """torch's kernels that take ``weight`` in ``input``'s dtype only: the same RuntimeError,
-    naming the argument."""
+    """torch's kernels that take ``weight`` in ``input``'s dtype only: the same RuntimeError in
+    torch's words (``expected scalar type Float but found Half``), naming the argument."""
     if weight is not None and weight.dtype != input.dtype:
         raise RuntimeError(
-            f"{fn}: weight must have input's dtype: expected scalar type {input.dtype} "
-            f"but found {weight.dtype}"
+            f"{fn}: weight must have input's dtype: expected scalar type {scalar_type(input.dtype)} "
+            f"but found {scalar_type(weight.dtype)}"
         )
+
+
+# torch's words for an integer or bool tensor its kernels refuse ({dtype}: torch's scalar type)
+NOT_IMPLEMENTED = "\"{kernel}\" not implemented for '{{dtype}}'"
+CANNOT_CAST = "result type Float can't be cast to the desired output type {dtype}"
+
+
+def check_floating_input(fn: str, name: str, t: Tensor, error: type[Exception], torch_words: str) -> None:
+    """``error`` (torch's type for this function) when ``t`` is not floating point (an integer or
+    bool tensor, which torch's kernel refuses), with torch's words (``{dtype}``: its scalar type)."""
+    if not (t.is_floating_point() or t.is_complex()):
+        words = torch_words.format(dtype=scalar_type(t.dtype))
+        raise error(f"{fn}: {name} must be a floating-point tensor, got {t.dtype} ({words})")
 
 
 def needs_grad(t: Tensor) -> bool:
