@@ -25,13 +25,15 @@ allows and refuses are tried in ``tests/test_specs.py``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 __all__ = [
-    "REDUCTIONS", "KL_REDUCTIONS", "quoted", "check_reduction", "check_flag", "check_int",
+    "REDUCTIONS", "KL_REDUCTIONS", "quoted", "check_reduction", "check_torch_reduction", "TORCH_INVALID",
+    "check_flag", "check_int",
     "check_real", "check_float_dtype", "check_dims",
     "check_nonnegative", "check_finite_nonnegative", "check_label_smoothing", "check_temperature",
     "check_alpha", "check_p_norm", "check_z_loss", "check_softcap", "check_chunk_size", "check_fill",
@@ -66,6 +68,28 @@ def check_reduction(fn: str, value: object, allowed: Sequence[str] = REDUCTIONS,
     """One of ``allowed`` as a plain ``str`` (``ValueError`` otherwise, as torch's). ``prefix``:
     words before the argument's name (torchvision's ``Invalid reduction:``)."""
     return check_choice(fn, name, value, allowed, prefix)
+
+
+# torch.nn._reduction.get_enum's: the deprecated alias of 'mean', and the words of its error
+_ELEMENTWISE_MEAN = "reduction='elementwise_mean' is deprecated. Please use reduction='mean' instead."
+TORCH_INVALID = "is not a valid value for reduction"
+
+
+def check_torch_reduction(fn: str, value: object, allowed: Sequence[str] = REDUCTIONS, *,
+                          alias: bool = True, invalid: str = TORCH_INVALID) -> str:
+    """The ``reduction`` of a function that replaces a torch.nn loss: `check_reduction`, with
+    torch's words in the message (``"abc is not a valid value for reduction"``, or ``invalid``:
+    each torch function's own, which torch's tests match). ``alias``: the torch function reads
+    ``reduction`` with ``torch.nn._reduction.get_enum``, which takes the deprecated
+    ``'elementwise_mean'`` for ``'mean'`` with its ``UserWarning``."""
+    if alias and isinstance(value, str) and value == "elementwise_mean":
+        warnings.warn(_ELEMENTWISE_MEAN, UserWarning, stacklevel=3)
+        return "mean"
+    try:
+        return check_choice(fn, "reduction", value, allowed)
+    except ValueError as e:
+        shown = str.__str__(value) if isinstance(value, str) else str(value)
+        raise ValueError(f"{e} ({shown} {invalid})") from None
 
 
 def check_flag(fn: str, name: str, value: object) -> bool:

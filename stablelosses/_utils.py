@@ -7,6 +7,7 @@ tensor values, so it costs no host sync and traces under ``torch.compile(fullgra
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -199,14 +200,19 @@ def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 def legacy_reduction(size_average: object, reduce: object, reduction: str) -> str:
     """torch's mapping of the deprecated ``size_average``/``reduce`` pair onto ``reduction``
-    (``legacy_get_string``): when either is given, it overrides ``reduction``."""
+    (``legacy_get_string``): when either is given, it overrides ``reduction`` (unchecked, as
+    torch ignores it then) and torch's deprecation ``UserWarning`` is emitted."""
     if size_average is None and reduce is None:
         return reduction
     size_average = True if size_average is None else size_average
     reduce = True if reduce is None else reduce
-    if not reduce:
-        return "none"
-    return "mean" if size_average else "sum"
+    resolved = "none" if not reduce else "mean" if size_average else "sum"
+    # torch's deprecation warning, word for word (legacy_get_string's)
+    warnings.warn(
+        f"size_average and reduce args will be deprecated, please use reduction='{resolved}' instead.",
+        UserWarning, stacklevel=3,
+    )
+    return resolved
 
 
 _grad_enabled = torch.is_grad_enabled

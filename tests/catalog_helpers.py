@@ -53,26 +53,29 @@ def detached(args, kwargs):
     return [detach(v) for v in args], {k: detach(v) for k, v in kwargs.items()}
 
 
-def assert_error_inputs_match(op, ours) -> None:
-    """Each of the OpInfo ``op``'s error inputs raises its error type from torch's op and from ``ours``."""
+def assert_error_inputs_match(op, ours, regex: bool = True) -> None:
+    """Each of the OpInfo ``op``'s error inputs raises its error type, with a message that its
+    ``error_regex`` matches (torch's tests use ``assertRaisesRegex``; the type only when not
+    ``regex``), from torch's op and from ``ours``."""
     for ei in op.error_inputs(torch.device("cpu")):
         s = ei.sample_input
-        with pytest.raises(ei.error_type):
+        match = ei.error_regex or None
+        with pytest.raises(ei.error_type, match=match):
             op.op(s.input, *s.args, **s.kwargs)
-        with pytest.raises(ei.error_type):
+        with pytest.raises(ei.error_type, match=match if regex else None):
             ours(s.input, *s.args, **s.kwargs)
 
 
 def assert_module_error_inputs_match(info, torch_cls, our_cls) -> None:
-    """Each of the ModuleInfo ``info``'s error inputs (at least one) raises its error type from
-    torch's module and from ours."""
+    """Each of the ModuleInfo ``info``'s error inputs (at least one) raises its error type, with a
+    message that its ``error_regex`` matches, from torch's module and from ours."""
     errors = list(info.module_error_inputs_func(info, "cpu", torch.float32, False, training=True))
     assert errors
     for e in errors:
         c, f = e.module_error_input.constructor_input, e.module_error_input.forward_input
-        with pytest.raises(e.error_type):
+        with pytest.raises(e.error_type, match=e.error_regex or None):
             torch_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
-        with pytest.raises(e.error_type):
+        with pytest.raises(e.error_type, match=e.error_regex or None):
             our_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
 
 

@@ -131,3 +131,37 @@ def test_target_of_another_size_is_torchs_value_error():
         SF.binary_cross_entropy_with_logits(torch.zeros(3), torch.zeros(2))
     with pytest.raises(ValueError):
         F.binary_cross_entropy_with_logits(torch.zeros(3), torch.zeros(2))
+
+
+@pytest.mark.parametrize("x", [INF, -INF])
+@pytest.mark.parametrize("t", [0.0, 0.5, 1.0])
+def test_zero_weight_at_an_infinite_logit_gives_zero_gradients(x, t):
+    # the value is 0 for every target there, so every gradient is 0: the outer 0·inf used to
+    # reach the inner (1 - t)·softplus(x) product, and the target's gradient was 0·inf = NaN
+    xi = torch.tensor([x], requires_grad=True)
+    ti = torch.tensor([t], requires_grad=True)
+    w = torch.zeros(1, requires_grad=True)
+    pw = torch.tensor([2.0], requires_grad=True)
+    loss = SF.binary_cross_entropy_with_logits(xi, ti, w, pos_weight=pw, reduction="sum")
+    assert loss.item() == 0.0
+    for g in torch.autograd.grad(loss, (xi, ti, w, pw)):
+        assert torch.equal(g, torch.zeros(1))
+    # a NaN target there stays NaN
+    nan = SF.binary_cross_entropy_with_logits(xi, torch.tensor([float("nan")]), w, reduction="sum")
+    assert torch.isnan(nan)
+
+
+def test_integer_or_bool_logits_raise_torchs_not_implemented_error():
+    for x in (torch.tensor([1, -2]), torch.tensor([True, False])):
+        with pytest.raises(NotImplementedError):
+            F.binary_cross_entropy_with_logits(x, torch.rand(2))
+        with pytest.raises(NotImplementedError, match="binary_cross_entropy_with_logits"):
+            SF.binary_cross_entropy_with_logits(x, torch.rand(2))
+
+
+def test_bool_pos_weight_is_torchs_runtime_error():
+    x, t, pw = torch.randn(3), torch.rand(3), torch.tensor([True, False, True])
+    with pytest.raises(RuntimeError):
+        F.binary_cross_entropy_with_logits(x, t, pos_weight=pw)
+    with pytest.raises(RuntimeError, match="pos_weight"):
+        SF.binary_cross_entropy_with_logits(x, t, pos_weight=pw)

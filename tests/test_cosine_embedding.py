@@ -61,3 +61,17 @@ def test_dimension_errors_are_torchs_and_name_the_arguments():
             F.cosine_embedding_loss(a, b, y)
         with pytest.raises(RuntimeError, match="cosine_embedding_loss: .*(input1|target)"):
             SF.cosine_embedding_loss(a, b, y)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float16, torch.int64), (torch.int64, torch.bfloat16),
+                                    (torch.int64, torch.int64), (torch.float16, torch.float16)], ids=str)
+@pytest.mark.parametrize("target_dtype", [torch.float32, torch.int64])
+def test_mixed_integer_and_half_dtype_is_torchs(dtypes, target_dtype):
+    # torch's formula: an integer input's x·x + EPSILON is the default float dtype (float32)
+    x1, x2 = ((torch.rand(4, 3) * 4 + 1).to(d) for d in dtypes)
+    y = torch.tensor([1, -1, 1, -1]).to(target_dtype)
+    expected = F.cosine_embedding_loss(x1, x2, y)
+    got = SF.cosine_embedding_loss(x1, x2, y)
+    assert got.dtype == expected.dtype
+    exact = F.cosine_embedding_loss(x1.double(), x2.double(), y)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)

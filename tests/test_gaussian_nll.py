@@ -85,3 +85,12 @@ def test_module():
     var = torch.tensor([1e-12, 2.0], requires_grad=True)
     sl.GaussianNLLLoss(full=True)(torch.ones(2), torch.zeros(2), var).backward()
     assert var.grad[0] == 0 and var.grad[1] != 0
+
+
+@pytest.mark.parametrize("var", [torch.ones(4, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.bool)])
+def test_integer_or_bool_var_is_torchs_runtime_error(var):
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    with pytest.raises(RuntimeError):
+        F.gaussian_nll_loss(x, y, var)
+    with pytest.raises(RuntimeError, match="gaussian_nll_loss: var"):
+        SF.gaussian_nll_loss(x, y, var)

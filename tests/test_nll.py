@@ -90,3 +90,45 @@ def test_module():
     logp = torch.tensor([[0.0, NEG], [0.0, NEG]], requires_grad=True)
     m(logp, torch.tensor([0, 1])).backward()
     assert torch.isfinite(logp.grad).all()
+
+
+@pytest.mark.parametrize("x", [torch.tensor([[0, -1]]), torch.tensor([[True, False]])])
+def test_integer_or_bool_input_is_torchs_not_implemented_error(x):
+    with pytest.raises(NotImplementedError):
+        F.nll_loss(x, torch.tensor([1]))
+    with pytest.raises(NotImplementedError, match="nll_loss: input"):
+        SF.nll_loss(x, torch.tensor([1]))
+
+
+def test_weight_dtype_message_has_torchs_scalar_type_names():
+    x, t, w = torch.randn(2, 3), torch.tensor([0, 1]), torch.ones(3, dtype=torch.half)
+    with pytest.raises(RuntimeError, match="expected scalar type Float but found Half"):
+        F.nll_loss(x, t, weight=w)
+    with pytest.raises(RuntimeError, match="nll_loss: .*expected scalar type Float but found Half"):
+        SF.nll_loss(x, t, weight=w)
+
+
+def test_double_backward_has_the_mixed_input_weight_derivative():
+    # d/dw (dL/dx) was a silent None (the weight's term saw a detached input)
+    lp = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 1, 3])
+    w = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(SF.nll_loss(lp, t, w, reduction="sum"), lp, create_graph=True)
+    (mixed,) = torch.autograd.grad(gx.sum(), w)
+    torch.testing.assert_close(mixed, -torch.bincount(t, minlength=4).double())
+    for red in ("none", "mean", "sum"):
+        assert torch.autograd.gradgradcheck(lambda x, w, red=red: SF.nll_loss(x, t, w, reduction=red), (lp, w))
+    # and on torch's own samples, every floating tensor a leaf
+    from test_torch_losses import _opinfo_gradgradcheck
+
+    _opinfo_gradgradcheck("nll_loss")
+
+
+def test_weight_that_requires_grad_does_not_double_the_input_tangent():
+    lp = torch.randn(3, 4, dtype=torch.float64)
+    t = torch.tensor([0, 1, 3])
+    w = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    for red in ("none", "mean", "sum"):
+        got = torch.func.jacfwd(lambda x, red=red: SF.nll_loss(x, t, w, reduction=red))(lp)
+        expected = torch.func.jacfwd(lambda x, red=red: F.nll_loss(x, t, w.detach(), reduction=red))(lp)
+        torch.testing.assert_close(got, expected)

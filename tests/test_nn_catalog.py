@@ -260,6 +260,84 @@ def test_bad_reduction_is_a_value_error_naming_the_argument(name):
         getattr(SF, name)(*args, **{**kw, "reduction": "avg"})
 
 
+def _torch_outcome(call):
+    """``(value or exception type, message, [(warning category, text)])`` of ``call()``."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out, msg = call(), ""
+        except Exception as e:  # noqa: BLE001 - compared with torch's
+            out, msg = type(e), str(e)
+    return out, msg, [(w.category, str(w.message)) for w in caught]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("reduction", ["elementwise_mean", "abc"])
+def test_reduction_is_read_as_torchs_get_enum_reads_it(name, reduction):
+    # torch's losses read reduction with torch.nn._reduction.get_enum: 'elementwise_mean' is
+    # 'mean' with a deprecation UserWarning (where the function uses get_enum; poisson_nll,
+    # gaussian_nll, multilabel_soft_margin and triplet_margin_with_distance check the names
+    # themselves and refuse it), and a bad name's message holds torch's words
+    args, kw = case(name)
+    kw = {**kw, "reduction": reduction}
+    exp, exp_msg, exp_warn = _torch_outcome(lambda: getattr(F, name)(*args, **kw))
+    got, got_msg, got_warn = _torch_outcome(lambda: getattr(SF, name)(*args, **kw))
+    if isinstance(exp, type):
+        assert got is exp and exp_msg in got_msg
+        return
+    torch.testing.assert_close(got, exp)
+    assert got.dtype == exp.dtype
+    assert exp_warn and set(exp_warn) <= set(got_warn)
+
+
+@pytest.mark.parametrize("name", [n for n in FUNCTIONS if "size_average" in inspect.signature(getattr(F, n)).parameters])
+@pytest.mark.parametrize("legacy", [{"size_average": False}, {"reduce": False}, {"size_average": True, "reduce": True}])
+def test_legacy_arguments_warn_as_torch(name, legacy):
+    # torch.nn._reduction.legacy_get_string's deprecation UserWarning, word for word; the reduction
+    # is not read then (torch ignores it: reduction='bogus' passes)
+    args, kw = case(name)
+    kw = {**kw, **legacy, "reduction": "bogus"}
+    exp, _, exp_warn = _torch_outcome(lambda: getattr(F, name)(*args, **kw))
+    got, _, got_warn = _torch_outcome(lambda: getattr(SF, name)(*args, **kw))
+    if isinstance(exp, type):  # torch's multilabel_soft_margin and poisson_nll check the name anyway
+        assert got is exp
+        kw["reduction"] = "mean"
+        exp, _, exp_warn = _torch_outcome(lambda: getattr(F, name)(*args, **kw))
+        got, _, got_warn = _torch_outcome(lambda: getattr(SF, name)(*args, **kw))
+    torch.testing.assert_close(got, exp)
+    assert got_warn == exp_warn
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_module_takes_elementwise_mean_where_torchs_does(name):
+    # torch's module passes reduction to its function: 'elementwise_mean' is 'mean' with the
+    # deprecation warning where that function reads it with get_enum, else its ValueError
+    args, kw = case(MODULE_FN[name])
+    kw = {k: v for k, v in kw.items() if k not in ("reduction", "margin", "delta", "beta")}
+
+    def run(cls):
+        return _torch_outcome(lambda: cls(reduction="elementwise_mean")(*args, **kw))
+
+    exp, _, exp_warn = run(getattr(nn, name))
+    got, _, got_warn = run(getattr(sl, name))
+    if isinstance(exp, type):
+        assert got is exp
+        return
+    torch.testing.assert_close(got, exp)
+    assert exp_warn and set(exp_warn) <= set(got_warn)
+
+
+def test_kl_div_ignores_reduction_after_a_legacy_argument():
+    x, y = torch.randn(4, 3).log_softmax(1), torch.randn(4, 3).softmax(1)
+    expected = F.kl_div(x, y, reduce=False, reduction="bogus")
+    torch.testing.assert_close(SF.kl_div(x, y, reduce=False, reduction="bogus"), expected)
+    # and torch's 'mean' warning is not emitted: size_average=False is the sum
+    _, _, warned = _torch_outcome(lambda: SF.kl_div(x, y, size_average=False))
+    assert [w for _, w in warned if "batchmean" in w] == []
+
+
 @pytest.mark.parametrize("name", ["l1_loss", "mse_loss", "smooth_l1_loss", "soft_margin_loss", "huber_loss",
                                   "poisson_nll_loss", "hinge_embedding_loss"])
 def test_broadcast_error_keeps_torchs_type_and_names_the_arguments(name):

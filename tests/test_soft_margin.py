@@ -108,3 +108,41 @@ def test_errors():
         SF.soft_margin_loss(torch.zeros(2, 3), torch.zeros(4))
     with pytest.raises(IndexError, match="multilabel_soft_margin_loss"):
         SF.multilabel_soft_margin_loss(torch.tensor(0.5), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("x", [float("inf"), float("-inf")])
+def test_multilabel_zero_weight_at_an_infinite_score_gives_zero_gradients(x):
+    # 0 for every target there: the target's gradient was 0·inf = NaN
+    xi = torch.tensor([[x, 1.0]], requires_grad=True)
+    t = torch.tensor([[0.5, 0.5]], requires_grad=True)
+    w = torch.tensor([0.0, 1.0], requires_grad=True)
+    loss = SF.multilabel_soft_margin_loss(xi, t, weight=w, reduction="sum")
+    gx, gt, gw = torch.autograd.grad(loss, (xi, t, w))
+    assert torch.isfinite(loss)
+    assert gx[0, 0] == 0 and gt[0, 0] == 0 and gw[0] == 0
+    ref = F.multilabel_soft_margin_loss(xi[:, 1:], t[:, 1:], weight=w[1:], reduction="sum") / 2
+    torch.testing.assert_close(loss, ref)
+
+
+def test_broadcast_error_names_the_sizes_in_torchs_order():
+    # torch computes input·target: tensor a is input's size
+    x, y = torch.randn(5, 4), torch.randn(5)
+    with pytest.raises(RuntimeError, match=r"tensor a \(4\) must match the size of tensor b \(5\)"):
+        F.soft_margin_loss(x, y)
+    with pytest.raises(RuntimeError, match=r"soft_margin_loss: The size of tensor a \(4\) must match the size of tensor b \(5\)"):
+        SF.soft_margin_loss(x, y)
+
+
+@pytest.mark.parametrize("x", [torch.tensor([1, -2, 3]), torch.tensor([True, False, True])])
+def test_integer_or_bool_input_is_refused_as_torch(x):
+    y = torch.tensor([1.0, -1.0, 1.0])
+    # soft_margin: torch writes the loss in input's dtype (RuntimeError)
+    with pytest.raises(RuntimeError):
+        F.soft_margin_loss(x, y)
+    with pytest.raises(RuntimeError, match="soft_margin_loss: input"):
+        SF.soft_margin_loss(x, y)
+    # multilabel_soft_margin: torch's logsigmoid has no integer kernel (NotImplementedError)
+    with pytest.raises(NotImplementedError):
+        F.multilabel_soft_margin_loss(x[None], y[None])
+    with pytest.raises(NotImplementedError, match="multilabel_soft_margin_loss"):
+        SF.multilabel_soft_margin_loss(x[None], y[None])

@@ -148,6 +148,10 @@ SOFTCAP = ((None, 30.0, 1, 1e38), ((0, ValueError), (-1.0, ValueError), (INF, Va
                                    ("30", TypeError), (True, TypeError)))
 CHUNK_SIZE = ((None, 1, 7, 4096), ((0, ValueError), (-1, ValueError), (True, TypeError), (2.0, TypeError)))
 TORCHVISION_REDUCTION = (REDUCTION[0], tuple(list(REDUCTION[1])))  # its own message prefix
+# the torch.nn losses' replacements: torch's words appended ("avg is not a valid value for
+# reduction"; gaussian_nll and multilabel_soft_margin: "avg is not valid"), which torch's tests match
+TORCH_REDUCTION = (REDUCTION[0], tuple(list(REDUCTION[1])))
+TORCH_REDUCTION_NOT_VALID = (REDUCTION[0], tuple(list(REDUCTION[1])))
 # post-training and distillation (0.4)
 BETA = ((0.1, 0, 2.0), ((-0.1, ValueError), (NAN, ValueError), (INF, ValueError), ("0.1", TypeError),
                         (True, TypeError), (None, TypeError)))
@@ -172,7 +176,7 @@ _LINEAR = {"ignore_index": LINEAR_IGNORE_INDEX, "reduction": REDUCTION, "z_loss"
 # op -> its Python-level arguments and their samples; the tensors; the parameters checked
 # elsewhere (torch's deprecated size_average/reduce, torch's legacy positionals, out=)
 ARGS: dict[str, dict[str, tuple]] = {
-    "cross_entropy": {"reduction": REDUCTION, "label_smoothing": LABEL_SMOOTHING, "ignore_index": IGNORE_INDEX},
+    "cross_entropy": {"reduction": TORCH_REDUCTION, "label_smoothing": LABEL_SMOOTHING, "ignore_index": IGNORE_INDEX},
     "focal_loss": {"reduction": REDUCTION, "gamma": FINITE_NONNEGATIVE, "ignore_index": IGNORE_INDEX},
     "kl_div": {"reduction": KL_REDUCTION, "log_target": FLAG},
     "info_nce_loss": {"temperature": TEMPERATURE, "reduction": REDUCTION, "symmetric": FLAG},
@@ -267,7 +271,8 @@ _CATALOG_TENSORS = {"input", "target", "weight", "pos_weight", "var", "input1", 
                     "target_lengths"}
 for _op in _CATALOG:
     _params = list(inspect.signature(getattr(SF, _op)).parameters)
-    ARGS[_op] = {"reduction": REDUCTION}
+    ARGS[_op] = {"reduction": TORCH_REDUCTION_NOT_VALID if _op in ("gaussian_nll_loss", "multilabel_soft_margin_loss")
+                 else TORCH_REDUCTION}
     if _op == "ctc_loss":
         ARGS[_op]["zero_infinity"] = FLAG
     if _op == "nll_loss":

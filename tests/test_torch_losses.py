@@ -182,3 +182,121 @@ def test_default_distance_of_the_triplet_losses_does_not_overflow():
     a, pos, neg = torch.zeros(1, 3), torch.full((1, 3), 3e30), torch.full((1, 3), 1e30)
     expected = (3e30 - 1e30) * math.sqrt(3) + 1.0  # the exact loss, to float32 rounding
     assert SF.triplet_margin_with_distance_loss(a, pos, neg).item() == pytest.approx(expected, rel=1e-6)
+
+
+# ------------------------------------------------------------- dtypes, weight's derivatives, edges
+
+
+@pytest.mark.parametrize("name", ["l1_loss", "mse_loss", "huber_loss"])
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float16, torch.float32),
+                                    (torch.bfloat16, torch.float16)], ids=str)
+def test_weight_takes_part_in_the_result_dtype(name, dtypes):
+    # torch promotes input, target and weight together (float32 input, float64 weight: float64)
+    x, y = torch.randn(4, 3).to(dtypes[0]), torch.randn(4, 3).to(dtypes[0])
+    w = torch.rand(4, 3).to(dtypes[1])
+    for red in ("none", "mean", "sum"):
+        expected = getattr(F, name)(x, y, reduction=red, weight=w)
+        got = getattr(SF, name)(x, y, reduction=red, weight=w)
+        assert got.dtype == expected.dtype
+        # the value: torch's on the inputs upcast (torch computes half precision in half)
+        exact = getattr(F, name)(x.double(), y.double(), reduction=red, weight=w.double())
+        torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+
+
+def test_bce_input_tangent_is_not_doubled_by_a_weight_that_requires_grad():
+    # torch.no_grad() does not stop forward AD: the weight's gradient term added its own input tangent
+    g = torch.Generator().manual_seed(0)
+    p, t = torch.rand(3, generator=g, dtype=torch.float64), torch.rand(3, generator=g, dtype=torch.float64)
+    w = torch.rand(3, generator=g, dtype=torch.float64, requires_grad=True)
+    for red in ("none", "mean", "sum"):
+        def ours(p, red=red):
+            return SF.binary_cross_entropy(p, t, w, reduction=red)
+
+        def theirs(p, red=red):
+            return F.binary_cross_entropy(p, t, w.detach(), reduction=red)
+
+        _, tan = torch.func.jvp(ours, (p,), (torch.ones_like(p),))
+        _, expected = torch.func.jvp(theirs, (p,), (torch.ones_like(p),))
+        torch.testing.assert_close(tan, expected)
+        torch.testing.assert_close(torch.func.jacfwd(ours)(p), torch.func.jacfwd(theirs)(p))
+
+
+def _opinfo_gradgradcheck(name):
+    """gradgradcheck with every floating tensor of each of torch's OpInfo samples a leaf."""
+    pytest.importorskip("expecttest")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    op = next(o for o in op_db if o.name == f"nn.functional.{name}" and o.variant_test_name == "")
+    checked = 0
+    for s in op.sample_inputs("cpu", torch.float64, requires_grad=True):
+        def leaf(v):
+            return v.detach().clone().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+        args = [leaf(v) for v in (s.input, *s.args)]
+        kwargs = {k: leaf(v) for k, v in s.kwargs.items()}
+        slots = [("a", i) for i, v in enumerate(args) if isinstance(v, torch.Tensor) and v.requires_grad]
+        slots += [("k", k) for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+
+        def f(*leaves, args=args, kwargs=kwargs, slots=slots):
+            a, k = list(args), dict(kwargs)
+            for (where, key), v in zip(slots, leaves):
+                if where == "a":
+                    a[key] = v
+                else:
+                    k[key] = v
+            return getattr(SF, name)(*a, **k)
+
+        leaves = tuple(args[key] if where == "a" else kwargs[key] for where, key in slots)
+        assert torch.autograd.gradgradcheck(f, leaves)
+        checked += 1
+    assert checked > 0
+
+
+def test_bce_double_backward_has_the_mixed_input_weight_derivative():
+    # d/dw (dL/dx) was a silent None (the weight's term was computed under no_grad)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.rand(4, generator=g, dtype=torch.float64)
+    w = torch.rand(4, generator=g, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(SF.binary_cross_entropy(x, t, w, reduction="sum"), x, create_graph=True)
+    (mixed,) = torch.autograd.grad(gx.sum(), w)
+    torch.testing.assert_close(mixed, ((x - t) / (x * (1 - x))).detach())
+    _opinfo_gradgradcheck("binary_cross_entropy")
+
+
+def test_triplet_margin_loss_with_no_features_is_torchs_value():
+    a, p, n = (torch.randn(4, 0, requires_grad=True) for _ in range(3))
+    for red in ("none", "mean", "sum"):
+        expected = F.triplet_margin_loss(a, p, n, reduction=red)
+        got = SF.triplet_margin_loss(a, p, n, reduction=red)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(SF.triplet_margin_with_distance_loss(a, p, n, reduction=red), expected)
+    SF.triplet_margin_loss(a, p, n).backward()
+
+
+_L, _H, _B, _F32 = torch.int64, torch.float16, torch.bfloat16, torch.float32
+
+
+@pytest.mark.parametrize("dtypes", [(_L, _H, _L), (_L, _L, _H), (_L, _H, _H), (_H, _L, _L), (_L, _B, _H), (_B, _L, _L)],
+                         ids=str)
+@pytest.mark.parametrize("swap", [False, True])
+def test_triplet_mixed_integer_and_half_dtype_is_torchs(dtypes, swap):
+    # torch's dtype is its distances': an integer pair's difference + eps is the default dtype
+    a, p, n = ((torch.rand(4, 3) * 5).to(d) for d in dtypes)
+    expected = F.triplet_margin_loss(a, p, n, swap=swap)
+    got = SF.triplet_margin_loss(a, p, n, swap=swap)
+    assert got.dtype == expected.dtype
+    exact = F.triplet_margin_loss(a.double(), p.double(), n.double(), swap=swap)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtypes", [(_L, _H), (_L, _B), (_H, _L), (_L, _F32), (_L, _L)], ids=str)
+def test_poisson_nll_integer_input_dtype_is_torchs(dtypes):
+    # torch's exp(input) (or input + eps) of an integer input is the default float dtype
+    x, y = (torch.rand(4, 3) * 3).to(dtypes[0]), (torch.rand(4, 3) * 3).to(dtypes[1])
+    for kw in ({}, {"log_input": False}, {"full": True}):
+        expected = F.poisson_nll_loss(x, y, **kw)
+        got = SF.poisson_nll_loss(x, y, **kw)
+        assert got.dtype == expected.dtype
+        exact = F.poisson_nll_loss(x.double(), y.double(), **kw)
+        torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)

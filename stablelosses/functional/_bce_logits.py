@@ -20,14 +20,16 @@ from torch import Tensor
 from stablelosses._utils import cast
 from stablelosses._utils import reduce as _reduce
 from stablelosses.functional._torch_losses import (
+    NOT_IMPLEMENTED,
     call_torch,
+    check_floating_input,
     check_reduction,
     check_tensors,
     out_dtype,
     up,
 )
 
-__all__ = ["binary_cross_entropy_with_logits", "bce_terms", "times"]
+__all__ = ["binary_cross_entropy_with_logits", "bce_terms", "times", "weighted_bce_terms"]
 
 _INF = float("inf")
 
@@ -51,6 +53,23 @@ def bce_terms(x: Tensor, t: Tensor, pos_weight: Tensor | None) -> Tensor:
     sp_neg = -torch.nn.functional.logsigmoid(x)  # softplus(-x)
     c_neg = t if pos_weight is None else pos_weight * t
     return times(1 - t, sp_pos) + times(c_neg, sp_neg)
+
+
+def weighted_bce_terms(x: Tensor, t: Tensor, pos_weight: Tensor | None, w: Tensor | None) -> Tensor:
+    r"""$w\cdot$ `bce_terms`, with ``0 · inf = 0`` where the weight is 0 and the logit infinite,
+    and every gradient there 0 (not NaN).
+
+    A plain ``times(w, bce_terms(x, ...))`` sends 0 upstream there, and inside ``bce_terms``
+    that 0 meets the infinite softplus in the product with ``1 - t`` (or ``p_w t``): the
+    gradient of ``t`` (``pos_weight``) is ``0 · inf = NaN``. So at those entries the logit is
+    selected to 0 before the terms (finite there) and the terms multiplied by 0 (a NaN target
+    or ``pos_weight`` stays NaN): the value is ``0 · ℓ = 0`` and no gradient reaches an
+    infinite softplus."""
+    if w is None:
+        return bce_terms(x, t, pos_weight)
+    gone = (w == 0) & torch.isinf(x)  # weight 0 at an infinite logit: the term is 0
+    loss = bce_terms(torch.where(gone, 0.0, x), t, pos_weight)
+    return times(w, loss * torch.where(gone, 0.0, 1.0))
 
 
 def binary_cross_entropy_with_logits(
@@ -120,6 +139,14 @@ def binary_cross_entropy_with_logits(
     fn = "binary_cross_entropy_with_logits"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target, weight=weight, pos_weight=pos_weight)
+    # torch's log_sigmoid has no integer or bool kernel
+    no_kernel = NOT_IMPLEMENTED.format(kernel="log_sigmoid")
+    check_floating_input(fn, "input", input, NotImplementedError, no_kernel)
+    if pos_weight is not None and pos_weight.dtype == torch.bool:  # torch: 1 - pos_weight on a bool
+        raise RuntimeError(
+            f"{fn}: pos_weight must not be a bool tensor (Subtraction, the `-` operator, with a bool "
+            f"tensor is not supported)"
+        )
     if target.size() != input.size():
         raise ValueError(
             f"{fn}: Target size ({target.size()}) must be the same as input size ({input.size()})"
@@ -130,8 +157,6 @@ def binary_cross_entropy_with_logits(
         )
     dtype = out_dtype(target)  # torch's kernel writes in target's dtype
     x, t, w, pw = up(input), up(target), up(weight), up(pos_weight)
-    loss = call_torch(fn, bce_terms, ("input", "target", "pos_weight"), x, t, pw)
-    if w is not None:
-        loss = call_torch(fn, times, ("weight", "loss"), w, loss)
+    loss = call_torch(fn, weighted_bce_terms, ("input", "target", "pos_weight", "weight"), x, t, pw, w)
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)

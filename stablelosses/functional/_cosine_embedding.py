@@ -18,6 +18,7 @@ from stablelosses.functional._torch_losses import (
     call_torch,
     check_reduction,
     check_tensors,
+    float_of,
     out_dtype,
     up,
 )
@@ -118,7 +119,8 @@ def cosine_embedding_loss(
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input1=input1, input2=input2, target=target)
     dim = _check_dims(fn, input1, input2, target)
-    dtype = out_dtype(input1, input2)
+    # torch's formula: an integer input's x·x + EPSILON is the default float dtype
+    dtype = out_dtype(input1, float_of(input1), float_of(input2))
     loss = call_torch(fn, _terms, ("input1", "input2", "target"), up(input1), up(input2), target, margin, dim)
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)

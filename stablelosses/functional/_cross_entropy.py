@@ -16,7 +16,7 @@ from stablelosses._autograd.cross_entropy import (
     _index_loss,
     _prob_loss,
 )
-from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_reduction
+from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_torch_reduction
 from stablelosses._utils import (
     cast,
     check_floating,
@@ -29,6 +29,7 @@ from stablelosses._utils import (
 )
 from stablelosses._utils import reduce as _reduce  # cross_entropy has a parameter named reduce
 from stablelosses.functional._masked import check_mask
+from stablelosses.functional._torch_losses import scalar_type
 
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
@@ -39,7 +40,7 @@ def check_cross_entropy_args(
 ) -> tuple[str, float, int]:
     """``(reduction, label_smoothing, ignore_index)`` checked (also by ``CrossEntropyLoss`` at
     construction)."""
-    return (check_reduction(fn, reduction), check_label_smoothing(fn, label_smoothing),
+    return (check_torch_reduction(fn, reduction), check_label_smoothing(fn, label_smoothing),
             check_int(fn, "ignore_index", ignore_index, tensor=True))
 
 
@@ -73,10 +74,15 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
         # torch: a batch-size mismatch is a ValueError, any other shape a RuntimeError
         batch = cdim == 1 and target.dim() >= 1 and target.shape[0] != input.shape[0]
         error = ValueError if batch else RuntimeError
+        # torch's words in parentheses (its tests match them)
+        if batch:
+            words = (f"Expected input batch_size ({input.shape[0]}) to match target batch_size "
+                     f"({target.shape[0]})")
+        else:
+            words = f"Expected target size {list(expected)}, got {list(target.shape)}"
         raise error(
             f"{fn}: target of class indices must have shape {list(expected)} for input of "
-            f"shape {list(input.shape)}, got {list(target.shape)} (Expected target size "
-            f"{list(expected)}, got {list(target.shape)})"
+            f"shape {list(input.shape)}, got {list(target.shape)} ({words})"
         )
 
 
@@ -325,8 +331,8 @@ def cross_entropy(
     if target.shape == input.shape:
         if not target.is_floating_point():
             raise RuntimeError(
-                f"{fn}: expected floating point type for target with class probabilities, "
-                f"got {target.dtype}"
+                f"{fn}: Expected floating point type for target with class probabilities, "
+                f"got {scalar_type(target.dtype)}"  # torch's words
             )
         if ignore_index >= 0:
             raise RuntimeError(

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd.kl_div import _kl_div
-from stablelosses._spec import KL_REDUCTIONS, check_flag, check_reduction
+from stablelosses._spec import KL_REDUCTIONS, check_flag, check_torch_reduction
 from stablelosses._utils import (
     broadcast_shapes,
     cast,
@@ -22,7 +22,7 @@ from stablelosses.functional._masked import check_mask
 
 def check_kl_div_args(fn: str, reduction: object, log_target: object) -> tuple[str, bool]:
     """``(reduction, log_target)`` checked (also by ``KLDivLoss`` at construction)."""
-    return check_reduction(fn, reduction, KL_REDUCTIONS), check_flag(fn, "log_target", log_target)
+    return check_torch_reduction(fn, reduction, KL_REDUCTIONS), check_flag(fn, "log_target", log_target)
 
 
 class _FalseByDefault:
@@ -185,11 +185,21 @@ def kl_div(
             fn, reduction, log_target, legacy, size_average, reduce)
     if log_target is _FALSE:
         log_target = False
-    reduction, log_target = check_kl_div_args(fn, reduction, log_target)
-    # As F.kl_div: the deprecated flags pick the base reduction, and 'batchmean' still divides
-    # the result by input.size(0) afterwards (torch keeps that quirk).
-    base = legacy_reduction(size_average, reduce, "sum" if reduction == "batchmean" else reduction)
-    if reduction == "mean" and not torch.compiler.is_compiling():
+    # As F.kl_div: the deprecated flags pick the base reduction (with torch's warning) and
+    # ``reduction`` is not checked then (torch ignores it: reduce=False, reduction="bogus" is
+    # 'none'), but 'batchmean' still divides the result by input.size(0) afterwards (torch keeps
+    # that quirk).
+    if size_average is not None or reduce is not None:
+        log_target = check_flag(fn, "log_target", log_target)
+        base = legacy_reduction(size_average, reduce, "mean")
+        reduction = reduction if isinstance(reduction, str) else "mean"
+        warn_mean = False
+    else:
+        # torch's warning; not for the deprecated 'elementwise_mean'
+        warn_mean = isinstance(reduction, str) and reduction == "mean"
+        reduction, log_target = check_kl_div_args(fn, reduction, log_target)
+        base = "sum" if reduction == "batchmean" else reduction
+    if warn_mean and not torch.compiler.is_compiling():
         warnings.warn(
             "reduction: 'mean' divides the total loss by both the batch size and the support size."
             "'batchmean' divides only by the batch size, and aligns with the KL div math definition."

@@ -16,7 +16,9 @@ from stablelosses._spec import check_int
 from stablelosses._utils import cast
 from stablelosses.functional._bce_logits import times
 from stablelosses.functional._torch_losses import (
+    NOT_IMPLEMENTED,
     call_torch,
+    check_floating_input,
     check_reduction,
     check_same_dtype,
     check_tensors,
@@ -106,6 +108,8 @@ def nll_loss(
     fn = "nll_loss"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target, weight=weight)
+    # torch's kernel has no integer or bool version
+    check_floating_input(fn, "input", input, NotImplementedError, NOT_IMPLEMENTED.format(kernel="nll_loss"))
     ignore_index = check_int(fn, "ignore_index", ignore_index, tensor=True)
     if target.dtype not in _INTEGER_TARGETS:
         raise RuntimeError(
@@ -132,7 +136,12 @@ def nll_loss(
         reduction=red,
     )
     if w is not None and needs_grad(w):
-        res = res + with_grad_only(_weighted_nll(x.detach(), target, w, ignore_index, red))
+        # the weight's gradient (torch's kernel gives none) from a term of value 0: the loss as a
+        # function of weight, less the same with weight detached. The input tangent of the term
+        # is 0 (no doubled jvp); its input gradient, 0 in value, depends on weight, so the mixed
+        # second derivative input×weight exists (double backward, hessian)
+        res = res + with_grad_only(_weighted_nll(x, target, w, ignore_index, red)
+                                   - _weighted_nll(x, target, w.detach(), ignore_index, red))
     return res if dtype is None else cast(res, dtype)
 
 

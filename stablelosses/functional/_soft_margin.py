@@ -15,9 +15,12 @@ from torch import Tensor
 
 from stablelosses._utils import cast
 from stablelosses._utils import reduce as _reduce
-from stablelosses.functional._bce_logits import bce_terms, times
+from stablelosses.functional._bce_logits import weighted_bce_terms
 from stablelosses.functional._torch_losses import (
+    CANNOT_CAST,
+    NOT_IMPLEMENTED,
     call_torch,
+    check_floating_input,
     check_reduction,
     check_tensors,
     out_dtype,
@@ -28,8 +31,9 @@ __all__ = ["soft_margin_loss", "multilabel_soft_margin_loss"]
 
 
 def _soft_margin_terms(x: Tensor, y: Tensor) -> Tensor:
-    # log(1 + exp(-y·x)) = -log σ(y·x)
-    return -torch.nn.functional.logsigmoid(y * x)
+    # log(1 + exp(-y·x)) = -log σ(y·x); x·y in torch's order (its broadcast error names input
+    # as tensor a and target as b)
+    return -torch.nn.functional.logsigmoid(x * y)
 
 
 def soft_margin_loss(
@@ -81,6 +85,8 @@ def soft_margin_loss(
     fn = "soft_margin_loss"
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target)
+    # torch's kernel writes the loss in input's dtype: an integer or bool input is its RuntimeError
+    check_floating_input(fn, "input", input, RuntimeError, CANNOT_CAST)
     dtype = out_dtype(input)  # torch's kernel writes in input's dtype
     loss = call_torch(fn, _soft_margin_terms, ("input", "target"), up(input), up(target))
     res = _reduce(loss, red)
@@ -89,10 +95,7 @@ def soft_margin_loss(
 
 def _multilabel_terms(x: Tensor, y: Tensor, w: Tensor | None) -> Tensor:
     classes = x.size(-1)  # torch's IndexError for a 0-dim input
-    loss = bce_terms(x, y, None)
-    if w is not None:
-        loss = times(w, loss)
-    return loss.sum(-1) / classes
+    return weighted_bce_terms(x, y, None, w).sum(-1) / classes
 
 
 def multilabel_soft_margin_loss(
@@ -143,8 +146,12 @@ def multilabel_soft_margin_loss(
     Replaces ``torch.nn.functional.multilabel_soft_margin_loss``.
     """
     fn = "multilabel_soft_margin_loss"
-    red = check_reduction(fn, reduction, size_average, reduce)
+    # torch's checks the three names itself, in its own words
+    red = check_reduction(fn, reduction, size_average, reduce, alias=False, invalid="is not valid")
     check_tensors(fn, input=input, target=target, weight=weight)
+    # torch's logsigmoid has no integer or bool kernel
+    no_kernel = NOT_IMPLEMENTED.format(kernel="log_sigmoid")
+    check_floating_input(fn, "input", input, NotImplementedError, no_kernel)
     dtype = out_dtype(input, target, weight)  # torch's formula promotes with weight
     loss = call_torch(fn, _multilabel_terms, ("input", "target", "weight"), up(input), up(target), up(weight))
     res = _reduce(loss, red)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._compat import is_transform_wrapped
-from stablelosses._spec import check_reduction as _check_reduction
+from stablelosses._spec import TORCH_INVALID, check_torch_reduction
 from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, cast, legacy_reduction
 from stablelosses._utils import reduce as _reduce
 
@@ -54,10 +54,13 @@ __all__ = [
 # ------------------------------------------------------------------------- shared by the catalog
 
 
-def check_reduction(fn: str, reduction: object, size_average: object = None, reduce: object = None) -> str:
-    """torch's mapping of the deprecated pair onto ``reduction``, then the checked reduction."""
+def check_reduction(fn: str, reduction: object, size_average: object = None, reduce: object = None, *,
+                    alias: bool = True, invalid: str = TORCH_INVALID) -> str:
+    """torch's mapping of the deprecated pair onto ``reduction`` (with torch's warning), then the
+    checked reduction: ``'elementwise_mean'`` is ``'mean'`` (with torch's warning) where the torch
+    function takes it (``alias``), and a bad one's message holds torch's words (``invalid``)."""
     resolved = legacy_reduction(size_average, reduce, reduction)  # type: ignore[arg-type]
-    return _check_reduction(fn, resolved)
+    return check_torch_reduction(fn, resolved, alias=alias, invalid=invalid)
 
 
 def check_tensors(fn: str, **tensors: object) -> None:
@@ -67,16 +70,31 @@ def check_tensors(fn: str, **tensors: object) -> None:
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(value).__name__}")
 
 
-def out_dtype(*tensors: Tensor | None) -> torch.dtype | None:
-    """The dtype a built-in loss returns for these floating operands: their promoted dtype, and
-    float32 for float16/bfloat16 under autocast. ``None`` when none is floating."""
+def out_dtype(*tensors: Tensor | torch.dtype | None) -> torch.dtype | None:
+    """The dtype a built-in loss returns for these floating operands (tensors, or dtypes from
+    `float_of`): their promoted dtype, and float32 for float16/bfloat16 under autocast (on the
+    first tensor's device). ``None`` when none is floating."""
     dtype = None
     for t in tensors:
-        if isinstance(t, Tensor) and t.is_floating_point():
-            dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
-    if dtype in _LOW_PRECISION and autocast_to_float32(tensors[0]):  # type: ignore[arg-type]
-        return torch.float32
+        d = t.dtype if isinstance(t, Tensor) else t
+        if isinstance(d, torch.dtype) and d.is_floating_point:
+            dtype = d if dtype is None else torch.promote_types(dtype, d)
+    if dtype in _LOW_PRECISION:
+        first = next((t for t in tensors if isinstance(t, Tensor)), None)
+        if first is not None and autocast_to_float32(first):
+            return torch.float32
     return dtype
+
+
+def float_of(*tensors: Tensor) -> torch.dtype:
+    """The dtype of one step of torch's composite formula on these operands (``x - y + eps``,
+    ``x * x + eps``, ``exp(x)``): their promoted dtype, or the default float dtype when none is
+    floating (an integer tensor meets a float scalar). ``triplet_margin_loss(int64, float16,
+    int64)`` is float32 in torch for that reason: its ``anchor - negative`` is integer."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
 
 
 def up(t: Any) -> Any:
@@ -113,14 +131,32 @@ def call_torch(
         raise renamed from None
 
 
+def scalar_type(dtype: torch.dtype) -> str:
+    """torch's C++ name of a dtype, as its messages write it: ``Float``, ``Half``, ``Long``."""
+    return torch.empty(0, dtype=dtype, device="meta").type().rsplit(".", 1)[-1].removesuffix("Tensor")
+
+
 def check_same_dtype(fn: str, input: Tensor, weight: Tensor | None) -> None:
-    """torch's kernels that take ``weight`` in ``input``'s dtype only: the same RuntimeError,
-    naming the argument."""
+    """torch's kernels that take ``weight`` in ``input``'s dtype only: the same RuntimeError in
+    torch's words (``expected scalar type Float but found Half``), naming the argument."""
     if weight is not None and weight.dtype != input.dtype:
         raise RuntimeError(
-            f"{fn}: weight must have input's dtype: expected scalar type {input.dtype} "
-            f"but found {weight.dtype}"
+            f"{fn}: weight must have input's dtype: expected scalar type {scalar_type(input.dtype)} "
+            f"but found {scalar_type(weight.dtype)}"
         )
+
+
+# torch's words for an integer or bool tensor its kernels refuse ({dtype}: torch's scalar type)
+NOT_IMPLEMENTED = "\"{kernel}\" not implemented for '{{dtype}}'"
+CANNOT_CAST = "result type Float can't be cast to the desired output type {dtype}"
+
+
+def check_floating_input(fn: str, name: str, t: Tensor, error: type[Exception], torch_words: str) -> None:
+    """``error`` (torch's type for this function) when ``t`` is not floating point (an integer or
+    bool tensor, which torch's kernel refuses), with torch's words (``{dtype}``: its scalar type)."""
+    if not (t.is_floating_point() or t.is_complex()):
+        words = torch_words.format(dtype=scalar_type(t.dtype))
+        raise error(f"{fn}: {name} must be a floating-point tensor, got {t.dtype} ({words})")
 
 
 def needs_grad(t: Tensor) -> bool:
@@ -170,7 +206,7 @@ def _pointwise(
 ) -> Tensor:
     check_tensors(fn, input=input, target=target, weight=weight)
     # torch's dtype: the promoted one, or input's for kernels that write into input's dtype
-    dtype = out_dtype(input, weight) if dtype_of_input else out_dtype(input, target)
+    dtype = out_dtype(input, weight) if dtype_of_input else out_dtype(input, target, weight)
     x, y = up(input), up(target)
     if weight is None:
         res = call_torch(fn, torch_fn, ("input", "target"), x, y, reduction=reduction, **options)
@@ -384,9 +420,11 @@ def poisson_nll_loss(
     Replaces ``torch.nn.functional.poisson_nll_loss``.
     """
     fn = "poisson_nll_loss"
-    red = check_reduction(fn, reduction, size_average, reduce)
+    # torch's poisson_nll_loss checks the three names itself: no 'elementwise_mean'
+    red = check_reduction(fn, reduction, size_average, reduce, alias=False)
     check_tensors(fn, input=input, target=target)
-    dtype = out_dtype(input, target)
+    # torch's formula: exp(input) (or input + eps) is the default float dtype for an integer input
+    dtype = out_dtype(input, float_of(input), target)
     res = call_torch(
         fn, F.poisson_nll_loss, ("input", "target"), up(input), up(target), log_input=log_input, full=full,
         eps=eps, reduction=red,
@@ -442,10 +480,13 @@ def binary_cross_entropy(
         weight=None if w is None else w.detach(), reduction=red,
     )
     if w is not None and needs_grad(w):
-        # torch's kernel gives weight no gradient: ∂ℓ/∂w = the unweighted term (value unchanged)
-        with torch.no_grad():
-            plain = F.binary_cross_entropy(up(input), up(target), reduction="none")
-        res = res + with_grad_only(_reduce(plain * w, red))
+        # torch's kernel gives weight no gradient: ∂ℓ/∂w = the unweighted term (value unchanged).
+        # The term is R(ℓ·w) − R(ℓ·detach(w)) on an ℓ in the graph: its value and its own input
+        # tangent are 0 (no doubled jvp: torch.no_grad does not stop forward AD), while its
+        # input gradient, 0 in value, depends on w, so the mixed second derivative input×weight
+        # exists (double backward and hessian), as ∂ℓ/∂w depends on input.
+        plain = F.binary_cross_entropy(up(input), up(target), reduction="none")
+        res = res + with_grad_only(_reduce(plain * w, red) - _reduce(plain * w.detach(), red))
     return res if dtype is None else cast(res, dtype)
 
 
@@ -666,6 +707,10 @@ def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
     if p <= 0:
         return torch.pairwise_distance(x1, x2, p, eps)
     d = x1 - x2 + eps
+    if d.shape[-1] == 0:
+        # no features: every distance is 0 (torch's value); amax has no identity for an empty
+        # dimension (a size-0 dimension is specialised by torch.compile anyway: no extra guard)
+        return torch.linalg.vector_norm(d, p, dim=-1)
     s = d.detach().abs().amax(-1, keepdim=True)
     # a zero or an infinite row: no scaling (‖0‖ = 0 with torch's zero gradient; ‖inf‖ = inf)
     s = torch.where((s == 0) | (s == float("inf")), 1.0, s)
@@ -740,7 +785,10 @@ def triplet_margin_loss(
             f"dimensions, but got: anchor {anchor.dim()}D, positive {positive.dim()}D, and negative "
             f"{negative.dim()}D inputs"
         )
-    dtype = out_dtype(anchor, positive, negative)
+    # torch's dtype: that of its distances (an integer pair's difference + eps is the default
+    # float dtype: int64 anchor and negative with float16 positive give float32)
+    pairs = [(anchor, positive), (anchor, negative)] + ([(positive, negative)] if swap else [])
+    dtype = out_dtype(anchor, *(float_of(a, b) for a, b in pairs))
     loss = call_torch(
         fn, _triplet_terms, ("anchor", "positive", "negative"), up(anchor), up(positive), up(negative),
         margin, p, eps, swap,
@@ -789,7 +837,7 @@ def triplet_margin_with_distance_loss(
     Replaces ``torch.nn.functional.triplet_margin_with_distance_loss``.
     """
     fn = "triplet_margin_with_distance_loss"
-    red = check_reduction(fn, reduction)
+    red = check_reduction(fn, reduction, alias=False)  # torch's checks the three names itself
     check_tensors(fn, anchor=anchor, positive=positive, negative=negative)
     dtype = out_dtype(anchor, positive, negative)
     res = call_torch(
