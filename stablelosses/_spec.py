@@ -243,9 +243,14 @@ def check_finite_nonnegative(fn: str, name: str, value: object) -> float:
 
 def check_label_smoothing(fn: str, value: object, name: str = "label_smoothing") -> float:
     """torch's ``cross_entropy`` parses it as a float (a bool passes) and raises its
-    ``RuntimeError`` outside [0, 1]."""
-    return check_real(fn, name, value, (("between 0.0 and 1.0", lambda v: 0.0 <= v <= 1.0),),
-                      bools=True, tensor=True, error=RuntimeError)
+    ``RuntimeError`` outside [0, 1]; the message also has the words of torch's
+    ``nn.LinearCrossEntropyLoss`` constructor (one message for every op that takes it, so a
+    module raises its function's)."""
+    try:
+        return check_real(fn, name, value, (("between 0.0 and 1.0", lambda v: 0.0 <= v <= 1.0),),
+                          bools=True, tensor=True, error=RuntimeError)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e} (expected {name} to be in range [0, 1], got {value})") from None
 
 
 def check_temperature(fn: str, value: object, name: str = "temperature") -> Any:

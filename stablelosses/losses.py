@@ -334,6 +334,17 @@ class _LinearLoss(_WeightedLoss):
     _fn_name: str
     _legacy_positional: tuple[str, ...]
 
+    @staticmethod
+    def _out_features(name: str, out_features: Any) -> tuple[int, ...]:
+        """``out_features`` as a tuple of ints >= 0 (torch's ``(d_1, ..., d_K)``; ``()``: none)."""
+        try:
+            dims = tuple(out_features)
+        except TypeError:
+            dims = None
+        if dims is None or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+            raise TypeError(f"{name}: out_features must be a tuple of ints >= 0, got {out_features!r}")
+        return dims
+
     def __init__(
         self, in_features: Any, num_classes: Any, legacy: tuple[Any, ...], *, out_features: tuple[int, ...],
         bias: bool, device: Any, dtype: Any, weight: Tensor | None, **config: Any,
@@ -352,31 +363,45 @@ class _LinearLoss(_WeightedLoss):
                 _OLD_MODULE.format(cls=name, fn=self._fn_name, old=", ".join(map(repr, positional))),
                 DeprecationWarning, stacklevel=3,
             )
-        if config.get("ignore_index") is None:
-            config["ignore_index"] = -100
+        # ignore_index stays as given, None included: as torch's module, the function maps None
+        # to -100 for class-index targets and requires it with probability targets
         super().__init__(weight, **config)
-        if tuple(out_features) != ():
-            raise NotImplementedError(f"{name}: out_features (a K-dimensional loss) is not supported")
         self.linear: nn.Linear | None = None
         self.in_features: int | None = None
         self.num_classes: int | None = None
+        self.out_features: tuple[int, ...] = ()
         if old:
+            if tuple(out_features) != ():
+                raise TypeError(f"{name}: out_features needs in_features and num_classes (torch's "
+                                "constructor)")
             # the old call: loss_fn(input, weight, target, bias=None, mask=None)
             self.forward = self._legacy_forward  # type: ignore[method-assign, assignment]
             return
         for arg, value in (("in_features", in_features), ("num_classes", num_classes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TypeError(f"{name}: {arg} must be an int >= 0, got {value!r}")
+        dims = self._out_features(name, out_features)
         if weight is not None and tuple(weight.shape) != (num_classes,):
-            raise RuntimeError(f"{name}: weight must have shape ({num_classes},), got {list(weight.shape)}")
-        self.in_features, self.num_classes = in_features, num_classes
-        self.linear = nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
+            raise RuntimeError(
+                f"{name}: weight must have shape ({num_classes},) (one weight per class): expected weight "
+                f"shape to be {(num_classes,)}, got {tuple(weight.shape)}"
+            )
+        self.in_features, self.num_classes, self.out_features = in_features, num_classes, dims
+        # torch's storage: a 2-D nn.Linear with num_classes * prod(out_features) outputs, reshaped
+        # to (num_classes, *out_features, in_features) in forward (state_dicts are interchangeable)
+        outputs = num_classes
+        for d in dims:
+            outputs *= d
+        self.linear = nn.Linear(in_features, outputs, bias=bias, device=device, dtype=dtype)
 
     def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        assert self.linear is not None
-        return self._function(
-            input, self.linear.weight, target, linear_bias=self.linear.bias, mask=mask, **self._options()
-        )
+        assert self.linear is not None and self.num_classes is not None
+        w: Tensor = self.linear.weight
+        b: Tensor | None = self.linear.bias
+        if self.out_features:  # K-dimensional: the function's unfused path (see its docstring)
+            w = w.reshape(self.num_classes, *self.out_features, w.shape[-1])
+            b = None if b is None else b.reshape(self.num_classes, *self.out_features)
+        return self._function(input, w, target, linear_bias=b, mask=mask, **self._options())
 
     def _legacy_forward(
         self, input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
@@ -388,7 +413,7 @@ class _LinearLoss(_WeightedLoss):
         layer = (
             "" if self.linear is None else
             f"in_features={self.in_features}, num_classes={self.num_classes}, "
-            f"bias={self.linear.bias is not None}, "
+            f"out_features={self.out_features}, bias={self.linear.bias is not None}, "
         )
         return layer + super().extra_repr()
 
@@ -407,13 +432,23 @@ class LinearCrossEntropyLoss(_LinearLoss):
     Args:
         in_features: the layer's input size ``H`` (required; omitting it is the deprecated form).
         num_classes: the vocabulary size ``V`` (required).
-        out_features: only ``()`` (torch's K-dimensional loss is not supported).
+        out_features: ``(d_1, ..., d_K)`` for torch's K-dimensional loss: as in torch,
+            ``.linear`` has ``num_classes·d_1···d_K`` outputs (stored flat, so state_dicts are
+            interchangeable with torch's), reshaped in ``forward`` to a
+            ``(num_classes, d_1, ..., d_K, in_features)`` weight; input ``(N, in_features)``,
+            target ``(N, d_1, ..., d_K)`` or probabilities ``(N, num_classes, d_1, ..., d_K)``.
+            Computed exactly by the function's **unfused** fallback (the logits are held
+            whole; every hazard handled as in ``cross_entropy``), not by the chunk loop.
+            Default: ``()``.
         bias: whether ``.linear`` has a bias. Default: ``False``.
         device: of ``.linear``'s parameters. Default: ``None``.
         dtype: of ``.linear``'s parameters. Default: ``None``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
         weight: per-class weights ``(num_classes,)`` (a buffer) or ``None``.
-        ignore_index: target value that is ignored (``None``: -100). Default: ``-100``.
+        ignore_index: target value that is ignored, or ``None`` (torch's default): -100 with
+            class-index targets, and with probability targets (the logits' shape, floating
+            point; unfused) it must be ``None``, as torch. Kept as given (``.ignore_index``).
+            Default: ``None``.
         label_smoothing: smoothing in ``[0, 1]`` over the unmasked classes. Default: ``0.0``.
         options: ``None`` or a ``torch.nn.LinearCrossEntropyOptions`` (see the function).
         z_loss: coefficient of ``logsumexp(logits)²`` per kept row. Default: ``0.0``.
@@ -437,7 +472,7 @@ class LinearCrossEntropyLoss(_LinearLoss):
     def __init__(
         self, in_features: int | None = None, num_classes: int | None = None, *legacy: Any,
         out_features: tuple[int, ...] = (), bias: bool = False, device: Any = None, dtype: Any = None,
-        reduction: str = "mean", weight: Tensor | None = None, ignore_index: int | None = -100,
+        reduction: str = "mean", weight: Tensor | None = None, ignore_index: int | None = None,
         label_smoothing: float = 0.0, options: Any = None, z_loss: float = 0.0, softcap: float | None = None,
         chunk_size: int | None = None,
     ) -> None:
@@ -448,8 +483,13 @@ class LinearCrossEntropyLoss(_LinearLoss):
             chunk_size=chunk_size,
         )
         check_label_smoothing("LinearCrossEntropyLoss", self.label_smoothing)
-        check_linear_options("LinearCrossEntropyLoss", self.ignore_index, self.z_loss, self.softcap,
+        check_linear_options("LinearCrossEntropyLoss", _ignore(self.ignore_index), self.z_loss, self.softcap,
                              self.chunk_size)
+
+
+def _ignore(ignore_index: object) -> object:
+    """``ignore_index`` as the function reads it for class-index targets (``None``: -100)."""
+    return -100 if ignore_index is None else ignore_index
 
 
 def _with_gamma(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -491,7 +531,7 @@ class LinearFocalLoss(_LinearLoss):
     def __init__(
         self, in_features: int | None = None, num_classes: int | None = None, *legacy: Any,
         out_features: tuple[int, ...] = (), bias: bool = False, device: Any = None, dtype: Any = None,
-        reduction: str = "mean", weight: Tensor | None = None, ignore_index: int | None = -100,
+        reduction: str = "mean", weight: Tensor | None = None, ignore_index: int | None = None,
         options: Any = None, gamma: float = 2.0, z_loss: float = 0.0, softcap: float | None = None,
         chunk_size: int | None = None,
     ) -> None:
@@ -501,7 +541,8 @@ class LinearFocalLoss(_LinearLoss):
             gamma=gamma, z_loss=z_loss, softcap=softcap, chunk_size=chunk_size,
         )
         check_finite_nonnegative("LinearFocalLoss", "gamma", self.gamma)
-        check_linear_options("LinearFocalLoss", self.ignore_index, self.z_loss, self.softcap, self.chunk_size)
+        check_linear_options("LinearFocalLoss", _ignore(self.ignore_index), self.z_loss, self.softcap,
+                             self.chunk_size)
 
 
 # --- post-training (0.4): preference and policy losses -----------------------------------------

@@ -353,3 +353,193 @@ def test_compiled_with_runtime_z_loss_matches_eager():
     torch.testing.assert_close(got, want)
     for p, q in zip(torch.autograd.grad(got, leaves), torch.autograd.grad(want, eager)):
         torch.testing.assert_close(p, q)
+
+
+# --- torch's own samples: ModuleInfo (nn.LinearCrossEntropyLoss) and OpInfo -------------------
+# Every sample of torch's test suite for the module and the function, compared to torch's own
+# module / function on the same values: forward, and the gradients of the input, a float target
+# and the layer's parameters (float32 and float64); every error input raises torch's exception
+# type with a message that torch's regex finds.
+
+
+def _module_info():
+    from torch.testing._internal.common_modules import module_db
+
+    return next(m for m in module_db if m.module_cls is torch.nn.LinearCrossEntropyLoss)
+
+
+def _op_infos():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return [o for o in op_db if o.name == "nn.functional.linear_cross_entropy"]
+
+
+def _grads_agree(ours, theirs, ours_leaves, their_leaves, what, seed):
+    torch.testing.assert_close(ours, theirs, msg=lambda m: f"{what}: value: {m}")
+    go = torch.randn(theirs.shape, generator=torch.Generator().manual_seed(seed), dtype=theirs.dtype)
+    ga = torch.autograd.grad(ours, ours_leaves, go, allow_unused=True)
+    gb = torch.autograd.grad(theirs, their_leaves, go, allow_unused=True)
+    for i, (p, q) in enumerate(zip(ga, gb)):
+        assert (p is None) == (q is None), f"{what}: gradient {i}: {p} vs {q}"
+        if p is not None:
+            torch.testing.assert_close(p, q, msg=lambda m, i=i: f"{what}: gradient {i}: {m}")
+
+
+def _leaf(v):
+    return v.detach().clone().requires_grad_(v.is_floating_point())
+
+
+@needs_torch_lce
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_every_moduleinfo_sample_matches_torchs_module(dtype):
+    info = _module_info()
+    torch.manual_seed(0)
+    samples = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=True)
+    kinds = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns when it ignores options (K-dim, probabilities)
+        for k, s in enumerate(samples):
+            args, kwargs = s.constructor_input.args, s.constructor_input.kwargs
+            theirs = torch.nn.LinearCrossEntropyLoss(*args, **kwargs)
+            ours = sl.LinearCrossEntropyLoss(*args, **kwargs)
+            assert ours.ignore_index == theirs.ignore_index and ours.out_features == tuple(theirs.out_features)
+            ours.load_state_dict(theirs.state_dict())  # the same parameters, stored as torch's
+            x, t = s.forward_input.args
+            xa, ta, xb, tb = _leaf(x), _leaf(t), _leaf(x), _leaf(t)
+            kinds.add((bool(kwargs["out_features"]), t.is_floating_point(), kwargs.get("bias", False)))
+            _grads_agree(ours(xa, ta), theirs(xb, tb), [xa, *([ta] if t.is_floating_point() else []),
+                         *ours.parameters()], [xb, *([tb] if t.is_floating_point() else []), *theirs.parameters()],
+                         f"sample {k}: {kwargs}, input {tuple(x.shape)}, target {t.dtype} {tuple(t.shape)}", k)
+    # the features the audit found missing are among the samples: K-dimensional, probabilities, bias
+    assert {(True, True, False), (False, True, False), (True, False, True), (False, False, True)} <= kinds
+
+
+@needs_torch_lce
+def test_every_moduleinfo_error_input_raises_torchs_error():
+    import re
+
+    from torch.testing._internal.common_modules import ModuleErrorEnum
+
+    info = _module_info()
+    errors = info.module_error_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=True, training=True)
+    assert errors
+    for e in errors:
+        s = e.module_error_input
+        with pytest.raises(e.error_type) as raised:
+            m = sl.LinearCrossEntropyLoss(*s.constructor_input.args, **s.constructor_input.kwargs)
+            assert e.error_on == ModuleErrorEnum.FORWARD_ERROR, "constructed where torch refuses"
+            m(*s.forward_input.args, **s.forward_input.kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's "[[]0, 1[]]" reads as a nested set
+            found = re.search(e.error_regex, str(raised.value))
+        assert found, (e.error_regex, str(raised.value))
+
+
+@needs_torch_lce
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("variant", ["", "chunked", "chunked_none"])
+def test_every_opinfo_sample_matches_torchs_function(variant, dtype):
+    (op,) = [o for o in _op_infos() if o.variant_test_name == variant]
+    torch.manual_seed(0)
+    count = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k, s in enumerate(op.sample_inputs("cpu", dtype, requires_grad=True)):
+            tensors = [s.input, *s.args]
+            names = [n for n, v in s.kwargs.items() if isinstance(v, torch.Tensor)]
+            mine = [_leaf(v) if v.requires_grad else v for v in (*tensors, *(s.kwargs[n] for n in names))]
+            ref = [_leaf(v) if v.requires_grad else v for v in (*tensors, *(s.kwargs[n] for n in names))]
+            kw_a = dict(s.kwargs, **dict(zip(names, mine[3:])))
+            kw_b = dict(s.kwargs, **dict(zip(names, ref[3:])))
+            got = SF.linear_cross_entropy(*mine[:3], **kw_a)
+            want = F.linear_cross_entropy(*ref[:3], **kw_b)
+            _grads_agree(got, want, [v for v in mine if v.requires_grad], [v for v in ref if v.requires_grad],
+                         f"sample {k}: {s}", k)
+            count += 1
+    assert count > 10
+
+
+@needs_torch_lce
+def test_every_opinfo_error_input_raises_torchs_error():
+    import re
+
+    errors = [e for op in _op_infos() if op.variant_test_name == "" for e in op.error_inputs("cpu")]
+    assert errors
+    for e in errors:
+        s = e.sample_input
+        with pytest.raises(e.error_type) as raised:
+            SF.linear_cross_entropy(s.input, *s.args, **s.kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's "[[]0, 1[]]" reads as a nested set
+            found = re.search(e.error_regex, str(raised.value))
+        assert found, (e.error_regex, str(raised.value))
+
+
+# --- the module's constructor is torch's ---------------------------------------------------------
+
+
+@needs_torch_lce
+@pytest.mark.parametrize("cls", [sl.LinearCrossEntropyLoss, sl.LinearFocalLoss])
+def test_constructor_defaults_are_torchs(cls):
+    import inspect
+
+    theirs = inspect.signature(torch.nn.LinearCrossEntropyLoss.__init__).parameters
+    ours = inspect.signature(cls.__init__).parameters
+    for name, p in theirs.items():
+        if name not in ("self", "in_features", "num_classes") and name in ours:
+            assert ours[name].default == p.default, name
+    m = cls(H, V)
+    assert m.ignore_index is None and m.out_features == ()
+
+
+def test_probability_targets_with_the_default_module():
+    """torch's default ignore_index=None: probability targets work with a default module, class
+    indices still ignore -100 (the old default's behaviour is kept)."""
+    x, _, _, t, _ = _data(dtype=torch.float64)
+    m = sl.LinearCrossEntropyLoss(H, V, bias=True, dtype=torch.float64)
+    w, b = m.linear.weight, m.linear.bias
+    y = torch.softmax(torch.randn(N, V, dtype=torch.float64), -1)
+    torch.testing.assert_close(m(x, y), F.cross_entropy(F.linear(x, w, b), y), rtol=1e-12, atol=1e-12)
+    t[::3] = -100
+    torch.testing.assert_close(m(x, t), F.cross_entropy(F.linear(x, w, b), t), rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match="ignore_index cannot be specified when target contains probabilities"):
+        sl.LinearCrossEntropyLoss(H, V, ignore_index=-100)(x.float(), y.float())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_k_dimensional_modules(bias, reduction):
+    """out_features (d_1, ..., d_K): torch's flat storage, the unfused formula; the focal module
+    takes the same constructor (gamma=0 is cross-entropy)."""
+    g = torch.Generator().manual_seed(3)
+    of = (3, 2)
+    x = torch.randn(4, H, generator=g, dtype=torch.float64)
+    t = torch.randint(0, V, (4, *of), generator=g)
+    t[0, 0, 0] = 1
+    kw = dict(out_features=of, bias=bias, dtype=torch.float64, reduction=reduction, ignore_index=1)
+    m = sl.LinearCrossEntropyLoss(H, V, **kw)
+    f = sl.LinearFocalLoss(H, V, gamma=0.0, **kw)
+    f.load_state_dict(m.state_dict())
+    assert m.linear.weight.shape == (V * 6, H) and "out_features=(3, 2)" in repr(m)
+    w = m.linear.weight.reshape(V, *of, H)
+    b = None if m.linear.bias is None else m.linear.bias.reshape(V, *of)
+    u = F.linear(x, w.reshape(-1, H), None if b is None else b.reshape(-1)).reshape(4, V, *of)
+    want = F.cross_entropy(u, t, reduction=reduction, ignore_index=1)
+    torch.testing.assert_close(m(x, t), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(f(x, t), want, rtol=1e-12, atol=1e-12)
+    y = torch.softmax(torch.randn(4, V, *of, generator=g, dtype=torch.float64), 1)
+    m.ignore_index = None
+    torch.testing.assert_close(m(x, y), F.cross_entropy(u, y, reduction=reduction), rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="out_features must be a tuple of ints"):
+        sl.LinearCrossEntropyLoss(H, V, out_features=(2, -1))
+
+
+def test_message_keeps_ours_and_says_torchs():
+    x, w, _, t, _ = _data()
+    with pytest.raises(ValueError, match=r"target must have shape \[12\].*\(torch: Expected input batch_size \(12\)"):
+        SF.linear_cross_entropy(x, w, t[:5])
+    with pytest.raises(RuntimeError, match=r"target of the logits' shape .*\(torch: Expected floating point type"):
+        SF.linear_cross_entropy(x, w, torch.zeros(N, V, dtype=torch.long))
+    with pytest.raises(RuntimeError, match=r"target must hold class indices.*\(torch: expected input with "
+                                           r"dimensionality 1 or 2, got 3\)"):
+        SF.linear_cross_entropy(x.reshape(3, 4, H), w, t.float().reshape(3, 4))

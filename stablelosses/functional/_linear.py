@@ -55,35 +55,93 @@ class _Shapes(NamedTuple):
 _PLAIN = _Shapes(False, False)  # a 2-D weight and class-index targets: the chunk loop
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as torch's C++ messages spell it (``Long``, ``Float``, ``Byte``)."""
+    return str(torch.empty((), dtype=dtype, device="meta").type()).rpartition(".")[2].removesuffix("Tensor")
+
+
 def _check_args(
     fn: str, input: object, linear_weight: object, target: object, linear_bias: object, weight: object,
     ignore_index: object, reduction: object, z_loss: object, softcap: object, chunk_size: object,
     focal: bool = False,
 ) -> tuple[int, float, float | None, int, _Shapes]:
-    """``(ignore_index, z_loss, softcap, chunk, shapes)`` checked, with every tensor argument."""
+    """``(ignore_index, z_loss, softcap, chunk, shapes)`` checked, with every tensor argument.
+
+    The checks run in the order of ``torch.nn.functional.linear_cross_entropy``'s and each
+    message ends with torch's own words for the same failure, ``(torch: ...)``, so a regex
+    written against torch's message matches ours. An input of more than 2 dimensions is ours
+    (``(..., H)`` rows; torch takes 1-D or 2-D input only): when such a call fails, the error is
+    torch's (a ``RuntimeError`` saying the dimensionality), with our reason first.
+    """
     check_reduction(fn, reduction)
     x = check_floating(fn, "input", input)
     w = check_floating(fn, "linear_weight", linear_weight)
     t = check_tensor(fn, "target", target)
+    beyond = x.dim() > 2  # ours: (..., H)
+
+    def fail(kind: type[Exception], ours: str, theirs: str) -> Exception:
+        if beyond:
+            kind, theirs = RuntimeError, f"expected input with dimensionality 1 or 2, got {x.dim()}"
+        return kind(f"{fn}: {ours}" + ("" if theirs == ours else f" (torch: {theirs})"))
+
     if x.dim() == 0:
-        raise ValueError(f"{fn}: input must have shape (..., H), got a 0-d tensor")
+        raise fail(ValueError, "input must have shape (..., H), got a 0-d tensor",
+                   "expected input with dimensionality 1 or 2, got 0")
     if w.dim() < 2 or w.shape[-1] != x.shape[-1]:
-        raise RuntimeError(
-            f"{fn}: linear_weight must have shape (V, H) (or (V, d_1, ..., d_K, H) for a K-dimensional "
-            f"loss) with H = input.shape[-1] = {x.shape[-1]}, got {list(w.shape)}"
+        theirs = (
+            f"expected linear_weight with dimensionality at least 2, got {w.dim()}" if w.dim() < 2 else
+            "expected equal input and linear_weight last dimensions (in_features), "
+            f"got {x.shape[-1]} and {w.shape[-1]}, respectively"
         )
+        raise fail(RuntimeError,
+                   "linear_weight must have shape (V, H) (or (V, d_1, ..., d_K, H) for a K-dimensional "
+                   f"loss) with H = input.shape[-1] = {x.shape[-1]}, got {list(w.shape)}", theirs)
     classes, out = w.shape[0], tuple(w.shape[1:-1])
-    if out and x.dim() != 2:  # torch's rule: a K-dimensional loss needs a batch (N, H)
-        raise RuntimeError(
-            f"{fn}: a K-dimensional linear_weight of shape {tuple(w.shape)} needs input of shape "
-            f"(N, {x.shape[-1]}), got {tuple(x.shape)}"
-        )
     if linear_bias is not None:
         b = check_floating(fn, "linear_bias", linear_bias)
         if tuple(b.shape) != (classes, *out):
-            raise RuntimeError(
-                f"{fn}: linear_bias must have shape {(classes, *out)} or be None, got {list(b.shape)}"
-            )
+            raise fail(RuntimeError,
+                       f"linear_bias must have shape {(classes, *out)} or be None, got {list(b.shape)}",
+                       f"expected linear_bias shape {(classes, *out)}, got {tuple(b.shape)}")
+    if out and x.dim() != 2:  # torch's rule: a K-dimensional loss needs a batch (N, H)
+        raise fail(RuntimeError,
+                   f"a K-dimensional linear_weight of shape {tuple(w.shape)} needs input of shape "
+                   f"(N, {x.shape[-1]}), got {tuple(x.shape)}",
+                   f"K-dimensional loss defined by linear_weight shape {tuple(w.shape)} requires batched "
+                   f"input, (N, {x.shape[-1]}), got unbatched input with shape {tuple(x.shape)}")
+    logits_shape = (*x.shape[:-1], classes, *out)
+    rows = (*x.shape[:-1], *out)
+    # torch's rule: a target with the logits' shape holds probabilities (of any dtype: a
+    # non-float one is an error); the focal loss takes class indices only
+    same = tuple(t.shape) == logits_shape
+    probabilities = same and (not focal or t.is_floating_point())
+    if probabilities:
+        if focal:
+            raise RuntimeError(f"{fn}: target must hold class indices (int64 or uint8), got {t.dtype}")
+        if ignore_index is not None:
+            raise fail(RuntimeError,
+                       "ignore_index cannot be specified when target contains probabilities",
+                       "ignore_index cannot be specified when target contains probabilities")
+        if not t.is_floating_point():
+            raise fail(RuntimeError,
+                       f"target of the logits' shape {list(logits_shape)} holds class probabilities and "
+                       f"must be floating point, got {t.dtype}",
+                       "Expected floating point type for target with class probabilities, got "
+                       f"{_dtype_name(t.dtype)}")
+    else:
+        k_dims = ", then d_1, ..., d_K" if out else ""
+        want = f"target must have shape {list(rows)} (input's without H{k_dims})"
+        if x.dim() == 2 and t.dim() >= 1 and t.shape[0] != x.shape[0]:  # cross_entropy checks it first
+            raise fail(ValueError, f"{want}, got {list(t.shape)}",
+                       f"Expected input batch_size ({x.shape[0]}) to match target batch_size ({t.shape[0]}).")
+        if t.dtype not in _INDEX_DTYPES:
+            raise fail(RuntimeError,
+                       f"target must hold class indices (int64 or uint8) or class probabilities of "
+                       f"shape {list(logits_shape)}, got {t.dtype} of shape {list(t.shape)}",
+                       f"expected target dtype to be Long or Byte, but got {_dtype_name(t.dtype)}")
+        if tuple(t.shape) != rows:
+            raise fail(ValueError, f"{want}, got {list(t.shape)}",
+                       f"expected target of shape {list(rows)}, got {list(t.shape)}")
     if weight is not None:
         cw = check_floating(fn, "weight", weight)
         if cw.shape != (classes,):
@@ -91,35 +149,15 @@ def _check_args(
                 " (weight is the per-class weight, as in F.cross_entropy; the output layer's matrix"
                 " is linear_weight, the second argument)" if cw.dim() == 2 else ""
             )
-            raise RuntimeError(
-                f"{fn}: weight must have shape ({classes},) (one weight per class) or be None, "
-                f"got {list(cw.shape)}{hint}"
-            )
-    logits_shape = (*x.shape[:-1], classes, *out)
-    # torch's rule: a target with the logits' shape holds probabilities
-    probabilities = t.is_floating_point() and tuple(t.shape) == logits_shape
-    if probabilities:
-        if focal:
-            raise RuntimeError(f"{fn}: target must hold class indices (int64 or uint8), got {t.dtype}")
-        if ignore_index is not None:
-            raise RuntimeError(f"{fn}: ignore_index cannot be specified when target contains probabilities")
-    else:
-        if t.dtype not in _INDEX_DTYPES:
-            raise RuntimeError(
-                f"{fn}: target must hold class indices (int64 or uint8) or class probabilities of "
-                f"shape {list(logits_shape)}, got {t.dtype} of shape {list(t.shape)}"
-            )
-        if tuple(t.shape) != (*x.shape[:-1], *out):
-            raise ValueError(
-                f"{fn}: target must have shape {list((*x.shape[:-1], *out))} (input's without H"
-                f"{', then d_1, ..., d_K' if out else ''}), got {list(t.shape)}"
-            )
+            raise fail(RuntimeError,
+                       f"weight must have shape ({classes},) (one weight per class) or be None, "
+                       f"got {list(cw.shape)}{hint}",
+                       f"weight tensor should be defined either for all {classes} classes or no classes but "
+                       f"got weight tensor of shape: {list(cw.shape)}")
     ii = -100 if ignore_index is None else check_int(fn, "ignore_index", ignore_index)  # None: torch's -100
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     assert isinstance(ii, int)  # checked there
     return ii, z, cap, chunk, _Shapes(probabilities, bool(out))
-
-
 
 
 def check_linear_options(
@@ -486,7 +524,11 @@ def linear_cross_entropy(
         RuntimeError: `linear_weight`/`linear_bias`/`weight` shape, `target` dtype,
             `label_smoothing` outside $[0, 1]$, a target index out of range (raised by the
             gather), double backward, a K-dimensional `linear_weight` without an $(N, H)$
-            input, `ignore_index` given with probability targets (as torch).
+            input, `ignore_index` given with probability targets (as torch), a target of the
+            logits' shape (probabilities, by torch's rule) that is not floating point. The
+            checks run in torch's order and each shape/dtype message ends with torch's own
+            words, `(torch: ...)`; an input of more than 2 dimensions (ours: torch takes 1-D or
+            2-D input) that fails a check raises torch's `RuntimeError` for its dimensionality.
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
