@@ -17,15 +17,7 @@ from torch import Tensor
 from stablelosses._compat import functorch_transforms_active
 from stablelosses._utils import cast
 from stablelosses._utils import reduce as _reduce
-from stablelosses.functional._torch_losses import (
-    CANNOT_CAST,
-    call_torch,
-    check_floating_input,
-    check_reduction,
-    check_tensors,
-    out_dtype,
-    up,
-)
+from stablelosses.functional import _torch_losses as tl
 
 __all__ = ["gaussian_nll_loss"]
 
@@ -108,19 +100,21 @@ def gaussian_nll_loss(
     Replaces ``torch.nn.functional.gaussian_nll_loss``.
     """
     fn = "gaussian_nll_loss"
-    red = check_reduction(fn, reduction, alias=False, invalid="is not valid")  # torch's own check and words
-    check_tensors(fn, input=input, target=target)
+    # torch's own check and words
+    red = tl.check_reduction(fn, reduction, alias=False, invalid="is not valid")
+    tl.check_tensors(fn, input=input, target=target)
     if isinstance(var, float):
         if var < 0:
             raise ValueError(f"{fn}: var has negative entry/entries, got {var}")
         var = var * torch.ones_like(input)
-    check_tensors(fn, var=var)
+    tl.check_tensors(fn, var=var)
     if not torch.compiler.is_compiling() and not functorch_transforms_active() and bool(torch.any(var < 0)):
         raise ValueError(f"{fn}: var has negative entry/entries")
     # torch clamps a copy of var in place at eps: an integer or bool var is its RuntimeError
-    check_floating_input(fn, "var", var, RuntimeError, CANNOT_CAST)
+    tl.check_floating_input(fn, "var", var, RuntimeError, tl.CANNOT_CAST)
     v = _var_shaped(fn, input, var)
-    dtype = out_dtype(input, target, v)
-    loss = call_torch(fn, _terms, ("input", "target", "var"), up(input), up(target), up(v), eps, full)
+    dtype = tl.out_dtype(input, target, v)
+    loss = tl.call_torch(fn, _terms, ("input", "target", "var"), tl.up(input), tl.up(target), tl.up(v),
+                         eps, full)
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)

@@ -15,17 +15,8 @@ from torch import Tensor
 
 from stablelosses._utils import cast
 from stablelosses._utils import reduce as _reduce
+from stablelosses.functional import _torch_losses as tl
 from stablelosses.functional._bce_logits import weighted_bce_terms
-from stablelosses.functional._torch_losses import (
-    CANNOT_CAST,
-    NOT_IMPLEMENTED,
-    call_torch,
-    check_floating_input,
-    check_reduction,
-    check_tensors,
-    out_dtype,
-    up,
-)
 
 __all__ = ["soft_margin_loss", "multilabel_soft_margin_loss"]
 
@@ -83,12 +74,12 @@ def soft_margin_loss(
     Replaces ``torch.nn.functional.soft_margin_loss``.
     """
     fn = "soft_margin_loss"
-    red = check_reduction(fn, reduction, size_average, reduce)
-    check_tensors(fn, input=input, target=target)
+    red = tl.check_reduction(fn, reduction, size_average, reduce)
+    tl.check_tensors(fn, input=input, target=target)
     # torch's kernel writes the loss in input's dtype: an integer or bool input is its RuntimeError
-    check_floating_input(fn, "input", input, RuntimeError, CANNOT_CAST)
-    dtype = out_dtype(input)  # torch's kernel writes in input's dtype
-    loss = call_torch(fn, _soft_margin_terms, ("input", "target"), up(input), up(target))
+    tl.check_floating_input(fn, "input", input, RuntimeError, tl.CANNOT_CAST)
+    dtype = tl.out_dtype(input)  # torch's kernel writes in input's dtype
+    loss = tl.call_torch(fn, _soft_margin_terms, ("input", "target"), tl.up(input), tl.up(target))
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)
 
@@ -147,12 +138,13 @@ def multilabel_soft_margin_loss(
     """
     fn = "multilabel_soft_margin_loss"
     # torch's checks the three names itself, in its own words
-    red = check_reduction(fn, reduction, size_average, reduce, alias=False, invalid="is not valid")
-    check_tensors(fn, input=input, target=target, weight=weight)
+    red = tl.check_reduction(fn, reduction, size_average, reduce, alias=False, invalid="is not valid")
+    tl.check_tensors(fn, input=input, target=target, weight=weight)
     # torch's logsigmoid has no integer or bool kernel
-    no_kernel = NOT_IMPLEMENTED.format(kernel="log_sigmoid")
-    check_floating_input(fn, "input", input, NotImplementedError, no_kernel)
-    dtype = out_dtype(input, target, weight)  # torch's formula promotes with weight
-    loss = call_torch(fn, _multilabel_terms, ("input", "target", "weight"), up(input), up(target), up(weight))
+    no_kernel = tl.NOT_IMPLEMENTED.format(kernel="log_sigmoid")
+    tl.check_floating_input(fn, "input", input, NotImplementedError, no_kernel)
+    dtype = tl.out_dtype(input, target, weight)  # torch's formula promotes with weight
+    loss = tl.call_torch(fn, _multilabel_terms, ("input", "target", "weight"), tl.up(input), tl.up(target),
+                         tl.up(weight))
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)
