@@ -102,8 +102,9 @@ def _loss(x: Tensor, t: Tensor, alpha: float, gamma: float) -> Tensor:
     # buffer. In place only on tensors made from both x and t (a vmap over one of them
     # batches both)
     factor = torch.lerp(sp, sn, t).pow_(gamma)
+    del sn, sp  # freed before the next buffer: the peak
     if alpha >= 0:  # α_t·f = (1-α)·f + (2α-1)·t·f: one pass fewer than forming α_t first
-        factor = torch.addcmul(factor * (1 - alpha), factor, t, value=2 * alpha - 1)
+        factor = (factor * (1 - alpha)).addcmul_(factor, t, value=2 * alpha - 1)
     # x = ±inf: the lerp of an infinite softplus is NaN (inf·0, inf − inf) where the limit is
     # +inf, or 0 where the factor is 0 (the target at that end, or α_t = 0). A NaN input stays
     # NaN through q. (Two in-place passes over our own buffers.)
