@@ -146,12 +146,17 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
            need_x: bool, need_t: bool) -> tuple[Tensor | None, Tensor | None]:
     """d loss / d x and d loss / d t, elementwise, in differentiable torch ops.
 
-    At ``x = ±inf`` (computed at 0 and replaced: double where, so the second derivatives stay
-    finite) d/dx is its limit ``±α_t w^{1+γ}`` (constant in ``x``: second derivative 0) and
-    d/dt is ``−x α_t w^γ``, infinite as the loss is around it (NaN where ``w = 0``).
+    At ``x = ±inf`` d/dx is its limit ``±α_t w^{1+γ}`` (constant in ``x``: second derivative
+    0) and d/dt is ``−x α_t w^γ``, infinite as the loss is around it (NaN where ``w = 0``).
+    Eager (double backward may follow), those entries are computed at 0 and replaced (double
+    where). Compiled (first order only), the formulas run on ``x`` itself, whose one singular
+    product there, ``C·σ(-|x|) = inf·0``, is selected to its limit 0: the same first-order
+    values in fewer operations (fwd+bwd at 65536x80, compiled: 26.3 ms with the replacement,
+    20.9 ms without, 18.8 ms before the ±inf limits, 2026-12-07).
     """
+    compiled = torch.compiler.is_compiling()
     inf_x = torch.isinf(x)
-    xs = torch.where(inf_x, 0.0, x)
+    xs = x if compiled else torch.where(inf_x, 0.0, x)
     p = _parts(xs, t)
     a, e, pos, w = p["a"], p["e"], p["pos"], p["w"]
     small = e / (1 + e)
@@ -161,7 +166,8 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
         mod = torch.exp(gamma * p["log_q"])
         c = torch.where(p["under"], 1 - e / 2, ce / p["den"])
         if need_x:
-            core = mod * ((w - small) + gamma * (2 * w - 1) * c * small)
+            cs = torch.where(small == 0, 0.0, c * small)  # inf·0 at x = ±inf (compiled): 0
+            core = mod * ((w - small) + gamma * (2 * w - 1) * cs)
             gx = torch.where(pos, core, -core)
         if need_t:
             d = gamma * (1 - e) * c
@@ -176,6 +182,10 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
             gt = -xs
             if alpha >= 0:
                 gt = gt * _alpha_t(t, alpha) + (2 * alpha - 1) * ce
+    if compiled:
+        if gx is not None and alpha >= 0:
+            gx = gx * _alpha_t(t, alpha)
+        return gx, gt
     # the target mass on the side x does not favour; 1 at finite x (double where: pow's
     # derivative at 0 is inf for γ < 1)
     w_inf = torch.where(inf_x, torch.where(x > 0, 1 - t, t), 1.0)
