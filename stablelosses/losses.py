@@ -796,7 +796,9 @@ class DistillationLoss(_Loss):
                  reduction: str = "mean") -> None:
         from stablelosses.functional._distillation import check_distillation_args
 
-        check_distillation_args("DistillationLoss", kind, beta, temperature, reduction, None)
+        # the checked values (Python numbers: a tensor or NumPy scalar is read once, here)
+        kind, beta, temperature, reduction, _ = check_distillation_args(
+            "DistillationLoss", kind, beta, temperature, reduction, None)
         super().__init__(kind=kind, beta=beta, temperature=temperature, reduction=reduction)
 
     def forward(self, student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None,
@@ -837,8 +839,9 @@ class LinearDistillationLoss(_Loss):
         from stablelosses._spec import check_chunk_size
         from stablelosses.functional._distillation import check_distillation_args
 
-        check_distillation_args("LinearDistillationLoss", kind, beta, temperature, reduction, None)
-        check_chunk_size("LinearDistillationLoss", chunk_size)
+        kind, beta, temperature, reduction, _ = check_distillation_args(
+            "LinearDistillationLoss", kind, beta, temperature, reduction, None)
+        chunk_size = check_chunk_size("LinearDistillationLoss", chunk_size)
         super().__init__(kind=kind, beta=beta, temperature=temperature, reduction=reduction,
                          chunk_size=chunk_size)
 

@@ -13,6 +13,7 @@ import math
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -449,6 +450,20 @@ def test_module_equals_function():
     assert repr(m).startswith("DistillationLoss(") and "tvd" in repr(m)
     with pytest.raises(ValueError, match="DistillationLoss: kind must be"):
         sl.DistillationLoss(kind="x")
+
+
+def test_modules_keep_the_checked_numbers():
+    # a 0-d tensor or NumPy scalar is read once, at construction: forward reads no tensor on the
+    # host, and the module compiles (it raised a data-dependent guard error under torch.compile)
+    for cls in (sl.DistillationLoss, sl.LinearDistillationLoss):
+        m = cls("jsd", np.float32(0.25), temperature=torch.tensor(2.0))
+        assert type(m.beta) is float and type(m.temperature) is float
+        assert m.beta == 0.25 and m.temperature == 2.0
+    s, t, mask = _inputs((2, 3, 9), seed=18, dtype=torch.float32)
+    m = sl.DistillationLoss("jsd", 0.3, temperature=torch.tensor(2.0))
+    want = SF.distillation_loss(s, t, kind="jsd", beta=0.3, temperature=2.0)
+    torch.testing.assert_close(m(s, t), want)
+    torch.testing.assert_close(torch.compile(m, fullgraph=True, backend="aot_eager")(s, t), want)
 
 
 @pytest.mark.slow
