@@ -115,11 +115,8 @@ def call(fn: Callable[..., Any], short: str, args: tuple, kwargs: dict) -> Any:
         watch.outputs(out)
     if not det.forward:
         return out
-    det._suspended = True  # the checks below run torch operators
-    try:
+    with det.suspended():  # the checks below run torch operators
         err = _check(det, fn, short, out, args, kwargs)
-    finally:
-        det._suspended = False
     if err is not None:
         det._emit(err)
     return out
@@ -132,8 +129,8 @@ class _Backward:
     def __init__(self, det: Any, short: str, args: tuple, kwargs: dict, tensors: list) -> None:
         self.det, self.name = det, public_name(short)
         self.in_finite = all(_all_finite(t) for t in tensors)
-        self.in_nan = any(_has_nan(t) for t in tensors)
-        self.inputs = [TensorSummary.of(t) for t in tensors]
+        self.in_nan = not self.in_finite and any(_has_nan(t) for t in tensors)
+        self.tensors = tensors  # summarised only for a report
         self.module_path = det._module_path()
         self.filename, self.lineno = _user_line(sys._getframe(2))
         self.args, self.kwargs = tree_map(self._alias, (args, kwargs))
@@ -151,15 +148,16 @@ class _Backward:
                 o.register_hook(self._received)
 
     def _received(self, g: torch.Tensor) -> None:
-        with self._reading():
-            self.in_finite = self.in_finite and _all_finite(g)
-            self.in_nan = self.in_nan or _has_nan(g)
+        with self.det.suspended():
+            finite = _all_finite(g)
+            self.in_finite = self.in_finite and finite
+            self.in_nan = self.in_nan or (not finite and _has_nan(g))
 
     def _sent(self, g: torch.Tensor) -> None:
         if self.det._suspended or getattr(_local, "det", None) is not self.det:
             return  # the backward runs after the context closed, or on another thread
         det: Any = self.det
-        with self._reading():
+        with det.suspended():
             if _all_finite(g):
                 return
             kind = _kind(det, [g], self.in_finite, self.in_nan)
@@ -169,21 +167,10 @@ class _Backward:
                 detail="the gradient it sends to an input is not finite, from finite inputs and "
                        "incoming gradients",
                 hint=None, module_path=self.module_path, filename=self.filename, lineno=self.lineno,
-                node=self.name, forward_op=None, inputs=self.inputs, outputs=[TensorSummary.of(g)])
+                node=self.name, forward_op=None, inputs=[TensorSummary.of(t) for t in self.tensors],
+                outputs=[TensorSummary.of(g)])
         if err is not None:
             det._emit(err)
-
-    def _reading(self) -> Any:
-        det = self.det
-
-        class _Suspend:
-            def __enter__(self) -> None:
-                det._suspended = True
-
-            def __exit__(self, *exc: Any) -> None:
-                det._suspended = False
-
-        return _Suspend()
 
 
 def _watch_backward(det: Any, short: str, args: tuple, kwargs: dict) -> _Backward | None:
@@ -195,11 +182,8 @@ def _watch_backward(det: Any, short: str, args: tuple, kwargs: dict) -> _Backwar
     tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
     if not any(t.requires_grad for t in tensors) or any(_compat.is_fake(t) for t in tensors):
         return None
-    det._suspended = True  # reading the inputs runs torch operators
-    try:
+    with det.suspended():  # reading the inputs runs torch operators
         return _Backward(det, short, args, kwargs, tensors)
-    finally:
-        det._suspended = False
 
 
 def _check(det: Any, fn: Any, short: str, out: Any, args: tuple, kwargs: dict) -> NonFiniteError | None:

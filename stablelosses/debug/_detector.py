@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -333,12 +334,18 @@ class detect_nonfinite:
         return wrapper
 
     # -- reporting -------------------------------------------------------------------------
-    def _found(self, func, args, kwargs, out, node, writes, before) -> None:
-        self._suspended = True  # summaries below run torch ops
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """The detector's own torch operators (summaries, checks, norms) inside: not watched."""
+        self._suspended = True
         try:
-            err = diagnose(self, func, args, kwargs, out, node, writes, before, sys._getframe())
+            yield
         finally:
             self._suspended = False
+
+    def _found(self, func, args, kwargs, out, node, writes, before) -> None:
+        with self.suspended():  # summaries below run torch ops
+            err = diagnose(self, func, args, kwargs, out, node, writes, before, sys._getframe())
         if err is not None:
             self._emit(err)
 

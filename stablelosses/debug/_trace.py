@@ -126,9 +126,7 @@ class _Watch:
     def after_backward(self, loss: torch.Tensor) -> None:
         if loss.numel() != 1:
             return
-        det = self.detector
-        det._suspended = True  # the monitor's norms are not the script's operators
-        try:
+        with self.detector.suspended():  # the monitor's norms are not the script's operators
             if self.monitor is None:
                 model = self._find_model(loss) if loss.grad_fn is not None else None
                 if model is None:
@@ -136,8 +134,6 @@ class _Watch:
                 self.monitor = DivergenceMonitor(model)
                 self._roots = []
             self.monitor.check(loss)
-        finally:
-            det._suspended = False
 
 
 class _ThreadDetector(detect_nonfinite):
@@ -201,11 +197,8 @@ class _Losses:
 
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
             if tensor.numel() == 1 and threading.current_thread() is threading.main_thread():
-                rec.detector._suspended = True  # a copy of the loss is not the script's operator
-                try:
+                with rec.detector.suspended():  # a copy of the loss is not the script's operator
                     rec.values = [*rec.values[-7:], tensor.detach().reshape(()).to(torch.float64, copy=True)]
-                finally:
-                    rec.detector._suspended = False
             rec._backward(tensor, *args, **kwargs)
 
         torch.Tensor.backward = backward  # type: ignore[method-assign, assignment]
