@@ -41,6 +41,7 @@ from stablelosses.functional._cross_entropy import _INDEX_DTYPES
 from stablelosses.functional._linear_options import reduce_rows, resolve_options
 from stablelosses.functional._linear_parallel import is_dtensor, linear_loss_parallel
 from stablelosses.functional._masked import check_mask
+from stablelosses.functional._torch_losses import scalar_type
 
 __all__ = ["CHUNK_BYTES", "default_chunk_size", "linear_cross_entropy", "linear_focal_loss"]
 
@@ -53,11 +54,6 @@ class _Shapes(NamedTuple):
 
 
 _PLAIN = _Shapes(False, False)  # a 2-D weight and class-index targets: the chunk loop
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    """A dtype as torch's C++ messages spell it (``Long``, ``Float``, ``Byte``)."""
-    return str(torch.empty((), dtype=dtype, device="meta").type()).rpartition(".")[2].removesuffix("Tensor")
 
 
 def _check_args(
@@ -127,7 +123,7 @@ def _check_args(
                        f"target of the logits' shape {list(logits_shape)} holds class probabilities and "
                        f"must be floating point, got {t.dtype}",
                        "Expected floating point type for target with class probabilities, got "
-                       f"{_dtype_name(t.dtype)}")
+                       f"{scalar_type(t.dtype)}")
     else:
         k_dims = ", then d_1, ..., d_K" if out else ""
         want = f"target must have shape {list(rows)} (input's without H{k_dims})"
@@ -138,7 +134,7 @@ def _check_args(
             raise fail(RuntimeError,
                        f"target must hold class indices (int64 or uint8) or class probabilities of "
                        f"shape {list(logits_shape)}, got {t.dtype} of shape {list(t.shape)}",
-                       f"expected target dtype to be Long or Byte, but got {_dtype_name(t.dtype)}")
+                       f"expected target dtype to be Long or Byte, but got {scalar_type(t.dtype)}")
         if tuple(t.shape) != rows:
             raise fail(ValueError, f"{want}, got {list(t.shape)}",
                        f"expected target of shape {list(rows)}, got {list(t.shape)}")
