@@ -9,6 +9,7 @@ are documented once, on those functions. Every ``forward`` takes an optional ``m
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -389,10 +390,8 @@ class _LinearLoss(_WeightedLoss):
         self.in_features, self.num_classes, self.out_features = in_features, num_classes, dims
         # torch's storage: a 2-D nn.Linear with num_classes * prod(out_features) outputs, reshaped
         # to (num_classes, *out_features, in_features) in forward (state_dicts are interchangeable)
-        outputs = num_classes
-        for d in dims:
-            outputs *= d
-        self.linear = nn.Linear(in_features, outputs, bias=bias, device=device, dtype=dtype)
+        self.linear = nn.Linear(in_features, num_classes * math.prod(dims), bias=bias, device=device,
+                                dtype=dtype)
 
     def forward(self, input: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         assert self.linear is not None and self.num_classes is not None

@@ -155,8 +155,8 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
     20.9 ms without, 18.8 ms before the ±inf limits, 2026-12-07).
     """
     compiled = torch.compiler.is_compiling()
-    inf_x = torch.isinf(x)
-    xs = x if compiled else torch.where(inf_x, 0.0, x)
+    inf_x = None if compiled else torch.isinf(x)
+    xs = x if inf_x is None else torch.where(inf_x, 0.0, x)
     p = _parts(xs, t)
     a, e, pos, w = p["a"], p["e"], p["pos"], p["w"]
     small = e / (1 + e)
@@ -182,7 +182,7 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
             gt = -xs
             if alpha >= 0:
                 gt = gt * _alpha_t(t, alpha) + (2 * alpha - 1) * ce
-    if compiled:
+    if inf_x is None:  # compiled
         if gx is not None and alpha >= 0:
             gx = gx * _alpha_t(t, alpha)
         return gx, gt
