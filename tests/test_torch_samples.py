@@ -182,10 +182,8 @@ def _check_jvp(op, dtype):
 
 
 def _check_error_inputs(op):
-    # the linear cross-entropy's messages are not torch's words yet (that module is worked on
-    # apart): its error types are checked, every other op's messages too
-    regex = (op.name, op.variant_test_name) not in LINEAR
-    assert_error_inputs_match(op, OURS[(op.name, op.variant_test_name)], regex=regex)
+    # types and messages (torch's error_regex), the linear cross-entropy's included
+    assert_error_inputs_match(op, OURS[(op.name, op.variant_test_name)])
 
 
 def _check_module_error_inputs(torch_cls):
