@@ -133,8 +133,8 @@ def _demo() -> int:
 
 
 def _bench(argv: list) -> int:
-    """Hand ``bench ARGS`` to ``stablelosses.bench.main(ARGS)``, which parses them itself."""
-    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
+    """Hand ``bench ARGS`` to ``stablelosses.bench.main(ARGS)``, which parses them itself (and
+    imports torch only after its ``--help``)."""
     from stablelosses.bench import main as bench_main
 
     try:

@@ -454,6 +454,11 @@ def test_stablelosses_bench_dispatches_to_the_bench_package(monkeypatch):
     (["--repeats", "0"], "--repeats: must be >= 1"),
     (["--threads", "0"], "--threads: must be >= 1"),
     (["--only", "nope"], "invalid function nope"),
+    (["--only", "safe_sqrt,nope"], "argument --only: invalid function nope (choose from "),
+    (["--dtype", "float8"], "argument --dtype: invalid dtype float8"),
+    (["--modes", "bwd"], "argument --modes: invalid mode bwd (choose from fwd, fwdbwd)"),
+    (["--compile-modes", "fwd,x"], "argument --compile-modes: invalid mode x"),
+    (["--only", ","], "expected a comma-separated list"),
     (["--quick", "--full"], "not allowed with"),
 ])
 def test_bench_bad_arguments(args, message, capsys):

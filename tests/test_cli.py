@@ -179,7 +179,7 @@ def test_trace_watch_healthy_script_exits_0(capsys):
 # ---- help and errors ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["trace", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["trace", "--help"], ["bench", "--help"]])
 def test_help_and_version_import_no_torch(args):
     # as `python -m stablelosses ARGS` runs (runpy), then which modules got imported
     code = ("import runpy, sys\n"

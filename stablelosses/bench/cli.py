@@ -1,4 +1,8 @@
-"""``stablelosses bench``: argument parsing, the allocator re-exec, and what is printed."""
+"""``stablelosses bench``: argument parsing, the allocator re-exec, and what is printed.
+
+The parser imports no torch (``stablelosses bench --help`` answers without it): the lists it
+takes (functions, dtypes, modes) are checked against the case registry after parsing.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +12,11 @@ import os
 import shlex
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
-import torch
-
-from stablelosses.bench.cases import DTYPES, specs
-from stablelosses.bench.memory import MALLOC_ENV
-from stablelosses.bench.report import (
-    compare_table,
-    format_header,
-    format_summary,
-    format_table,
-    summary_legend,
-)
-from stablelosses.bench.run import MODES, Settings, run, tier_settings
+if TYPE_CHECKING:
+    from stablelosses.bench.run import Settings
 
 __all__ = ["build_parser", "main"]
 
@@ -32,15 +26,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _csv(choices: Sequence[str], what: str) -> Callable[[str], tuple[str, ...]]:
-    def parse(s: str) -> tuple[str, ...]:
-        items = tuple(x.strip() for x in s.split(",") if x.strip())
-        bad = [x for x in items if x not in choices]
-        if not items or bad:
-            raise argparse.ArgumentTypeError(
-                f"invalid {what} {', '.join(bad) or repr(s)} (choose from {', '.join(choices)})")
-        return items
-    return parse
+def _csv(s: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in s.split(",") if x.strip())
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {s!r}")
+    return items
+
+
+def _check_lists(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The list arguments against the registry (imported here: it needs torch)."""
+    from stablelosses.bench.cases import DTYPES, specs
+    from stablelosses.bench.run import MODES
+
+    for flag, what, choices in (("only", "function", list(specs())), ("dtype", "dtype", list(DTYPES)),
+                                ("modes", "mode", MODES), ("compile_modes", "mode", MODES)):
+        bad = [x for x in getattr(args, flag) or () if x not in choices]
+        if bad:
+            parser.error(f"argument --{flag.replace('_', '-')}: invalid {what} {', '.join(bad)} "
+                         f"(choose from {', '.join(choices)})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,13 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "150 columns, as written by --markdown")
     p.add_argument("--raw", action="store_true",
                    help="also print every median as torch.utils.benchmark.Compare does")
-    p.add_argument("--only", type=_csv(list(specs()), "function"), metavar="FN[,FN...]",
-                   help="only these functions")
-    p.add_argument("--dtype", type=_csv(list(DTYPES), "dtype"), metavar="DT[,DT...]",
-                   help="dtypes (default float32; --full: float32,bfloat16)")
-    p.add_argument("--modes", type=_csv(list(MODES), "mode"), metavar="M[,M...]",
+    p.add_argument("--only", type=_csv, metavar="FN[,FN...]",
+                   help="only these functions (a wrong name lists the choices)")
+    p.add_argument("--dtype", type=_csv, metavar="DT[,DT...]",
+                   help="float32, bfloat16, float16, float64 (default float32; --full: "
+                        "float32,bfloat16)")
+    p.add_argument("--modes", type=_csv, metavar="M[,M...]",
                    help="fwd, fwdbwd or both (default both)")
-    p.add_argument("--compile-modes", type=_csv(list(MODES), "mode"), metavar="M[,M...]",
+    p.add_argument("--compile-modes", type=_csv, metavar="M[,M...]",
                    help="with --compile: the modes that get compiled variants (default: all)")
     p.add_argument("--repeats", type=int, metavar="R", help="interleaved repeats per variant")
     p.add_argument("--threads", type=int, default=2, metavar="T", help="torch.set_num_threads (default 2)")
@@ -90,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _reexec(argv: Sequence[str]) -> NoReturn:
+    from stablelosses.bench.memory import MALLOC_ENV
+
     env = dict(os.environ)
     env.update({k: v for k, v in MALLOC_ENV.items() if k not in env})
     env["STABLELOSSES_BENCH_REEXEC"] = "1"
@@ -99,6 +105,8 @@ def _reexec(argv: Sequence[str]) -> NoReturn:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from stablelosses.bench.run import MODES, Settings, tier_settings
+
     tier = "quick" if args.quick else ("full" if args.full else "default")
     kw = tier_settings(tier)
     if args.repeats is not None:
@@ -122,6 +130,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"argument --repeats: must be >= 1, got {args.repeats}")
     if args.threads < 1:
         parser.error(f"argument --threads: must be >= 1, got {args.threads}")
+    from stablelosses import _torch_import  # noqa: F401 - torch without its NumPy warning
+
+    _check_lists(parser, args)
+    import torch
+
+    from stablelosses.bench.memory import MALLOC_ENV
+    from stablelosses.bench.report import (
+        compare_table,
+        format_header,
+        format_summary,
+        format_table,
+        summary_legend,
+    )
+    from stablelosses.bench.run import run
+
     if args.device == "cuda" and not torch.cuda.is_available():
         print("stablelosses bench: error: --device cuda but CUDA is not available", file=sys.stderr)
         return 2
