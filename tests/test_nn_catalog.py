@@ -250,6 +250,42 @@ def test_compile_fullgraph(name):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
 
 
+WEIGHTED = {  # the catalog losses whose torch kernel gives `weight` no gradient (ours adds it)
+    "nll_loss": lambda x, w: SF.nll_loss(x.log_softmax(1), torch.tensor([0, 2, 1, 2]), weight=w),
+    "multi_margin_loss": lambda x, w: SF.multi_margin_loss(x, torch.tensor([0, 2, 1, 2]), weight=w),
+    "binary_cross_entropy": lambda x, w: SF.binary_cross_entropy(x.sigmoid(), torch.full_like(x, 0.3),
+                                                                 weight=w.expand(4, 3)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_compile_fullgraph_with_a_constant_weight(name):
+    # the weight-gradient term is decided without tracing functorch's wrapper test
+    torch._dynamo.reset()
+    x = torch.randn(4, 3, generator=_g(), requires_grad=True)
+    w = torch.tensor([0.5, 2.0, 1.0])
+    out = torch.compile(WEIGHTED[name], fullgraph=True, backend="eager")(x, w)
+    torch.testing.assert_close(out, WEIGHTED[name](x, w))
+    (g,) = torch.autograd.grad(out, x)
+    torch.testing.assert_close(g, torch.autograd.grad(WEIGHTED[name](x, w), x)[0])
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_forward_ad_tangent_of_the_weight(name):
+    # a dual weight neither requires grad nor is a functorch wrapper: its tangent was dropped
+    x = torch.randn(4, 3, generator=_g(), dtype=torch.float64)
+    w = torch.tensor([0.5, 2.0, 1.0], dtype=torch.float64)
+    v = torch.tensor([1.0, -3.0, 0.25], dtype=torch.float64)
+    with torch.autograd.forward_ad.dual_level():
+        out = WEIGHTED[name](x, torch.autograd.forward_ad.make_dual(w, v))
+        tangent = torch.autograd.forward_ad.unpack_dual(out).tangent
+    leaf = w.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(WEIGHTED[name](x, leaf), leaf)
+    assert tangent is not None
+    torch.testing.assert_close(tangent, grad @ v)
+
+
 # ----------------------------------------------------------------------------------- errors
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._compat import is_transform_wrapped
+from stablelosses._compat import forward_ad_active, is_transform_wrapped
 from stablelosses._spec import TORCH_INVALID, check_torch_reduction
 from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, cast, legacy_reduction
 from stablelosses._utils import reduce as _reduce
@@ -160,8 +160,13 @@ def check_floating_input(fn: str, name: str, t: Tensor, error: type[Exception], 
 
 
 def needs_grad(t: Tensor) -> bool:
-    """``t`` may need a gradient: it requires grad, or a ``torch.func`` transform wraps it."""
-    return t.requires_grad or is_transform_wrapped(t)
+    """``t`` may need a gradient or a tangent: it requires grad, a ``torch.func`` transform wraps
+    it, or a forward-AD level is open (a dual tensor neither requires grad nor is wrapped).
+    While compiling, True: Dynamo cannot trace the wrapper test, and the term this guards adds 0
+    to the value (inductor fuses it), so a constant tensor traces the same graph."""
+    if torch.compiler.is_compiling():
+        return True
+    return t.requires_grad or forward_ad_active() or is_transform_wrapped(t)
 
 
 def with_grad_only(term: Tensor) -> Tensor:
