@@ -380,6 +380,33 @@ def test_batched_grads_with_a_weight_that_requires_grad(kwargs):
         torch.testing.assert_close(batched[1][i], one[1])
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_weight_second_derivatives_with_smoothing_over_masked_classes(reduction):
+    # the smoothing term of the weight's gradient multiplied log p = -inf at a masked class
+    # before selecting it away: under 'mean' its factor depends on the weight, so the double
+    # backward formed 0·(-inf) (NaN) where forward-over-reverse was finite
+    x = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, 2.0, 0.0]], dtype=torch.float64)
+    w = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    t = torch.tensor([0, 1])
+
+    def f(weight):
+        return SF.cross_entropy(x, t, weight=weight, label_smoothing=0.2, reduction=reduction)
+
+    reverse = torch.autograd.functional.hessian(f, w)
+    assert torch.isfinite(reverse).all()
+    torch.testing.assert_close(reverse, torch.func.hessian(f)(w))
+    # and against the masked classes dropped by hand (their logits do not enter the value)
+    xs = torch.tensor([[0.0, 1.0], [2.0, 0.0]], dtype=torch.float64)
+
+    def by_hand(weight):  # each row's two unmasked classes, its target first; ε/2 on each
+        lsm = xs.log_softmax(1)
+        num = sum(-(0.8 * ww[0] * row[0] + 0.1 * (ww * row).sum())
+                  for ww, row in ((weight[[0, 2]], lsm[0]), (weight[[1, 2]], lsm[1])))
+        return num / (weight[0] + weight[1]) if reduction == "mean" else num
+
+    torch.testing.assert_close(reverse, torch.autograd.functional.hessian(by_hand, w))
+
+
 @pytest.mark.parametrize(
     "row", [[1e38, -1e38, 1.5e38], [1e37, -3e38, 1.5e37]], ids=["near-max", "one-very-negative"]
 )

@@ -182,7 +182,7 @@ class _IndexLoss(torch.autograd.Function):
             shape = class_shape(x.dim(), cdim)
             terms = weight.view(shape) * lsm_t
             if w_t is not None:
-                terms = terms + w_t.view(shape) * exact_log_softmax(x, cdim)[0]
+                terms = terms + w_t.view(shape) * torch.where(masked, 0.0, exact_log_softmax(x, cdim)[0])
         val_t = (1.0 - eps) * val_t - torch.where(masked, 0.0, terms * (eps / k)).sum(cdim)
         return torch.where(valid, val_t, 0.0), lsm_t, lt_t, None, None, None
 
@@ -199,8 +199,9 @@ def _index_weight_grad(
     contrib = torch.where(valid, (1.0 - eps) * s * val, 0.0)
     gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     if eps > 0.0:
-        lsm = exact_log_softmax(x, cdim)[0]
-        per = torch.where(masked, 0.0, lsm * (s.unsqueeze(cdim) * (eps / k)))
+        # double where: the masked classes' -inf never meets a factor (0·inf in double backward)
+        lsm = torch.where(masked, 0.0, exact_log_softmax(x, cdim)[0])
+        per = lsm * (s.unsqueeze(cdim) * (eps / k))
         gw = gw - _per_class_sum(per, cdim)
     return gw
 
