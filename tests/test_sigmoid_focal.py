@@ -439,6 +439,23 @@ def test_infinite_logits_give_the_limits(gamma, alpha):
     torch.testing.assert_close(g2[:7], g[:7].detach())
 
 
+@pytest.mark.parametrize("gamma", [0.5, 2.0])
+def test_target_gradient_at_infinite_logits_with_the_target_at_that_end(gamma):
+    # x = ±inf with t at that end (w = 0): the target gradient is the limit of its value at
+    # large finite x, -x·α_t·σ(-|x|)^γ → 0 (it was -inf·0 = NaN); and the mixed second
+    # derivative d²ℓ/dx dt is finite there (w·w^γ formed 0·inf for γ < 1)
+    x = torch.tensor([INF, -INF], requires_grad=True)
+    t = torch.tensor([1.0, 0.0], requires_grad=True)
+    out = SF.sigmoid_focal_loss(x, t, gamma=gamma, reduction="sum")
+    gx, gt = torch.autograd.grad(out, (x, t), create_graph=True)
+    assert torch.equal(gt.detach(), torch.zeros(2))
+    big = torch.tensor([1e30, -1e30], requires_grad=True)
+    (gt_big,) = torch.autograd.grad(SF.sigmoid_focal_loss(big, t, gamma=gamma, reduction="sum"), t)
+    assert torch.equal(gt_big, torch.zeros(2))
+    (mixed,) = torch.autograd.grad(gx.sum(), t)
+    assert torch.isfinite(mixed).all()
+
+
 @pytest.mark.slow
 def test_compiled_infinite_logits_give_the_eager_limits():
     # compiled, the first-order formulas run on x itself (the inf·0 product selected to 0)

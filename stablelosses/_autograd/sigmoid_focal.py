@@ -147,7 +147,8 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
     """d loss / d x and d loss / d t, elementwise, in differentiable torch ops.
 
     At ``x = ±inf`` d/dx is its limit ``±α_t w^{1+γ}`` (constant in ``x``: second derivative
-    0) and d/dt is ``−x α_t w^γ``, infinite as the loss is around it (NaN where ``w = 0``).
+    0) and d/dt is ``−x α_t w^γ``, infinite as the loss is around it, and 0 where ``w = 0``
+    and ``γ > 0`` (its limit along x: ``x·σ(-|x|)^γ → 0``).
     Eager (double backward may follow), those entries are computed at 0 and replaced (double
     where). Compiled (first order only), the formulas run on ``x`` itself, whose one singular
     product there, ``C·σ(-|x|) = inf·0``, is selected to its limit 0: the same first-order
@@ -191,11 +192,17 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
     w_inf = torch.where(inf_x, torch.where(x > 0, 1 - t, t), 1.0)
     mod_inf = w_inf**gamma if gamma != 0.0 else torch.ones_like(w_inf)
     if gx is not None:
-        gx = torch.where(inf_x, torch.where(x > 0, w_inf, -w_inf) * mod_inf, gx)
+        # w^(1+γ) in one power: its derivative (1+γ)·w^γ is 0 at w = 0, where the product
+        # w·w^γ would form 0·inf for γ < 1 in a second derivative
+        w_pow = w_inf ** (1 + gamma)
+        gx = torch.where(inf_x, torch.where(x > 0, w_pow, -w_pow), gx)
         if alpha >= 0:
             gx = gx * _alpha_t(t, alpha)
     if gt is not None:
-        gt = torch.where(inf_x, -x * mod_inf * (_alpha_t(t, alpha) if alpha >= 0 else 1.0), gt)
+        # where the target sits at x's end (w = 0, γ > 0) the limit of −x·q^γ is 0, not −inf·0
+        # (double where: the selected-away product sees x = 0)
+        neg_x = torch.where(mod_inf == 0, 0.0, -x)
+        gt = torch.where(inf_x, neg_x * mod_inf * (_alpha_t(t, alpha) if alpha >= 0 else 1.0), gt)
     return gx, gt
 
 
