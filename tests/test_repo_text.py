@@ -98,3 +98,15 @@ def test_docs_math_is_rendered_at_build_time_without_a_script():
         config = f.read()
     assert "docs/math_hook.py" in config and "mathjax" not in config.lower()
     assert not re.search(r"^\s*- https?://", config, re.M)  # no script or stylesheet from a CDN
+
+
+def test_no_control_characters_in_the_text():
+    # a docstring written with escapes read as control characters ("\b" of "\bigl", "\t" of
+    # "\top") renders its formula broken; tabs are no indentation here either
+    bad = []
+    for path in _files():
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if re.search(r"[\x00-\x08\x0b-\x1f\x7f]", line.rstrip("\r\n")) or "\t" in line:
+                    bad.append(f"{os.path.relpath(path, ROOT)}:{n}")
+    assert not bad, bad

@@ -258,7 +258,7 @@ def linear_token_logps(
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""`token_logps` of the logits ``input @ linear_weight.T + linear_bias`` without holding them.
 
-    $$ \ell_i = \log\operatorname{softmax}\!ig((h_i W^	op + b)/Tig)_{t_i}, \qquad
+    $$ \ell_i = \log\operatorname{softmax}\!\big((h_i W^\top + b)/T\big)_{t_i}, \qquad
        H_i = -\sum_j p_{ij}\log p_{ij} $$
 
     The rows are processed in chunks of ``chunk_size`` rows on the library's one chunk engine:
