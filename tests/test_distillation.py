@@ -442,6 +442,32 @@ def test_vmap_and_func_grad():
     torch.testing.assert_close(g, torch.autograd.grad(f(s0, t[0]), s0)[0])
 
 
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl", "jsd", "tvd"])
+def test_linear_form_under_vmap_and_forward_mode_equals_the_logits_form(kind):
+    # the chunk engine has no batching rule and no tangent: vmap and forward mode take both
+    # logits whole, the narrower vocabulary padded with -inf as the engine pads it
+    g = torch.Generator().manual_seed(4)
+    hs, ws = torch.randn(3, 5, 6, generator=g, dtype=torch.float64), torch.randn(7, 6, generator=g, dtype=torch.float64)
+    ht, wt = torch.randn(3, 5, 4, generator=g, dtype=torch.float64), torch.randn(9, 4, generator=g, dtype=torch.float64)
+    wt[7:] = 0.0  # the teacher's two extra classes: finite, so a forward KL is +inf (the true value)
+    mask = torch.tensor([True, True, False, True, True])
+    kw = {"kind": kind, "temperature": 1.5, "mask": mask, "beta": 0.3}
+
+    def fused(a, c):
+        return SF.linear_distillation_loss(a, ws, c, wt, **kw)
+
+    def plain(a, c):
+        return SF.distillation_loss(F.pad(a @ ws.T, (0, 2), value=-math.inf), c @ wt.T, **kw)
+
+    torch.testing.assert_close(torch.func.vmap(fused)(hs, ht), torch.func.vmap(plain)(hs, ht))
+    if kind != "forward_kl":  # its value is +inf (teacher mass beyond the student's vocabulary)
+        v = torch.randn(hs[0].shape, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(torch.func.jvp(lambda a: fused(a, ht[0]), (hs[0],), (v,)),
+                                   torch.func.jvp(lambda a: plain(a, ht[0]), (hs[0],), (v,)))
+    else:
+        assert torch.isinf(fused(hs[0], ht[0]))
+
+
 def test_module_equals_function():
     s, t, mask = _inputs(seed=16)
     m = sl.DistillationLoss(kind="tvd", temperature=2.0, reduction="sum")

@@ -585,16 +585,20 @@ def test_smoothing_no_intermediate_overflow_float32():
     torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=0)
 
 
-def test_forward_mode_matches_torch_and_vmap_raises_clearly():
-    # Forward mode (torch's reference path has it) takes the unfused exact path: torch's tangent.
-    # vmap stays refused with a message that says so (the chunk loop has no batching rule).
+def test_forward_mode_and_vmap_match_torch():
+    # Forward mode and vmap (torch's reference path has both; the chunk loop has neither a
+    # tangent nor a batching rule) take the unfused exact path: torch's tangent and values.
     x, w, b, t = _data(n=4)
     tx, tw = torch.randn_like(x), torch.randn_like(w)
     _, got = torch.func.jvp(lambda x, w: SF.linear_cross_entropy(x, w, t, linear_bias=b), (x, w), (tx, tw))
     _, expected = torch.func.jvp(lambda x, w: F.cross_entropy(F.linear(x, w, b), t), (x, w), (tx, tw))
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    with pytest.raises(RuntimeError, match="vmap"):
-        torch.func.vmap(lambda x: SF.linear_cross_entropy(x, w, t[:1]))(x[:, None])
+    got = torch.func.vmap(lambda x: SF.linear_cross_entropy(x, w, t[:1], linear_bias=b))(x[:, None])
+    expected = torch.func.vmap(lambda x: F.cross_entropy(F.linear(x, w, b), t[:1]))(x[:, None])
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    g = torch.func.vmap(torch.func.grad(lambda x: SF.linear_focal_loss(x, w, t[:1], gamma=2.0)))(x[:, None])
+    ref = torch.func.vmap(torch.func.grad(lambda x: SF.focal_loss(F.linear(x, w), t[:1], gamma=2.0)))(x[:, None])
+    torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])

@@ -169,6 +169,34 @@ def test_vmap_and_func_grad():
     torch.testing.assert_close(g, g_ref[0])
 
 
+def test_linear_forms_under_vmap_and_forward_mode_equal_the_logits_forms():
+    # the chunk engine has no batching rule and no tangent: vmap and forward mode take the
+    # logits whole (torch.func.hessian is forward over reverse)
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 3, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(11, 8, generator=g, dtype=torch.float64)
+    b = torch.randn(11, generator=g, dtype=torch.float64)
+    b[4] = -float("inf")  # a label at a -inf logit: -inf with a finite gradient
+    labels = torch.tensor([[1, 2, -100], [4, -100, 7]])
+
+    def fused(z):
+        logp, ent = SF.linear_token_logps(z, w, labels, linear_bias=b, temperature=0.7, return_entropy=True)
+        return logp.clamp_min(-1e3) + ent
+
+    def plain(z):
+        u = (z @ w.T + b) / 0.7
+        ent = torch.where(labels != -100, SF.entropy(u), 0.0)
+        return SF.token_logps(u, labels).clamp_min(-1e3) + ent
+
+    batch = h[None].expand(3, 2, 3, 8) + torch.arange(3.0, dtype=torch.float64)[:, None, None, None]
+    torch.testing.assert_close(torch.vmap(fused)(batch), torch.vmap(plain)(batch))
+    v = torch.randn(h.shape, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.jvp(fused, (h,), (v,)), torch.func.jvp(plain, (h,), (v,)))
+    seq = lambda z: SF.linear_sequence_logps(z, w[:4], labels.clamp(max=3), average=True).sum()  # noqa: E731
+    ref = lambda z: SF.sequence_logps(z @ w[:4].T, labels.clamp(max=3), average=True).sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.hessian(seq)(h), torch.func.hessian(ref)(h))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_logits_are_computed_in_float32(dtype):
     x, labels = _data(dtype=dtype)

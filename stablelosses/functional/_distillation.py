@@ -3,13 +3,16 @@ student's and a teacher's logits, exact with masked (``-inf``) vocabularies."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd.distillation import KINDS, DistillationHead, _distillation
 from stablelosses._autograd.linear import compute_dtype, linear_chunks, linear_chunks_reduced
+from stablelosses._compat import forward_ad_active, vmap_active
 from stablelosses._spec import (
     check_chunk_size,
     check_normalizer,
@@ -17,7 +20,7 @@ from stablelosses._spec import (
     check_reduction,
     quoted,
 )
-from stablelosses._utils import check_floating, divide, promote_types, upcast
+from stablelosses._utils import check_floating, divide, no_autocast, promote_types, upcast
 from stablelosses.functional._masked import check_mask
 
 
@@ -227,8 +230,9 @@ def linear_distillation_loss(
     **Gradients.** The student's input, weight and bias get theirs; the teacher side is
     computed only when one of its tensors requires grad (otherwise no teacher logit gradient is
     formed). First order only: a double backward raises (use `distillation_loss` on
-    ``F.linear`` outputs for second derivatives). A ``normalizer`` tensor gets its gradient
-    (``−loss / normalizer``); ``mask`` is a constant.
+    ``F.linear`` outputs for second derivatives). Under ``torch.func.vmap`` and forward-mode
+    AD (``jvp``, ``jacfwd``, ``hessian``) both logits are formed whole instead, the same values.
+    A ``normalizer`` tensor gets its gradient (``−loss / normalizer``); ``mask`` is a constant.
 
     Args:
         student_input: $(\dots, H_s)$ hidden states.
@@ -270,6 +274,19 @@ def linear_distillation_loss(
     kind, beta, temperature, reduction, normalizer = check_distillation_args(
         fn, kind, beta, temperature, reduction, normalizer)
     chunk_size = check_chunk_size(fn, chunk_size)
+    if forward_ad_active() or vmap_active():
+        # the chunk engine's Function has no tangent and no vmap rule: both logits whole, in
+        # the engine's compute dtype, the narrower padded with -inf as the engine pads it
+        cd = compute_dtype([student_input, student_weight, student_bias, teacher_input, teacher_weight,
+                            teacher_bias])
+        with no_autocast(student_input.device.type):
+            us, ut = (F.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
+                      for x, w, b in ((student_input, student_weight, student_bias),
+                                      (teacher_input, teacher_weight, teacher_bias)))
+            v = max(us.shape[-1], ut.shape[-1])
+            us, ut = (F.pad(u, (0, v - u.shape[-1]), value=-math.inf) for u in (us, ut))
+            return distillation_loss(us, ut, kind=kind, beta=beta, temperature=temperature, mask=mask,
+                                     reduction=reduction, normalizer=normalizer)
     tokens = student_input.shape[:-1]
     rows: tuple[Tensor, ...] = ()
     m = None

@@ -18,7 +18,7 @@ from stablelosses._autograd.linear import (
     linear_chunks_reduced,
 )
 from stablelosses._autograd.linear_index import IndexHead
-from stablelosses._compat import forward_ad_active
+from stablelosses._compat import forward_ad_active, vmap_active
 from stablelosses._spec import (
     check_chunk_size,
     check_finite_nonnegative,
@@ -177,7 +177,7 @@ def _unfused_loss(
     ``linear(input, W.reshape(V·Πd, H), b.reshape(-1)).reshape(*batch, V, *d)`` in ``cd``.
 
     The path for what the chunk loop does not do: a K-dimensional ``linear_weight``, probability
-    targets, a class ``weight`` that requires grad and forward-mode AD (the logits exist whole;
+    targets, a class ``weight`` that requires grad, forward-mode AD and vmap (the logits exist whole;
     every hazard row keeps its defined value, as ``cross_entropy`` gives it). Softcap and z-loss
     are applied as in the fused loss: ``c tanh(u / c)`` with ``-inf`` kept, ``z w_t lse²`` per
     kept row (``z lse²`` with probabilities), in the same ``'mean'`` denominator.
@@ -271,7 +271,7 @@ def _linear_loss(
     if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
         out_dtype = torch.float32
     if (
-        shapes.probabilities or shapes.k_dim or forward_ad_active()
+        shapes.probabilities or shapes.k_dim or forward_ad_active() or vmap_active()
         or (class_weight is not None and class_weight.requires_grad and torch.is_grad_enabled())
     ):
         if normalizer is None:
@@ -446,8 +446,8 @@ def linear_cross_entropy(
     $(N, d_1, \dots)$), probability targets (the logits' shape; the z-loss is $z\,\text{lse}^2$
     per row, `'mean'` over the rows), a class `weight` that requires grad (it gets its true
     gradient, `'mean'`'s denominator included; torch's chunked path silently gives it none) and
-    forward-mode AD (`torch.func.jvp`, `torch.autograd.forward_ad`, `jacfwd`;
-    torch's chunked path has none). vmap is not supported.
+    forward-mode AD (`torch.func.jvp`, `torch.autograd.forward_ad`, `jacfwd`, `hessian`;
+    torch's chunked path has none) and `torch.func.vmap` (the chunk loop has no batching rule).
 
     **Mask.** ``mask`` (bool, True = counts) broadcastable to ``target`` drops rows: a False
     row becomes an ignored row (the chunked code's own path) and its hidden state is replaced

@@ -11,13 +11,16 @@ as probability 0, a label at a ``-inf`` logit ``-inf`` with the finite gradient
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd.cross_entropy import _class_index_ce
-from stablelosses._autograd.linear import linear_chunks
+from stablelosses._autograd.linear import compute_dtype, linear_chunks
 from stablelosses._autograd.token_logps import token_logps_head
+from stablelosses._compat import forward_ad_active, vmap_active
 from stablelosses._spec import check_chunk_size, check_flag, check_int, check_real, check_temperature
-from stablelosses._utils import check_floating, check_tensor, upcast
+from stablelosses._utils import check_floating, check_tensor, no_autocast, upcast
+from stablelosses.functional._masked import entropy as entropy_of
 
 
 def check_linear_logps_args(fn: str, ignore_index: object, temperature: object, chunk_size: object,
@@ -243,9 +246,19 @@ def _linear_token_logps(
         else:
             inv_t = torch.full((1,), 1.0 / temperature, dtype=torch.float64, device=x.device)
         rows = (*rows, inv_t.expand(n))
-    head = token_logps_head(entropy, scaled_t)
     # ignored rows' hidden states never reach the matmuls (a NaN there would reach dW as 0 · NaN)
     x2 = torch.where(rows[1].unsqueeze(1), x.reshape(n, x.shape[-1]), 0.0)
+    if forward_ad_active() or vmap_active():
+        # the chunk engine's Function has no tangent and no vmap rule: the logits whole, in the
+        # engine's compute dtype, on token_logps' own rows (the same values)
+        cd = compute_dtype([x, w, b])
+        with no_autocast(x.device.type):
+            temp = temperature.detach() if isinstance(temperature, Tensor) else temperature  # a constant
+            u = scaled(F.linear(x2.to(cd), w.to(cd), None if b is None else b.to(cd)), temp)
+            logp, _ = logps_rows(u, flat, ignore_index)
+            ent = torch.where(rows[1], entropy_of(u), 0.0) if entropy else None
+        return logp.view(lab.shape), (None if ent is None else ent.view(lab.shape)), lab
+    head = token_logps_head(entropy, scaled_t)
     out = linear_chunks(head, [(x2, w, b)], rows, chunk_size=chunk_size)
     logp = out[:, 0].view(lab.shape)
     return logp, (out[:, 1].view(lab.shape) if entropy else None), lab
@@ -274,7 +287,8 @@ def linear_token_logps(
     **Gradient.** With respect to the logits
     $(g_\ell(\delta_{jt} - p_j) - g_H\,p_j(\log p_j + H))/T$, 0 where $p_j = 0$ and on ignored
     rows, then through the matmul to ``input``, ``linear_weight`` and ``linear_bias`` (first
-    order only: a second derivative raises).
+    order only: a second derivative raises). Under ``torch.func.vmap`` and forward-mode AD
+    (``jvp``, ``jacfwd``, ``hessian``) the logits are formed whole instead, the same values.
 
     Args:
         input: hidden states ``(..., H)``.
