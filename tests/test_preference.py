@@ -276,6 +276,21 @@ def test_orpo_second_derivatives_at_zero_log_prob_are_the_limits(r):
     assert hess.item() == pytest.approx(hcc.item(), rel=1e-12)
 
 
+@pytest.mark.parametrize("pair", [(-2.2695e-40, -2.4779e-40), (-2.4779e-40, -2.2695e-40), (-1e-39, -3.0)],
+                         ids=["L>0", "L<0", "one-tiny"])
+def test_orpo_float32_gradients_within_1e38_of_zero_are_representable(pair):
+    # log-probs within 1e-38 of 0: the raw gradient (≈ 1/|c|) overflows float32, the gradient
+    # of β·mean does not; it was -0 and NaN (e^t overflowed to inf, then inf/inf)
+    c = torch.tensor([pair[0]], requires_grad=True)
+    r = torch.tensor([pair[1]], requires_grad=True)
+    got = torch.autograd.grad(SF.orpo_loss(c, r), (c, r))
+    c64, r64 = (v.detach().double().requires_grad_() for v in (c, r))
+    want = torch.autograd.grad(SF.orpo_loss(c64, r64), (c64, r64))
+    for g, w in zip(got, want):
+        assert torch.isfinite(w).all() and w.abs().max() < torch.finfo(torch.float32).max
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=0.0)
+
+
 def test_orpo_both_log_probs_zero_is_zero_with_zero_gradient():
     # two completions of probability 1 (two empty ones from sequence_logps(average=True)):
     # c = 0 gives 0 whatever r ≤ 0; the limit gradient −odds(r) has no finite limit at r = 0

@@ -47,28 +47,42 @@ def _log_odds_ratio(c: Tensor, r: Tensor) -> Tensor:
     return (c - r) - (log1mexp(c) - log1mexp(r))
 
 
-def _odds_grads(c: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
-    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` from ``c`` and ``r`` in differentiable ops
-    (double backward differentiates them), finite with finite derivatives at ``c = 0``.
+def _times_exp(e: Tensor, scale: Tensor | None) -> Tensor:
+    """``scale · exp(e)`` as ``(exp(e/2) · scale) · exp(e/2)``: finite wherever the product is
+    (a log-prob within 1e-38 of 0 makes ``exp(e)`` alone overflow float32 where the incoming
+    gradient, e.g. ``β/N``, brings the product back into range)."""
+    if scale is None:
+        return torch.exp(e)
+    half = torch.exp(e / 2)
+    return half * scale * half
+
+
+def _odds_grads(c: Tensor, r: Tensor, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` (times ``scale``, the incoming gradient, when
+    given) from ``c`` and ``r`` in differentiable ops (double backward differentiates them),
+    finite with finite derivatives at ``c = 0``.
 
     Where ``L > 0`` both are written with ``z = e^{−L} = e^{t}·(−expm1(c)) ∈ [0, 1)``,
     ``t = logodds(r) − c``: ``log(−∂ℓ/∂c) = t − log1p(z)`` and ``∂ℓ/∂r = z / (1 + z) / (1 − e^r)``,
     smooth through ``c = 0`` (``L = +inf``, ``z = 0``), where the log-space forms would
     differentiate ``σ(−L)·∂L/∂c = 0·inf``. Elsewhere ``L ≤ 0`` and the log-space forms of the
-    module docstring hold. Double where: each branch sees only its own arguments.
+    module docstring hold. Double where: each branch sees only its own arguments. Each
+    exponential is split around its factor (`_times_exp`): alone it overflows float32 for
+    log-probs within 1e-38 of 0, where the gradient itself is representable.
     """
     pos = _log_odds_ratio(c, r).detach() > 0
     # L > 0: r < c ≤ 0, so t − c ≤ 0 and z < 1 (the placeholders keep the other rows finite)
     cp, rp = torch.where(pos, c, -1.0), torch.where(pos, r, -2.0)
     t = (rp - log1mexp(rp)) - cp
-    z = torch.exp(t) * -torch.expm1(cp)
-    gc_pos = -torch.exp(t - torch.log1p(z))
-    gr_pos = z / (1.0 + z) * torch.exp(-log1mexp(rp))
+    z = _times_exp(t, -torch.expm1(cp))  # e^t alone overflows where r is within 1e-38 of 0
+    gc_pos = -_times_exp(t - torch.log1p(z), scale)
+    share = z / (1.0 + z)  # σ(−L), inside the product (its exp alone can overflow)
+    gr_pos = _times_exp(-log1mexp(rp), share if scale is None else scale * share)
     # L ≤ 0: −∂ℓ/∂c = exp(log σ(−L) − log1mexp(c)), ∂ℓ/∂r = exp(log σ(−L) − log1mexp(r))
     cn, rn = torch.where(pos, -1.0, c), torch.where(pos, -1.0, r)
     ln = F.logsigmoid(-_log_odds_ratio(cn, rn))
-    gc_neg = -torch.exp(ln - log1mexp(cn))
-    gr_neg = torch.exp(ln - log1mexp(rn))
+    gc_neg = -_times_exp(ln - log1mexp(cn), scale)
+    gr_neg = _times_exp(ln - log1mexp(rn), scale)
     return torch.where(pos, gc_pos, gc_neg), torch.where(pos, gr_pos, gr_neg)
 
 
@@ -96,8 +110,7 @@ class _OddsRatio(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         c, r = ctx.saved_tensors
-        gc, gr = _pair_grads(c, r)
-        return grad * gc, grad * gr
+        return _pair_grads(c, r, grad)
 
     @staticmethod
     def jvp(ctx, c_t: Tensor | None, r_t: Tensor | None):
@@ -105,12 +118,12 @@ class _OddsRatio(torch.autograd.Function):
         return tangent_sum(_pair_grads(c, r), (c_t, r_t))
 
 
-def _pair_grads(c: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+def _pair_grads(c: Tensor, r: Tensor, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`_odds_grads`, and 0 for both where ``c = r = 0`` (two completions of probability 1,
     e.g. two empty ones: the limit along ``c = 0`` is ``−odds(r) → −inf``, so no finite limit;
     the loss is 0 there and carries no preference)."""
     both = (c == 0) & (r == 0)
-    gc, gr = _odds_grads(torch.where(both, -1.0, c), torch.where(both, -2.0, r))
+    gc, gr = _odds_grads(torch.where(both, -1.0, c), torch.where(both, -2.0, r), scale)
     return torch.where(both, 0.0, gc), torch.where(both, 0.0, gr)
 
 
