@@ -75,3 +75,25 @@ def test_mixed_integer_and_half_dtype_is_torchs(dtypes, target_dtype):
     assert got.dtype == expected.dtype
     exact = F.cosine_embedding_loss(x1.double(), x2.double(), y)
     torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("scale", [1e10, 3e20, 1e-20], ids=["product-overflow", "square-overflow", "small"])
+def test_large_vectors_do_not_overflow(scale):
+    # torch's Σx² (and the product of the two) overflows float32 from norms of about 1e10: NaN,
+    # or a cosine of 0 (inf in the denominator), where the cosine is representable; the
+    # scaled-down formula is the float64 value
+    x1 = torch.tensor([[3.0, 4.0], [1.0, -2.0]]) * scale
+    x2 = torch.tensor([[4.0, 3.0], [2.0, 2.0]]) * scale
+    y = torch.tensor([1.0, -1.0])
+    a, b = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+    loss = SF.cosine_embedding_loss(a, b, y, margin=-0.5, reduction="none")
+    ga, gb = torch.autograd.grad(loss.sum(), (a, b))
+    a64, b64 = x1.double().requires_grad_(), x2.double().requires_grad_()
+    ref = F.cosine_embedding_loss(a64, b64, y.double(), margin=-0.5, reduction="none")
+    ra, rb = torch.autograd.grad(ref.sum(), (a64, b64))
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(ga.double(), ra, rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(gb.double(), rb, rtol=1e-5, atol=0.0)
+    if scale > 1:  # torch's own float32 result is not
+        theirs = F.cosine_embedding_loss(x1, x2, y, margin=-0.5, reduction="none").double()
+        assert not torch.allclose(theirs, ref, rtol=1e-3, equal_nan=False)
