@@ -392,16 +392,40 @@ def test_func_grad_matches_autograd(reduction):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_double_backward_raises(reduction):
+def test_double_backward_equals_torchs(reduction):
+    # create_graph=True: the gradient as a graph of the unfused formula on the whole logits
+    # (torch's OpInfo marks linear_cross_entropy supports_gradgrad; it used to raise here)
     x, w, b, t = _data()
     a = _leaves(x, w, b)
-    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], reduction=reduction).sum()
+    loss = SF.linear_cross_entropy(a[0], a[1], t, linear_bias=a[2], reduction=reduction, chunk_size=3).sum()
     gx, gw, _ = torch.autograd.grad(loss, a, create_graph=True)
+    second = torch.autograd.grad(gw.square().sum() + gx.sum(), a)
     r = _leaves(x, w, b)
-    ref = _grads(F.cross_entropy(F.linear(*r), t, reduction=reduction).sum(), r)
-    torch.testing.assert_close(gx.detach(), ref[0])  # the first order is right under create_graph
-    with pytest.raises(RuntimeError, match="linear_cross_entropy: differentiating its gradient"):
-        (gw.square().sum() + gx.sum()).backward()
+    rx, rw, _ = torch.autograd.grad(F.cross_entropy(F.linear(*r), t, reduction=reduction).sum(), r, create_graph=True)
+    torch.testing.assert_close(gx.detach(), rx.detach())
+    ref = torch.autograd.grad(rw.square().sum() + rx.sum(), r)
+    for g, e in zip(second, ref):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.2, "weighted": True}, {"z_loss": 1e-2, "softcap": 5.0},
+                                {"gamma": 2.0}], ids=["plain", "smoothing-weight", "zloss-softcap", "focal"])
+def test_gradgradcheck(kw):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([1, 0, -100, 3, 2])
+    kw = dict(kw)
+    if kw.pop("weighted", False):
+        kw["weight"] = torch.tensor([0.5, 2.0, 1.0, 1.5], dtype=torch.float64)
+    if "gamma" in kw:
+        def f(x, w, b):
+            return SF.linear_focal_loss(x, w, t, linear_bias=b, chunk_size=2, **kw)
+    else:
+        def f(x, w, b):
+            return SF.linear_cross_entropy(x, w, t, linear_bias=b, chunk_size=2, **kw)
+    assert torch.autograd.gradgradcheck(f, (x, w, b))
 
 
 def test_retain_graph_backward_twice():

@@ -230,6 +230,36 @@ def test_opinfo_jvp(op, dtype):
     _check_jvp(op, dtype)
 
 
+@pytest.mark.parametrize("op", [o for o in OPS if o.supports_gradgrad], ids=_op_id)
+def test_opinfo_gradgradcheck(op):
+    """torch's ``test_fn_gradgrad``: ``gradgradcheck`` in float64 on every sample whose
+    differentiable tensors hold at most 400 elements (the linear losses' double backward takes
+    the whole logits: see docs/linear-cross-entropy.md)."""
+    ours = OURS[(op.name, op.variant_test_name)]
+    checked = 0
+    for sample in op.sample_inputs("cpu", torch.float64, requires_grad=True):
+        args, kwargs = sample_args(sample, fresh_leaf(True))
+        leaves = _grad_leaves(args, kwargs)
+        if not leaves or sum(t.numel() for t in leaves) > 400:
+            continue
+        try:
+            _reference(op)(*args, **kwargs)
+        except (RuntimeError, ValueError, TypeError, IndexError):  # torch refuses: the value test covers it
+            continue
+
+        def call(*vals, args=args, kwargs=kwargs):
+            it = iter(vals)
+
+            def pick(t):
+                return next(it) if isinstance(t, torch.Tensor) and t.requires_grad else t
+
+            return ours(*[pick(t) for t in args], **{n: pick(t) for n, t in kwargs.items()})
+
+        assert torch.autograd.gradgradcheck(call, tuple(leaves), check_batched_grad=False)
+        checked += 1
+    assert checked > 0
+
+
 @pytest.mark.parametrize("op", [o for o in OPS if o.error_inputs_func is not None], ids=_op_id)
 def test_opinfo_error_inputs(op):
     _check_error_inputs(op)

@@ -40,7 +40,7 @@ instead of giving a wrong second derivative.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -475,6 +475,38 @@ def _returned(
     return (grad if scale is None else grad * scale).to(like.dtype)
 
 
+Dense = Callable[[tuple[Tensor, ...], tuple[Tensor, ...]], Tensor]
+
+
+def _dense_grads(
+    dense: Dense, st: Sequence[Tensor | None], rows: tuple[Tensor, ...], cd: torch.dtype, n_out: int,
+    grad: Tensor, coef: Tensor | None, needs: Sequence[bool],
+) -> list[Tensor | None]:
+    """The gradients of ``Σ grad · out`` (``coef`` given: ``grad · Σ coef · out``) as a graph,
+    for a double backward: the head's ``dense`` form (differentiable torch ops on the whole
+    logits, the same values as the chunks) recomputed from the saved streams. Only where grad
+    mode is on in a backward (``create_graph=True``); the logits then exist whole."""
+    xs, ws, bs = st[0::3], st[1::3], st[2::3]
+    with torch.enable_grad():
+        us = tuple(
+            torch.nn.functional.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
+            for x, w, b in zip(xs, ws, bs)
+            if x is not None and w is not None
+        )
+        out = dense(us, rows)[:, :n_out]
+        if coef is None:  # a zero incoming gradient drops its output (an inf one included)
+            total = torch.where(grad == 0, 0.0, out * grad).sum()
+        else:
+            total = torch.where(coef == 0, 0.0, out * coef).sum() * grad
+        wanted = [t for t, need in zip(st, needs) if need and t is not None]
+        found = iter(torch.autograd.grad(total, wanted, create_graph=True, allow_unused=True))
+    res: list[Tensor | None] = []
+    for t, need in zip(st, needs):
+        g = next(found) if need and t is not None else None
+        res.append(None if g is None or t is None else g.to(t.dtype))
+    return res
+
+
 def _name(head: Head | Packed) -> str:
     if isinstance(head, tuple):
         return head[0].__name__
@@ -507,7 +539,8 @@ class _LinearChunks(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        head: Head | Packed, chunk: int, cd: torch.dtype, layout: tuple[int, int], *tensors: Any
+        head: Head | Packed, chunk: int, cd: torch.dtype, layout: tuple[int, int], dense: Dense | None,
+        *tensors: Any,
     ) -> tuple[Tensor, Tensor]:
         st, rows, consts = _split(tensors, layout)
         out, _ = run_chunks(head, st[0::3], st[1::3], st[2::3], rows, chunk, cd, None, True,
@@ -522,26 +555,31 @@ class _LinearChunks(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        head, chunk, cd, layout, *tensors = inputs
+        head, chunk, cd, layout, dense, *tensors = inputs
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*tensors, output[1])
-        ctx.head, ctx.chunk, ctx.cd, ctx.layout = head, chunk, cd, layout
+        ctx.head, ctx.chunk, ctx.cd, ctx.layout, ctx.dense = head, chunk, cd, layout, dense
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None, _: Any) -> Any:
         *saved, state = ctx.saved_tensors
         st, rows, consts = _split(tuple(saved), ctx.layout)
-        needs = _needs(ctx.needs_input_grad[4 : 4 + len(st)], st[2::3])
+        needs = _needs(ctx.needs_input_grad[5 : 5 + len(st)], st[2::3])
         if grad is None or not any(needs):
             return (None,) * len(ctx.needs_input_grad)
+        tail = (None,) * (len(rows) + len(consts))
+        if ctx.dense is not None and torch.is_grad_enabled():  # a double backward may follow
+            n_out = _widths(ctx.head)[0]
+            res = _dense_grads(ctx.dense, st, (*rows, *consts), ctx.cd, n_out, grad, None, needs)
+            return (None,) * 5 + tuple(res) + tail
         with torch.no_grad():
             _, grads = run_chunks(ctx.head, st[0::3], st[1::3], st[2::3], rows, ctx.chunk, ctx.cd,
                                   grad.to(ctx.cd), False, needs, consts,
                                   state if state.shape[1] else None)
         fn, anchors = _name(ctx.head), (*st, grad)
         res = [_returned(g, None, like, fn, anchors) for g, like in zip(grads, st)]
-        return (None,) * 4 + tuple(res) + (None,) * (len(rows) + len(consts))
+        return (None,) * 5 + tuple(res) + tail
 
 
 class _LinearChunksReduced(torch.autograd.Function):
@@ -552,7 +590,7 @@ class _LinearChunksReduced(torch.autograd.Function):
     @staticmethod
     def forward(
         head: Head | Packed, chunk: int, cd: torch.dtype, layout: tuple[int, int], needs: tuple[bool, ...],
-        coef: Tensor, *tensors: Any,
+        coef: Tensor, dense: Dense | None, *tensors: Any,
     ) -> tuple[Tensor, ...]:
         st, rows, consts = _split(tensors, layout)
         coef = coef.to(cd)
@@ -567,27 +605,34 @@ class _LinearChunksReduced(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        head, _, _, layout, needs, _, *tensors = inputs
+        head, _, cd, layout, needs, coef, dense, *tensors = inputs
         _, out, *grads = output
         ctx.mark_non_differentiable(out, *grads)
         ctx.set_materialize_grads(False)
-        # the inputs are saved as anchors for the double-backward guard (references, no copy)
-        ctx.save_for_backward(*grads, *tensors[: 3 * layout[0]])
-        ctx.fn, ctx.needs, ctx.n_grads = _name(head), needs, len(grads)
+        # the inputs are saved as anchors for the double-backward guard, and with the rows, the
+        # constants and coef for the dense double backward (references, no copy)
+        ctx.save_for_backward(*grads, *tensors, coef)
+        ctx.fn, ctx.needs, ctx.n_grads, ctx.n_st = _name(head), needs, len(grads), 3 * layout[0]
+        ctx.dense, ctx.cd, ctx.n_out = dense, cd, _widths(head)[0]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None, *_: Any) -> Any:
         saved = ctx.saved_tensors
-        grads, st = saved[: ctx.n_grads], saved[ctx.n_grads :]
+        grads, rest, coef = saved[: ctx.n_grads], saved[ctx.n_grads : -1], saved[-1]
+        st = rest[: ctx.n_st]
         n_in = len(ctx.needs_input_grad)
         if grad is None:
             return (None,) * n_in
-        fn, anchors = ctx.fn, tuple(st)
-        res = [
-            _returned(g, grad, like, fn, anchors) if need else None
-            for g, like, need in zip(grads, st, ctx.needs)
-        ]
-        return (None,) * 6 + tuple(res) + (None,) * (n_in - 6 - len(res))
+        if ctx.dense is not None and torch.is_grad_enabled():  # a double backward may follow
+            res = _dense_grads(ctx.dense, st, tuple(rest[ctx.n_st :]), ctx.cd, ctx.n_out, grad,
+                               coef.to(ctx.cd), ctx.needs)
+        else:
+            fn, anchors = ctx.fn, tuple(st)
+            res = [
+                _returned(g, grad, like, fn, anchors) if need else None
+                for g, like, need in zip(grads, st, ctx.needs)
+            ]
+        return (None,) * 7 + tuple(res) + (None,) * (n_in - 7 - len(res))
 
 
 def _flatten(
@@ -627,6 +672,7 @@ def _flatten(
 def linear_chunks(
     head: Head, streams: Sequence[tuple[Tensor, Tensor, Tensor | None]], rows: Sequence[Tensor], *,
     chunk_size: int | None = None, consts: Sequence[Tensor] = (), dtype: torch.dtype | None = None,
+    dense: Dense | None = None,
 ) -> Tensor:
     """``(N, n_out)`` head outputs in the compute dtype, chunk by chunk.
 
@@ -638,7 +684,10 @@ def linear_chunks(
     float32, float64 when a stream tensor is float64). Differentiable with respect to every
     input, weight and bias that requires grad (first order); a stream with nothing requiring
     grad gets no backward work. The backward recomputes each chunk's logits; bf16/fp16 weights
-    are never copied to float32 whole.
+    are never copied to float32 whole. ``dense``: the head's outputs as differentiable torch ops
+    of the whole logits ``(logits per stream, rows + consts) -> (N, ≥ n_out)``; given, a backward
+    run with grad mode on (``create_graph=True``) returns the gradients as a graph of it, so a
+    double backward works (with the logits whole); not given, that raises.
 
     Example:
         >>> from dataclasses import dataclass
@@ -671,14 +720,15 @@ def linear_chunks(
         assert out is not None
         return out[:, : head.n_out]
     # compiled: the head as constants and its numeric values (see Packed)
-    h = pack(head) if torch.compiler.is_compiling() else head
-    return _LinearChunks.apply(h, chunk, cd, (len(streams), len(consts)), *flat, *rows, *consts)[0]
+    compiling = torch.compiler.is_compiling()  # (compiled code has first order only)
+    h, d = (pack(head), None) if compiling else (head, dense)
+    return _LinearChunks.apply(h, chunk, cd, (len(streams), len(consts)), d, *flat, *rows, *consts)[0]
 
 
 def linear_chunks_reduced(
     head: Head, streams: Sequence[tuple[Tensor, Tensor, Tensor | None]], rows: Sequence[Tensor],
     coef: Tensor, *, chunk_size: int | None = None, consts: Sequence[Tensor] = (),
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, dense: Dense | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The fast path of a reduction known in the forward: ``(Σ coef · out, out)``.
 
@@ -687,7 +737,7 @@ def linear_chunks_reduced(
     over the logits fewer than :func:`linear_chunks` and a backward), and its backward scales
     them by the incoming gradient. ``out`` ``(N, n_out)`` is not differentiable (read counts and
     denominators off it). A zero ``coef`` entry drops its output, an infinite one included.
-    ``consts`` and ``dtype`` as in :func:`linear_chunks`.
+    ``consts``, ``dtype`` and ``dense`` as in :func:`linear_chunks`.
     """
     flat, chunk, cd, _ = _flatten("linear_chunks_reduced", head, streams, rows, chunk_size, dtype)
     grad_on = torch.is_grad_enabled()
@@ -698,9 +748,10 @@ def linear_chunks_reduced(
         assert out is not None
         out, c = out[:, : head.n_out], coef.detach().to(cd)
         return torch.where(c == 0, 0.0, out * c).sum(), out
-    h = pack(head) if torch.compiler.is_compiling() else head
+    compiling = torch.compiler.is_compiling()
+    h, d = (pack(head), None) if compiling else (head, dense)
     total, out, *_ = _LinearChunksReduced.apply(
-        h, chunk, cd, (len(streams), len(consts)), needs, coef.detach(), *flat, *rows, *consts
+        h, chunk, cd, (len(streams), len(consts)), needs, coef.detach(), d, *flat, *rows, *consts
     )
     return total, out
 

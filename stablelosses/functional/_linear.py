@@ -218,6 +218,33 @@ def _unfused_loss(
     return cast(loss, out_dtype)
 
 
+def _dense_index_rows(head: IndexHead) -> Callable[[tuple[Tensor, ...], tuple[Tensor, ...]], Tensor]:
+    """The head's two outputs per row (the loss, the row weight) as differentiable ops of the
+    whole logits: the chunk engine's double backward (see ``linear_chunks``' ``dense``)."""
+    from stablelosses.functional._cross_entropy import cross_entropy
+    from stablelosses.functional._focal import focal_loss
+
+    def dense(logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        (u,), t = logits, rows[0]
+        cw = rows[1] if head.weighted else None
+        if head.softcap is not None:
+            u = torch.where(u == -math.inf, u, head.softcap * torch.tanh(u / head.softcap))
+        ii = head.ignore_index
+        if head.gamma is None:
+            loss = cross_entropy(u, t, weight=cw, ignore_index=ii, reduction="none",
+                                 label_smoothing=head.label_smoothing)
+        else:
+            loss = focal_loss(u, t, gamma=head.gamma, weight=cw, ignore_index=ii, reduction="none")
+        if head.z_loss > 0.0:
+            loss = _add_z_loss(loss, u, t, cw, ii, "none", head.z_loss, None, False)
+        kept = t != ii
+        w_t = 1.0 if cw is None else cw[torch.where(kept, t, 0)]
+        row_w = torch.where(kept & ~(u == -math.inf).all(1), w_t, 0.0)
+        return torch.stack([loss, row_w.to(loss.dtype)], 1)
+
+    return dense
+
+
 def _add_z_loss(
     loss: Tensor, u: Tensor, t: Tensor, cw: Tensor | None, ignore_index: int, reduction: str, z: float,
     mask: Tensor | None, probabilities: bool,
@@ -297,12 +324,14 @@ def _linear_loss(
         x = torch.where(m[:, None], x, 0.0)
         t = torch.where(m, t, int(ignore_index))
     streams = [(x, weight, bias)]
+    dense = _dense_index_rows(head)
     if reduction == "none":
-        out = linear_chunks(head, streams, [t], chunk_size=chunk, consts=consts, dtype=cd)
+        out = linear_chunks(head, streams, [t], chunk_size=chunk, consts=consts, dtype=cd, dense=dense)
         return cast(out[:, 0].reshape(target.shape), out_dtype)
     # 'mean'/'sum': the gradients in the forward, of the loss column (the row weights: none)
     coef = torch.tensor([1.0, 0.0], dtype=cd, device=x.device)
-    total, out = linear_chunks_reduced(head, streams, [t], coef, chunk_size=chunk, consts=consts, dtype=cd)
+    total, out = linear_chunks_reduced(head, streams, [t], coef, chunk_size=chunk, consts=consts, dtype=cd,
+                                       dense=dense)
     return cast(reduce_rows(total, out[:, 1], reduction, normalizer, mask is not None), out_dtype)
 
 
@@ -436,8 +465,10 @@ def linear_cross_entropy(
     $\operatorname{lse}$ are computed as $(l_t - m) - \operatorname{log1p}(\sum_{j \ne \arg\max} e^{l_j - m})$
     (exact as $p_t \to 1$). Defined values: a masked ($-\infty$) class gets gradient exactly 0,
     so a vocabulary entry masked by a $-\infty$ bias gets an exactly zero weight row unless it is
-    a target; ignored and fully masked rows get gradient 0. First order only on the chunked
-    path: differentiating the gradient (double backward) raises `RuntimeError`.
+    a target; ignored and fully masked rows get gradient 0. A backward with `create_graph=True`
+    (double backward, `torch.func.hessian`) recomputes the loss on the whole logits with the
+    unfused formula and returns its gradient as a graph: exact second derivatives, with the
+    `(N, V)` logits held for that backward.
 
     **Beyond the chunk loop** (torch's reference path takes these, so do we, exactly, on the
     unfused formula `cross_entropy(linear(input, W.reshape(V·Πd, H), b.reshape(-1))
@@ -519,7 +550,7 @@ def linear_cross_entropy(
             `options` of another type.
         RuntimeError: `linear_weight`/`linear_bias`/`weight` shape, `target` dtype,
             `label_smoothing` outside $[0, 1]$, a target index out of range (raised by the
-            gather), double backward, a K-dimensional `linear_weight` without an $(N, H)$
+            gather), a K-dimensional `linear_weight` without an $(N, H)$
             input, `ignore_index` given with probability targets (as torch), a target of the
             logits' shape (probabilities, by torch's rule) that is not floating point. The
             checks run in torch's order and each shape/dtype message ends with torch's own
@@ -600,9 +631,10 @@ def linear_focal_loss(
     + 2 z \operatorname{lse}_i\, p_{i,c}$ with
     $A = (1 - p_t)^\gamma (1 + \gamma p_t r)$, $r = -\log p_t / (1 - p_t)$ ($r = 1$ at $p_t = 1$),
     finite for every $\gamma \ge 0$; then through softcap and the linear layer as in
-    `linear_cross_entropy`. First order only (double backward raises `RuntimeError`); a
-    K-dimensional `linear_weight`, a class `weight` that requires grad and forward-mode AD take
-    the unfused `focal_loss` formula, as in `linear_cross_entropy`; probability targets raise.
+    `linear_cross_entropy`. Double backward recomputes the whole logits, as in
+    `linear_cross_entropy`; a K-dimensional `linear_weight`, a class `weight` that requires
+    grad, forward-mode AD and vmap take the unfused `focal_loss` formula, as in
+    `linear_cross_entropy`; probability targets raise.
 
     **Mask.** As in `linear_cross_entropy`: a False row of ``mask`` (broadcastable to
     ``target``) is an ignored row that is never read; a masked ``'mean'`` with no kept row is 0.
