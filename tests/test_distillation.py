@@ -468,6 +468,22 @@ def test_linear_form_under_vmap_and_forward_mode_equals_the_logits_form(kind):
         assert torch.isinf(fused(hs[0], ht[0]))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl", "jsd", "tvd"])
+def test_linear_form_double_backward(kind, reduction):
+    # a backward with create_graph=True recomputes both logits whole: gradgradcheck passes (it
+    # raised), student and teacher sides, vocabularies of different sizes, a mask
+    g = torch.Generator().manual_seed(7)
+    hs, ws = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((5, 4), (6, 4)))
+    ht, wt = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((5, 3), (7, 3)))
+    mask = torch.tensor([True, True, False, True, True])
+    kw = {"kind": kind, "mask": mask, "reduction": reduction, "temperature": 1.3, "beta": 0.4}
+    if kind == "forward_kl":  # the teacher's extra class would make it +inf: same vocabularies
+        wt = wt[:6].detach().requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda a, b, c, d: SF.linear_distillation_loss(a, b, c, d, **kw),
+                                        (hs, ws, ht, wt))
+
+
 def test_module_equals_function():
     s, t, mask = _inputs(seed=16)
     m = sl.DistillationLoss(kind="tvd", temperature=2.0, reduction="sum")

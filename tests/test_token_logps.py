@@ -197,6 +197,30 @@ def test_linear_forms_under_vmap_and_forward_mode_equal_the_logits_forms():
     torch.testing.assert_close(torch.func.hessian(seq)(h), torch.func.hessian(ref)(h))
 
 
+@pytest.mark.parametrize("entropy", [False, True])
+def test_linear_forms_double_backward(entropy):
+    # a backward with create_graph=True recomputes the logits whole: gradgradcheck passes (it
+    # raised), and the second derivatives are the logits forms'
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[1, 2, -100], [4, -100, 5]])
+
+    def fused(h, w):
+        out = SF.linear_token_logps(h, w, labels, temperature=0.7, return_entropy=entropy)
+        return out[1] if entropy else SF.linear_sequence_logps(h, w, labels, average=True, temperature=0.7)
+
+    def plain(h, w):
+        u = (h @ w.T) / 0.7
+        if entropy:
+            return torch.where(labels != -100, SF.entropy(u), 0.0)
+        return SF.sequence_logps(u, labels, average=True)
+
+    assert torch.autograd.gradgradcheck(fused, (h, w))
+    hf = torch.autograd.functional.hessian(lambda z: fused(z, w).sum(), h)
+    torch.testing.assert_close(hf, torch.autograd.functional.hessian(lambda z: plain(z, w).sum(), h))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_logits_are_computed_in_float32(dtype):
     x, labels = _data(dtype=dtype)

@@ -229,9 +229,10 @@ def linear_distillation_loss(
 
     **Gradients.** The student's input, weight and bias get theirs; the teacher side is
     computed only when one of its tensors requires grad (otherwise no teacher logit gradient is
-    formed). First order only: a double backward raises (use `distillation_loss` on
-    ``F.linear`` outputs for second derivatives). Under ``torch.func.vmap`` and forward-mode
-    AD (``jvp``, ``jacfwd``, ``hessian``) both logits are formed whole instead, the same values.
+    formed). A backward with ``create_graph=True`` (double backward, ``torch.func.hessian``)
+    recomputes both logits whole and returns the gradient as a graph. Under ``torch.func.vmap``
+    and forward-mode AD (``jvp``, ``jacfwd``) both logits are formed whole instead, the same
+    values.
     A ``normalizer`` tensor gets its gradient (``−loss / normalizer``); ``mask`` is a constant.
 
     Args:
@@ -302,10 +303,20 @@ def linear_distillation_loss(
     head = DistillationHead(kind, beta, temperature, m is not None,
                             wants(student_input, student_weight, student_bias),
                             wants(teacher_input, teacher_weight, teacher_bias))
+
+    def dense(logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        # the per-token terms as differentiable ops of the whole logits (the double backward),
+        # the narrower vocabulary padded with -inf as the head pads it
+        v = max(u.shape[-1] for u in logits)
+        us, ut = (F.pad(u, (0, v - u.shape[-1]), value=-math.inf) for u in logits)
+        per = distillation_loss(us, ut, kind=kind, beta=beta, temperature=temperature,
+                                mask=rows[0] if rows else None, reduction="none")
+        return per.unsqueeze(1)
+
     streams = ((student_input.reshape(-1, student_input.shape[-1]), student_weight, student_bias),
                (teacher_input.reshape(-1, teacher_input.shape[-1]), teacher_weight, teacher_bias))
     if reduction == "none":
-        return linear_chunks(head, streams, rows, chunk_size=chunk_size)[:, 0].reshape(tokens)
+        return linear_chunks(head, streams, rows, chunk_size=chunk_size, dense=dense)[:, 0].reshape(tokens)
     n = streams[0][0].shape[0]
     cd = compute_dtype([t for s in streams for t in s])
     keep = torch.ones(n, dtype=cd, device=student_input.device) if m is None else m.to(cd)
@@ -313,7 +324,8 @@ def linear_distillation_loss(
         if normalizer is None:
             normalizer = keep.sum()
         keep = divide(keep, normalizer.detach() if isinstance(normalizer, Tensor) else normalizer)
-    total, _ = linear_chunks_reduced(head, streams, rows, keep.unsqueeze(1), chunk_size=chunk_size)
+    total, _ = linear_chunks_reduced(head, streams, rows, keep.unsqueeze(1), chunk_size=chunk_size,
+                                     dense=dense)
     if reduction == "mean" and isinstance(normalizer, Tensor) and normalizer.requires_grad:
         # the rows were weighted by 1 / normalizer as a constant; × n/n (exactly 1, 0 where
         # n = 0) gives the normalizer its gradient −total / n

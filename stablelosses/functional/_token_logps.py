@@ -259,7 +259,16 @@ def _linear_token_logps(
             ent = torch.where(rows[1], entropy_of(u), 0.0) if entropy else None
         return logp.view(lab.shape), (None if ent is None else ent.view(lab.shape)), lab
     head = token_logps_head(entropy, scaled_t)
-    out = linear_chunks(head, [(x2, w, b)], rows, chunk_size=chunk_size)
+
+    def dense(logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
+        # the head's outputs as differentiable ops of the whole logits (the double backward)
+        u = logits[0] * rows[2].to(logits[0].dtype).unsqueeze(1) if scaled_t else logits[0]
+        cols = [logps_rows(u, rows[0], ignore_index)[0]]
+        if entropy:
+            cols.append(torch.where(rows[1], entropy_of(u), 0.0))
+        return torch.stack(cols, 1)
+
+    out = linear_chunks(head, [(x2, w, b)], rows, chunk_size=chunk_size, dense=dense)
     logp = out[:, 0].view(lab.shape)
     return logp, (out[:, 1].view(lab.shape) if entropy else None), lab
 
@@ -286,8 +295,9 @@ def linear_token_logps(
 
     **Gradient.** With respect to the logits
     $(g_\ell(\delta_{jt} - p_j) - g_H\,p_j(\log p_j + H))/T$, 0 where $p_j = 0$ and on ignored
-    rows, then through the matmul to ``input``, ``linear_weight`` and ``linear_bias`` (first
-    order only: a second derivative raises). Under ``torch.func.vmap`` and forward-mode AD
+    rows, then through the matmul to ``input``, ``linear_weight`` and ``linear_bias``; a
+    backward with ``create_graph=True`` (double backward) recomputes the logits whole and
+    returns the gradient as a graph. Under ``torch.func.vmap`` and forward-mode AD
     (``jvp``, ``jacfwd``, ``hessian``) the logits are formed whole instead, the same values.
 
     Args:
