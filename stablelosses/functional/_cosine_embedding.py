@@ -4,9 +4,10 @@ torch's cosine is $\langle x_1, x_2\rangle / \sqrt{(\lVert x_1\rVert^2 + 10^{-12
 + 10^{-12})}$: at a zero $x_1$ the value is 0, but the gradient is $x_2$ divided by
 $\sqrt{10^{-12}}\,\lVert x_2\rVert$, about $10^6/\sqrt{D}$ per element (−5.8e5 for $D = 3$ and
 target 1). Here the cosine of a zero vector is 0 with gradient 0, as
-[`cosine_similarity`][stablelosses.functional.cosine_similarity]; elsewhere torch's formula, on
-vectors scaled down by a power of two where an entry exceeds 1 (torch's float32 ``Σx²`` and
-their product overflow from norms of about 1e10, giving NaN or a cosine of 0).
+[`cosine_similarity`][stablelosses.functional.cosine_similarity]; elsewhere torch's formula with
+the two roots taken apart (torch's product of the squared norms overflows float32 from norms of
+about 1e10, giving a cosine of 0 or NaN; a norm above about 1.8e19 still overflows its square,
+as in torch).
 """
 
 from __future__ import annotations
@@ -46,14 +47,6 @@ def _check_dims(fn: str, input1: Tensor, input2: Tensor, target: Tensor) -> int:
     return target.dim()
 
 
-def _scaled_down(v: Tensor, dim: int) -> tuple[Tensor, Tensor]:
-    """``(v · s, s)`` with ``s = 2^-e`` for the vectors whose largest entry ``|v|`` is ``m·2^e``
-    with ``e > 0``, else ``s = 1`` (a power of two: exact; a constant for autograd)."""
-    big = v.detach().abs().amax(dim, keepdim=True)
-    s = torch.ldexp(torch.ones_like(big), -torch.frexp(big).exponent.clamp_min(0))
-    return v * s, s.squeeze(dim)
-
-
 def _terms(x1: Tensor, x2: Tensor, target: Tensor, margin: float, dim: int) -> Tensor:
     # selected on the singular set only: a NaN in either vector keeps the NaN cosine
     nan = torch.isnan(x1).any(dim) | torch.isnan(x2).any(dim)
@@ -62,14 +55,11 @@ def _terms(x1: Tensor, x2: Tensor, target: Tensor, margin: float, dim: int) -> T
     safe = zero.unsqueeze(dim)
     a = torch.where(safe, 1.0, x1)
     b = torch.where(safe, 1.0, x2)
-    # torch's formula on vectors scaled down by an exact power of two where an entry exceeds 1
-    # (the cosine is the same for any constant scale, ε scaled with them): its Σx², and the
-    # product of the two, overflowed float32 from norms of about 1e10 on (NaN where the
-    # cosine is representable). Each root is taken alone for the same reason.
-    a, sa = _scaled_down(a, dim)
-    b, sb = _scaled_down(b, dim)
+    # each root taken alone: torch's product of the two squared norms overflows float32 from
+    # norms of about 1e10 (a cosine of 0 or NaN where it is representable). N-sized: the passes
+    # over the vectors are torch's (a norm above ~1.8e19 overflows its square, as in torch)
     prod = (a * b).sum(dim)
-    denom = ((a * a).sum(dim) + _EPSILON * sa * sa).sqrt() * ((b * b).sum(dim) + _EPSILON * sb * sb).sqrt()
+    denom = ((a * a).sum(dim) + _EPSILON).sqrt() * ((b * b).sum(dim) + _EPSILON).sqrt()
     cos = torch.where(zero, 0.0, prod / denom)
     pos = 1 - cos
     neg = (cos - margin).clamp_min(0)
