@@ -162,10 +162,10 @@ def check_floating_input(fn: str, name: str, t: Tensor, error: type[Exception], 
 def needs_grad(t: Tensor) -> bool:
     """``t`` may need a gradient or a tangent: it requires grad, a ``torch.func`` transform wraps
     it, or a forward-AD level is open (a dual tensor neither requires grad nor is wrapped).
-    While compiling, True: Dynamo cannot trace the wrapper test, and the term this guards adds 0
-    to the value (inductor fuses it), so a constant tensor traces the same graph."""
+    While compiling, ``requires_grad`` alone: Dynamo cannot trace the wrapper test (a graph
+    break), and compiled code is first-order reverse mode."""
     if torch.compiler.is_compiling():
-        return True
+        return t.requires_grad
     return t.requires_grad or forward_ad_active() or is_transform_wrapped(t)
 
 
