@@ -58,21 +58,6 @@ def nested_forward_transforms() -> bool:
     return sum(1 for level in stack if level.key() == jvp) >= 2
 
 
-def vmap_active() -> bool:
-    """True while a ``torch.func.vmap`` runs (a vmap level on functorch's interpreter stack).
-    False while compiling (Dynamo does not trace the stack; the compiled graph is vmap-free).
-
-    Fallback: `functorch_transforms_active` (any transform counts).
-    """
-    if torch.compiler.is_compiling():
-        return False
-    stack_of = getattr(_functorch, "get_interpreter_stack", None)
-    vmap = getattr(getattr(_functorch, "TransformType", None), "Vmap", None)
-    if stack_of is None or vmap is None:
-        return functorch_transforms_active()
-    return any(level.key() == vmap for level in stack_of() or ())
-
-
 def _wrapped_check_functions() -> tuple[Any, ...] | None:
     """functorch's two wrapper checks, looked up once (None where either is missing)."""
     if _functorch is None:

@@ -28,20 +28,6 @@ def test_functorch_transforms_active_sees_vmap():
     assert seen == [True]
 
 
-def test_vmap_active_sees_vmap_and_not_grad():
-    seen = []
-
-    def f(x):
-        seen.append(_compat.vmap_active())
-        return x.sum()
-
-    assert not _compat.vmap_active()
-    torch.vmap(f)(torch.zeros(2, 3))
-    torch.func.grad(f)(torch.zeros(3))
-    torch.vmap(torch.func.grad(f))(torch.zeros(2, 3))
-    assert seen == [True, False, True]
-
-
 def test_is_transform_wrapped_sees_batched_tensors():
     seen = []
 
@@ -171,7 +157,6 @@ def test_fallbacks_of_the_transform_probes(monkeypatch):
     assert _compat.is_transform_wrapped(torch.zeros(2)) is True
     monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
     assert _compat.forward_ad_active() is True
-    assert _compat.vmap_active() is True  # no stack to read: any transform (here the fallback's True)
 
 
 def test_fallback_of_current_autograd_node(monkeypatch):

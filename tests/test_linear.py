@@ -623,6 +623,11 @@ def test_forward_mode_and_vmap_match_torch():
     g = torch.func.vmap(torch.func.grad(lambda x: SF.linear_focal_loss(x, w, t[:1], gamma=2.0)))(x[:, None])
     ref = torch.func.vmap(torch.func.grad(lambda x: SF.focal_loss(F.linear(x, w), t[:1], gamma=2.0)))(x[:, None])
     torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-12)
+    # reverse over reverse: a nested transform cannot differentiate the chunked gradient (it
+    # raised); under torch.func the logits are whole
+    h = torch.func.jacrev(torch.func.jacrev(lambda x: SF.linear_cross_entropy(x, w, t, linear_bias=b)))(x)
+    h_ref = torch.func.hessian(lambda x: F.cross_entropy(F.linear(x, w, b), t))(x)
+    torch.testing.assert_close(h, h_ref, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from stablelosses._autograd.distillation import KINDS, DistillationHead, _distillation
 from stablelosses._autograd.linear import compute_dtype, linear_chunks, linear_chunks_reduced
-from stablelosses._compat import forward_ad_active, vmap_active
+from stablelosses._compat import forward_ad_active, functorch_transforms_active
 from stablelosses._spec import (
     check_chunk_size,
     check_normalizer,
@@ -230,9 +230,9 @@ def linear_distillation_loss(
     **Gradients.** The student's input, weight and bias get theirs; the teacher side is
     computed only when one of its tensors requires grad (otherwise no teacher logit gradient is
     formed). A backward with ``create_graph=True`` (double backward, ``torch.func.hessian``)
-    recomputes both logits whole and returns the gradient as a graph. Under ``torch.func.vmap``
-    and forward-mode AD (``jvp``, ``jacfwd``) both logits are formed whole instead, the same
-    values.
+    recomputes both logits whole and returns the gradient as a graph. Under a ``torch.func``
+    transform (``grad``, ``vmap``, ``jvp``, ``jacrev``, ``hessian``) and forward-mode AD both
+    logits are formed whole instead, the same values.
     A ``normalizer`` tensor gets its gradient (``−loss / normalizer``); ``mask`` is a constant.
 
     Args:
@@ -275,8 +275,9 @@ def linear_distillation_loss(
     kind, beta, temperature, reduction, normalizer = check_distillation_args(
         fn, kind, beta, temperature, reduction, normalizer)
     chunk_size = check_chunk_size(fn, chunk_size)
-    if forward_ad_active() or vmap_active():
-        # the chunk engine's Function has no tangent and no vmap rule: both logits whole, in
+    if forward_ad_active() or functorch_transforms_active():
+        # the chunk engine's Function has no tangent, no vmap rule and a hand-written gradient that
+        # a nested transform cannot differentiate: under torch.func, both logits whole, in
         # the engine's compute dtype, the narrower padded with -inf as the engine pads it
         cd = compute_dtype([student_input, student_weight, student_bias, teacher_input, teacher_weight,
                             teacher_bias])

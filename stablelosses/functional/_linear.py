@@ -18,7 +18,7 @@ from stablelosses._autograd.linear import (
     linear_chunks_reduced,
 )
 from stablelosses._autograd.linear_index import IndexHead
-from stablelosses._compat import forward_ad_active, vmap_active
+from stablelosses._compat import forward_ad_active, functorch_transforms_active
 from stablelosses._spec import (
     check_chunk_size,
     check_finite_nonnegative,
@@ -177,10 +177,11 @@ def _unfused_loss(
     ``linear(input, W.reshape(V·Πd, H), b.reshape(-1)).reshape(*batch, V, *d)`` in ``cd``.
 
     The path for what the chunk loop does not do: a K-dimensional ``linear_weight``, probability
-    targets, a class ``weight`` that requires grad, forward-mode AD and vmap (the logits exist whole;
-    every hazard row keeps its defined value, as ``cross_entropy`` gives it). Softcap and z-loss
-    are applied as in the fused loss: ``c tanh(u / c)`` with ``-inf`` kept, ``z w_t lse²`` per
-    kept row (``z lse²`` with probabilities), in the same ``'mean'`` denominator.
+    targets, a class ``weight`` that requires grad, forward-mode AD and ``torch.func`` transforms
+    (the logits exist whole; every hazard row keeps its defined value, as ``cross_entropy`` gives
+    it). Softcap and z-loss are applied as in the fused loss: ``c tanh(u / c)`` with ``-inf``
+    kept, ``z w_t lse²`` per kept row (``z lse²`` with probabilities), in the same ``'mean'``
+    denominator.
     """
     from stablelosses.functional._cross_entropy import cross_entropy
     from stablelosses.functional._focal import focal_loss
@@ -298,7 +299,7 @@ def _linear_loss(
     if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
         out_dtype = torch.float32
     if (
-        shapes.probabilities or shapes.k_dim or forward_ad_active() or vmap_active()
+        shapes.probabilities or shapes.k_dim or forward_ad_active() or functorch_transforms_active()
         or (class_weight is not None and class_weight.requires_grad and torch.is_grad_enabled())
     ):
         if normalizer is None:
@@ -478,7 +479,9 @@ def linear_cross_entropy(
     per row, `'mean'` over the rows), a class `weight` that requires grad (it gets its true
     gradient, `'mean'`'s denominator included; torch's chunked path silently gives it none) and
     forward-mode AD (`torch.func.jvp`, `torch.autograd.forward_ad`, `jacfwd`, `hessian`;
-    torch's chunked path has none) and `torch.func.vmap` (the chunk loop has no batching rule).
+    torch's chunked path has none) and every `torch.func` transform (`grad`, `vmap`, `jacrev`:
+    the chunk loop has no batching rule, and a nested transform cannot differentiate its
+    hand-written gradient).
 
     **Mask.** ``mask`` (bool, True = counts) broadcastable to ``target`` drops rows: a False
     row becomes an ignored row (the chunked code's own path) and its hidden state is replaced
@@ -633,7 +636,7 @@ def linear_focal_loss(
     finite for every $\gamma \ge 0$; then through softcap and the linear layer as in
     `linear_cross_entropy`. Double backward recomputes the whole logits, as in
     `linear_cross_entropy`; a K-dimensional `linear_weight`, a class `weight` that requires
-    grad, forward-mode AD and vmap take the unfused `focal_loss` formula, as in
+    grad, forward-mode AD and `torch.func` transforms take the unfused `focal_loss` formula, as in
     `linear_cross_entropy`; probability targets raise.
 
     **Mask.** As in `linear_cross_entropy`: a False row of ``mask`` (broadcastable to

@@ -17,7 +17,7 @@ from torch import Tensor
 from stablelosses._autograd.cross_entropy import _class_index_ce
 from stablelosses._autograd.linear import compute_dtype, linear_chunks
 from stablelosses._autograd.token_logps import token_logps_head
-from stablelosses._compat import forward_ad_active, vmap_active
+from stablelosses._compat import forward_ad_active, functorch_transforms_active
 from stablelosses._spec import check_chunk_size, check_flag, check_int, check_real, check_temperature
 from stablelosses._utils import check_floating, check_tensor, no_autocast, upcast
 from stablelosses.functional._masked import entropy as entropy_of
@@ -248,8 +248,9 @@ def _linear_token_logps(
         rows = (*rows, inv_t.expand(n))
     # ignored rows' hidden states never reach the matmuls (a NaN there would reach dW as 0 · NaN)
     x2 = torch.where(rows[1].unsqueeze(1), x.reshape(n, x.shape[-1]), 0.0)
-    if forward_ad_active() or vmap_active():
-        # the chunk engine's Function has no tangent and no vmap rule: the logits whole, in the
+    if forward_ad_active() or functorch_transforms_active():
+        # the chunk engine's Function has no tangent, no vmap rule and a hand-written gradient that
+        # a nested transform cannot differentiate: under torch.func, the logits whole, in the
         # engine's compute dtype, on token_logps' own rows (the same values)
         cd = compute_dtype([x, w, b])
         with no_autocast(x.device.type):
@@ -297,8 +298,9 @@ def linear_token_logps(
     $(g_\ell(\delta_{jt} - p_j) - g_H\,p_j(\log p_j + H))/T$, 0 where $p_j = 0$ and on ignored
     rows, then through the matmul to ``input``, ``linear_weight`` and ``linear_bias``; a
     backward with ``create_graph=True`` (double backward) recomputes the logits whole and
-    returns the gradient as a graph. Under ``torch.func.vmap`` and forward-mode AD
-    (``jvp``, ``jacfwd``, ``hessian``) the logits are formed whole instead, the same values.
+    returns the gradient as a graph. Under a ``torch.func`` transform (``grad``, ``vmap``,
+    ``jvp``, ``jacrev``, ``hessian``) and forward-mode AD the logits are formed whole instead,
+    the same values.
 
     Args:
         input: hidden states ``(..., H)``.
