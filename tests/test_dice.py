@@ -82,6 +82,24 @@ def test_matches_float64_reference_and_naive_gradient(case, dtype):
     assert (gp[~live] == 0).all() and (gt[~live] == 0).all()
 
 
+@pytest.mark.parametrize("p_t", [
+    ([1e-40] * 4, [0.0] * 4),                       # an empty target, subnormal predictions
+    ([1e-40, 3e-40, 0.0, 0.0], [0.0, 2e-40, 1e-45, 0.0]),  # both subnormal
+    ([1e-39, 0.5, 0.25, 0.0], [0.0, 1.0, 0.0, 1.0]),  # one subnormal entry in an ordinary sample
+], ids=["empty-target", "both-subnormal", "ordinary"])
+def test_subnormal_inputs_give_the_float64_gradient(p_t):
+    # the gradient ((1 − 2t) − ℓ)/D is formed as one quotient: autograd of diff/D formed
+    # (1 − 2t)/D and −ℓ/D apart, each ±inf for a subnormal D, and their sum NaN
+    p, t = (torch.tensor([v], dtype=torch.float32) for v in p_t)
+    a, b = p.clone().requires_grad_(), t.clone().requires_grad_()
+    ga, gb = torch.autograd.grad(SF.dice_loss(a, b), (a, b))
+    a64, b64 = p.double().requires_grad_(), t.double().requires_grad_()
+    ra, rb = torch.autograd.grad(SF.dice_loss(a64, b64), (a64, b64))
+    assert torch.isfinite(ra).all() and torch.isfinite(rb).all()
+    torch.testing.assert_close(ga.double(), ra, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gb.double(), rb, rtol=1e-5, atol=1e-6)
+
+
 def test_small_loss_keeps_full_precision():
     p = torch.ones(1, 1000)
     p[0, 0] = 1 - 2.0**-20

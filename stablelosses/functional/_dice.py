@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from stablelosses._autograd.dice import _dice
 from stablelosses._spec import check_dims, check_finite_nonnegative, check_reduction
 from stablelosses._utils import (
     broadcasts_to,
@@ -99,9 +100,11 @@ def dice_loss(
     ```
 
     **Gradient.** $\partial\ell/\partial p_i = \big((1 - 2t_i) - \ell\big)/D$ with
-    $D = \sum p + \sum t + s$ (and the same with $p$ and $t$ swapped for ``target``), autograd
-    of the formula above; on a both-empty sample with ``smooth = 0`` both gradients are defined
-    as **0** (a double ``where``, so double backward is finite too). NaN propagates.
+    $D = \sum p + \sum t + s$ (and the same with $p$ and $t$ swapped for ``target``), formed as
+    one quotient (autograd of the ratio forms $(1 - 2t_i)/D$ and $-\ell/D$ apart: each overflows
+    for a subnormal $D$, and their sum is NaN where the gradient is 0); on a both-empty sample
+    with ``smooth = 0`` both gradients are defined as **0** (a double ``where``, so double
+    backward is finite too). NaN propagates.
 
     **Mask.** ``mask`` (bool, True = counts) broadcastable to the per-sample loss (``input``
     without ``dims``) selects samples: ``'mean'`` averages the kept samples' losses (0 with
@@ -167,10 +170,5 @@ def dice_loss(
     m = None
     if mask is not None:
         m, p, tt = _mask_samples(mask, p, tt, reduce_dims)
-    # Σ(p(1−t) + t(1−p)) = Σp + Σt − 2Σpt, term by term, without the cancellation.
-    diff = (p * (1 - tt) + tt * (1 - p)).sum(reduce_dims)
-    denom = (p.sum(reduce_dims) + tt.sum(reduce_dims)) + s
-    empty = denom == 0
-    # Double where: a safe divisor, then the defined 0 on both-empty samples.
-    loss = torch.where(empty, 0.0, diff / torch.where(empty, 1.0, denom))
+    loss = _dice(p, tt, reduce_dims, s)
     return cast(reduce(loss, reduction, m), out_dtype)
