@@ -42,30 +42,38 @@ def _grads(p: Tensor, t: Tensor, loss: Tensor, g: Tensor, dims: tuple[int, ...],
         for other, n in ((t, need[0]), (p, need[1]))
     )
 class _Dice(torch.autograd.Function):
-    """``ℓ`` per sample of probabilities ``p`` and targets ``t`` (one shape), summed over
-    ``dims``; ``smooth`` as in `dice_loss`."""
+    """``(ℓ, ℓ)`` per sample of probabilities ``p`` and targets ``t`` (one shape), summed over
+    ``dims``; ``smooth`` as in `dice_loss`. The second output is the copy the backward reads (an
+    output, so that a double backward differentiates through it; a copy, so that an in-place
+    edit of the returned loss does not touch it, as with torch's own ops)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(p: Tensor, t: Tensor, dims: tuple[int, ...], smooth: float) -> Tensor:
-        return _ratio(p, t, dims, smooth)
+    def forward(p: Tensor, t: Tensor, dims: tuple[int, ...], smooth: float) -> tuple[Tensor, Tensor]:
+        loss = _ratio(p, t, dims, smooth)
+        return loss, loss.clone()
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
         p, t, dims, smooth = inputs
-        ctx.save_for_backward(p, t, output)
-        ctx.save_for_forward(p, t, output)
+        ctx.save_for_backward(p, t, output[1])
+        ctx.save_for_forward(p, t, output[1])
         ctx.dims, ctx.smooth = dims, smooth
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx: Any, g: Tensor | None, g_copy: Tensor | None
+                 ) -> tuple[Tensor | None, Tensor | None, None, None]:
         p, t, loss = ctx.saved_tensors
+        g = g_copy if g is None else (g if g_copy is None else g + g_copy)
+        if g is None:
+            return None, None, None, None
         gp, gt = _grads(p, t, loss, g, ctx.dims, ctx.smooth, ctx.needs_input_grad[:2])
         return gp, gt, None, None
 
     @staticmethod
-    def jvp(ctx: Any, tp: Tensor | None, tt: Tensor | None, _d: None, _s: None) -> Tensor:
+    def jvp(ctx: Any, tp: Tensor | None, tt: Tensor | None, _d: None, _s: None) -> tuple[Tensor, Tensor]:
         p, t, loss = ctx.saved_tensors
         need = (tp is not None, tt is not None)
         gp, gt = _grads(p, t, loss, torch.ones_like(loss), ctx.dims, ctx.smooth, need)
@@ -73,7 +81,7 @@ class _Dice(torch.autograd.Function):
         for grad, tangent in ((gp, tp), (gt, tt)):
             if grad is not None and tangent is not None:
                 out = out + (grad * tangent).sum(ctx.dims)
-        return out
+        return out, out.clone()
 
 
 _dice = applier(_Dice)

@@ -170,5 +170,5 @@ def dice_loss(
     m = None
     if mask is not None:
         m, p, tt = _mask_samples(mask, p, tt, reduce_dims)
-    loss = _dice(p, tt, reduce_dims, s)
+    loss = _dice(p, tt, reduce_dims, s)[0]
     return cast(reduce(loss, reduction, m), out_dtype)
