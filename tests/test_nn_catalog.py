@@ -271,6 +271,25 @@ def test_compile_fullgraph_with_a_constant_weight(name):
     torch.testing.assert_close(g, torch.autograd.grad(WEIGHTED[name](x, w), x)[0])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_compiled_torch_func_gives_the_weight_its_gradient(name):
+    # Dynamo traces torch.func transforms: inside them the weight is a wrapper whose
+    # requires_grad is False, and the weight-gradient term must stay (it was silently 0)
+    torch._dynamo.reset()
+    x = torch.randn(4, 3, generator=_g())
+    w = torch.tensor([0.5, 2.0, 1.0])
+
+    def f(w):
+        return WEIGHTED[name](x, w)
+
+    torch.testing.assert_close(torch.compile(torch.func.grad(f), fullgraph=True, backend="eager")(w),
+                               torch.func.grad(f)(w))
+    v = torch.tensor([1.0, -3.0, 0.25])
+    jvp = torch.compile(lambda w, v: torch.func.jvp(f, (w,), (v,))[1], fullgraph=True, backend="eager")
+    torch.testing.assert_close(jvp(w, v), torch.func.jvp(f, (w,), (v,))[1])
+
+
 @pytest.mark.parametrize("name", sorted(WEIGHTED))
 def test_forward_ad_tangent_of_the_weight(name):
     # a dual weight neither requires grad nor is a functorch wrapper: its tangent was dropped

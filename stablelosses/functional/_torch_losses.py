@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._compat import forward_ad_active, is_transform_wrapped
+from stablelosses._compat import forward_ad_active, functorch_transforms_active, is_transform_wrapped
 from stablelosses._spec import TORCH_INVALID, check_torch_reduction
 from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, cast, legacy_reduction
 from stablelosses._utils import reduce as _reduce
@@ -162,10 +162,11 @@ def check_floating_input(fn: str, name: str, t: Tensor, error: type[Exception], 
 def needs_grad(t: Tensor) -> bool:
     """``t`` may need a gradient or a tangent: it requires grad, a ``torch.func`` transform wraps
     it, or a forward-AD level is open (a dual tensor neither requires grad nor is wrapped).
-    While compiling, ``requires_grad`` alone: Dynamo cannot trace the wrapper test (a graph
-    break), and compiled code is first-order reverse mode."""
+    While compiling, any active transform stands for the wrapper test, which Dynamo cannot
+    trace (a graph break): a compiled ``torch.func.grad``/``vmap``/``jvp`` keeps the term, and
+    a plain compiled graph with a constant weight does not trace it."""
     if torch.compiler.is_compiling():
-        return t.requires_grad
+        return t.requires_grad or functorch_transforms_active() or forward_ad_active()
     return t.requires_grad or forward_ad_active() or is_transform_wrapped(t)
 
 
