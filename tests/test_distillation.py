@@ -484,6 +484,31 @@ def test_linear_form_double_backward(kind, reduction):
                                         (hs, ws, ht, wt))
 
 
+@pytest.mark.parametrize("path", ["chunked", "create_graph", "torch.func"])
+def test_linear_form_never_reads_masked_hidden_states(path):
+    # a NaN in a masked token's hidden state (padding) reaches neither the value nor a gradient,
+    # the linear weights' included (it gave a NaN dW on every path: 0·NaN in the matmul)
+    g = torch.Generator().manual_seed(8)
+    hs, ht = torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g)
+    hs[2], ht[2] = math.nan, math.nan
+    ws, wt = torch.randn(6, 4, generator=g), torch.randn(6, 3, generator=g)
+    mask = torch.tensor([True, True, False, True, True])
+
+    def f(w):
+        return SF.linear_distillation_loss(hs, w, ht, wt, kind="jsd", mask=mask)
+
+    if path == "torch.func":
+        gw = torch.func.grad(f)(ws)
+    else:
+        w = ws.clone().requires_grad_()
+        (gw,) = torch.autograd.grad(f(w), w, create_graph=path == "create_graph")
+    ref_w = ws.clone().requires_grad_()
+    ref = SF.distillation_loss(hs[mask] @ ref_w.T, ht[mask] @ wt.T, kind="jsd")
+    (gref,) = torch.autograd.grad(ref, ref_w)
+    assert torch.isfinite(gw).all()
+    torch.testing.assert_close(gw.detach(), gref, rtol=1e-5, atol=1e-6)
+
+
 def test_module_equals_function():
     s, t, mask = _inputs(seed=16)
     m = sl.DistillationLoss(kind="tvd", temperature=2.0, reduction="sum")

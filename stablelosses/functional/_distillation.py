@@ -275,27 +275,30 @@ def linear_distillation_loss(
     kind, beta, temperature, reduction, normalizer = check_distillation_args(
         fn, kind, beta, temperature, reduction, normalizer)
     chunk_size = check_chunk_size(fn, chunk_size)
-    if forward_ad_active() or functorch_transforms_active():
-        # the chunk engine's Function has no tangent, no vmap rule and a hand-written gradient that
-        # a nested transform cannot differentiate: under torch.func, both logits whole, in
-        # the engine's compute dtype, the narrower padded with -inf as the engine pads it
-        cd = compute_dtype([student_input, student_weight, student_bias, teacher_input, teacher_weight,
-                            teacher_bias])
-        with no_autocast(student_input.device.type):
-            us, ut = (F.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
-                      for x, w, b in ((student_input, student_weight, student_bias),
-                                      (teacher_input, teacher_weight, teacher_bias)))
-            v = max(us.shape[-1], ut.shape[-1])
-            us, ut = (F.pad(u, (0, v - u.shape[-1]), value=-math.inf) for u in (us, ut))
-            return distillation_loss(us, ut, kind=kind, beta=beta, temperature=temperature, mask=mask,
-                                     reduction=reduction, normalizer=normalizer)
     tokens = student_input.shape[:-1]
     rows: tuple[Tensor, ...] = ()
     m = None
+    xs, xt = student_input, teacher_input
     if mask is not None:
         m = check_mask(fn, mask, tokens, "the token shape", device=student_input.device)
         m = m.to(student_input.device).expand(tokens).reshape(-1)
         rows = (m,)
+        # a masked token's hidden states are never multiplied (select): a NaN in padding
+        # reaches no gradient, the linear weights' included
+        keep = m.reshape(*tokens, 1)
+        xs, xt = torch.where(keep, xs, 0.0), torch.where(keep, xt, 0.0)
+    if forward_ad_active() or functorch_transforms_active():
+        # the chunk engine's Function has no tangent, no vmap rule and a hand-written gradient that
+        # a nested transform cannot differentiate: under torch.func, both logits whole, in
+        # the engine's compute dtype, the narrower padded with -inf as the engine pads it
+        cd = compute_dtype([xs, student_weight, student_bias, xt, teacher_weight, teacher_bias])
+        with no_autocast(student_input.device.type):
+            us, ut = (F.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
+                      for x, w, b in ((xs, student_weight, student_bias), (xt, teacher_weight, teacher_bias)))
+            v = max(us.shape[-1], ut.shape[-1])
+            us, ut = (F.pad(u, (0, v - u.shape[-1]), value=-math.inf) for u in (us, ut))
+            return distillation_loss(us, ut, kind=kind, beta=beta, temperature=temperature, mask=mask,
+                                     reduction=reduction, normalizer=normalizer)
     grad_on = torch.is_grad_enabled()
 
     def wants(*ts: Tensor | None) -> bool:
@@ -314,8 +317,8 @@ def linear_distillation_loss(
                                 mask=rows[0] if rows else None, reduction="none")
         return per.unsqueeze(1)
 
-    streams = ((student_input.reshape(-1, student_input.shape[-1]), student_weight, student_bias),
-               (teacher_input.reshape(-1, teacher_input.shape[-1]), teacher_weight, teacher_bias))
+    streams = ((xs.reshape(-1, xs.shape[-1]), student_weight, student_bias),
+               (xt.reshape(-1, xt.shape[-1]), teacher_weight, teacher_bias))
     if reduction == "none":
         return linear_chunks(head, streams, rows, chunk_size=chunk_size, dense=dense)[:, 0].reshape(tokens)
     n = streams[0][0].shape[0]

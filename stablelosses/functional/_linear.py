@@ -197,6 +197,10 @@ def _unfused_loss(
     if mask is not None:
         m = check_mask(fn, mask, torch.Size((*batch, *out)), "the per-row loss", device=input.device)
         m = m.expand((*batch, *out)).reshape(rows)
+        # a hidden state no kept row reads is never multiplied (select, as the chunked path
+        # does): a NaN in padding reaches no gradient, the linear weight's included
+        kept = m.reshape(*x.shape[:-1], -1).any(-1)
+        x = torch.where(kept.unsqueeze(-1), x, 0.0)
     with no_autocast(input.device.type):
         w2 = weight.reshape(-1, h).to(cd)
         u = torch.nn.functional.linear(x.to(cd), w2, None if bias is None else bias.reshape(-1).to(cd))
