@@ -291,6 +291,18 @@ def test_orpo_float32_gradients_within_1e38_of_zero_are_representable(pair):
         torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=0.0)
 
 
+def test_orpo_float32_tangent_within_1e38_of_zero():
+    # forward mode: each tangent inside its own product; ∂ℓ/∂r alone overflows float32 where r
+    # is within 1e-38 of 0, and a zero r-tangent gave inf·0 = NaN
+    def f(c, r):
+        return SF.orpo_loss(c, r, beta=0.1, reduction="sum")
+
+    c, r = torch.tensor([-1.0, -0.5]), torch.tensor([-1e-39, -1e-39])
+    got = torch.func.jvp(f, (c, r), (torch.ones(2), torch.zeros(2)))[1]
+    want = torch.func.jvp(f, (c.double(), r.double()), (torch.ones(2).double(), torch.zeros(2).double()))[1]
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0.0)
+
+
 def test_orpo_both_log_probs_zero_is_zero_with_zero_gradient():
     # two completions of probability 1 (two empty ones from sequence_logps(average=True)):
     # c = 0 gives 0 whatever r ≤ 0; the limit gradient −odds(r) has no finite limit at r = 0
