@@ -229,7 +229,7 @@ def linear_distillation_loss(
 
     **Gradients.** The student's input, weight and bias get theirs; the teacher side is
     computed only when one of its tensors requires grad (otherwise no teacher logit gradient is
-    formed). A backward with ``create_graph=True`` (double backward, ``torch.func.hessian``)
+    formed). A backward with ``create_graph=True`` (double backward, a gradient penalty)
     recomputes both logits whole and returns the gradient as a graph. Under a ``torch.func``
     transform (``grad``, ``vmap``, ``jvp``, ``jacrev``, ``hessian``) and forward-mode AD both
     logits are formed whole instead, the same values.

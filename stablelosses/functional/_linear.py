@@ -471,9 +471,11 @@ def linear_cross_entropy(
     (exact as $p_t \to 1$). Defined values: a masked ($-\infty$) class gets gradient exactly 0,
     so a vocabulary entry masked by a $-\infty$ bias gets an exactly zero weight row unless it is
     a target; ignored and fully masked rows get gradient 0. A backward with `create_graph=True`
-    (double backward, `torch.func.hessian`) recomputes the loss on the whole logits with the
+    (double backward, a gradient penalty) recomputes the loss on the whole logits with the
     unfused formula and returns its gradient as a graph: exact second derivatives, with the
-    `(N, V)` logits held for that backward.
+    `(N, V)` logits held for that backward (under `torch.func`, `hessian` included, the logits
+    are whole from the forward on: below). The vocabulary-parallel form stays first order: its
+    double backward raises `RuntimeError`.
 
     **Beyond the chunk loop** (torch's reference path takes these, so do we, exactly, on the
     unfused formula `cross_entropy(linear(input, W.reshape(V·Πd, H), b.reshape(-1))
@@ -531,7 +533,7 @@ def linear_cross_entropy(
             all-gather). A target outside the vocabulary gives NaN on its row. A
             `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
             by itself (no `process_group`). Not with probability targets, K-dimensional weights,
-            a class weight that requires grad or forward mode. Default: `None`.
+            a class weight that requires grad, forward mode or double backward. Default: `None`.
         vocab_start: with `process_group`, the global index of this shard's first row (on every
             rank or on none). Default: the rows of the ranks before (uneven and empty shards
             work); a layout that does not cover the vocabulary exactly once raises `ValueError`.
