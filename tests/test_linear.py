@@ -450,6 +450,18 @@ def test_torch_func_never_reads_masked_hidden_states(fn):
     torch.testing.assert_close(got, leaf.grad)
 
 
+def test_unfused_path_takes_an_empty_batch_with_a_mask():
+    # the rows a mask keeps were found by reshape(0, -1), ambiguous for 0 rows
+    w, wk = torch.randn(6, 4), torch.randn(6, 3, 4)
+    x, m = torch.randn(0, 4), torch.zeros(0, dtype=torch.bool)
+    g = torch.func.grad(lambda w: SF.linear_cross_entropy(x, w, torch.zeros(0, dtype=torch.long), mask=m,
+                                                          reduction="sum"))(w)
+    assert torch.equal(g, torch.zeros_like(w))
+    out = SF.linear_cross_entropy(x, wk, torch.zeros(0, 3, dtype=torch.long), mask=torch.zeros(0, 3, dtype=torch.bool),
+                                  reduction="sum")
+    assert out.item() == 0.0
+
+
 def test_retain_graph_backward_twice():
     x, w, b, t = _data()
     a = _leaves(x, w, b)

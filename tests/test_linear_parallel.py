@@ -86,3 +86,17 @@ def test_scalar_arguments_are_checked_before_any_collective():
         SF.linear_cross_entropy(x, w, t, z_loss=-1.0, process_group=group)
     with pytest.raises(RuntimeError, match="label_smoothing must be between"):
         SF.linear_cross_entropy(x, w, t, label_smoothing=2.0, process_group=group)
+
+
+def test_torch_func_and_forward_mode_raise_clearly_before_any_collective():
+    # the sharded form has no unfused fallback: a clear error (torch.func gave torch's own
+    # "must override the setup_context staticmethod" from inside the combine)
+    x, w, t = torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 1, 2])
+
+    def f(x):
+        return SF.linear_cross_entropy(x, w, t, process_group=object())
+
+    with pytest.raises(NotImplementedError, match="torch.func transforms are not supported with a sharded"):
+        torch.func.grad(f)(x)
+    with pytest.raises(NotImplementedError, match="forward-mode AD and torch.func"):
+        torch.func.jvp(f, (x,), (torch.ones_like(x),))

@@ -431,8 +431,8 @@ def _chunks_op_fake(
 
 def _double_backward_error(fn: str) -> RuntimeError:
     return RuntimeError(
-        f"{fn}: differentiating its gradient (double backward, torch.func.hessian, a gradient "
-        "penalty) is not supported: the gradient is computed chunk by chunk and is not itself "
+        f"{fn}: differentiating its gradient (double backward, a gradient penalty) is not "
+        "supported here: the gradient is computed chunk by chunk and is not itself "
         "differentiable. Use the unfused loss on F.linear(...) for higher-order derivatives."
     )
 

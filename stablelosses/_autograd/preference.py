@@ -57,10 +57,11 @@ def _times_exp(e: Tensor, scale: Tensor | None) -> Tensor:
     return half * scale * half
 
 
-def _odds_grads(c: Tensor, r: Tensor, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` (times ``scale``, the incoming gradient, when
-    given) from ``c`` and ``r`` in differentiable ops (double backward differentiates them),
-    finite with finite derivatives at ``c = 0``.
+def _odds_grads(c: Tensor, r: Tensor, scale_c: Tensor | None = None, scale_r: Tensor | None = None,
+                ) -> tuple[Tensor, Tensor]:
+    """``(∂ℓ/∂c, ∂ℓ/∂r)`` of ``ℓ = −log σ(L)`` (times ``scale_c`` and ``scale_r``, the incoming
+    gradient or the tangents, when given) from ``c`` and ``r`` in differentiable ops (double
+    backward differentiates them), finite with finite derivatives at ``c = 0``.
 
     Where ``L > 0`` both are written with ``z = e^{−L} = e^{t}·(−expm1(c)) ∈ [0, 1)``,
     ``t = logodds(r) − c``: ``log(−∂ℓ/∂c) = t − log1p(z)`` and ``∂ℓ/∂r = z / (1 + z) / (1 − e^r)``,
@@ -75,14 +76,14 @@ def _odds_grads(c: Tensor, r: Tensor, scale: Tensor | None = None) -> tuple[Tens
     cp, rp = torch.where(pos, c, -1.0), torch.where(pos, r, -2.0)
     t = (rp - log1mexp(rp)) - cp
     z = _times_exp(t, -torch.expm1(cp))  # e^t alone overflows where r is within 1e-38 of 0
-    gc_pos = -_times_exp(t - torch.log1p(z), scale)
+    gc_pos = -_times_exp(t - torch.log1p(z), scale_c)
     share = z / (1.0 + z)  # σ(−L), inside the product (its exp alone can overflow)
-    gr_pos = _times_exp(-log1mexp(rp), share if scale is None else scale * share)
+    gr_pos = _times_exp(-log1mexp(rp), share if scale_r is None else scale_r * share)
     # L ≤ 0: −∂ℓ/∂c = exp(log σ(−L) − log1mexp(c)), ∂ℓ/∂r = exp(log σ(−L) − log1mexp(r))
     cn, rn = torch.where(pos, -1.0, c), torch.where(pos, -1.0, r)
     ln = F.logsigmoid(-_log_odds_ratio(cn, rn))
-    gc_neg = -_times_exp(ln - log1mexp(cn), scale)
-    gr_neg = _times_exp(ln - log1mexp(rn), scale)
+    gc_neg = -_times_exp(ln - log1mexp(cn), scale_c)
+    gr_neg = _times_exp(ln - log1mexp(rn), scale_r)
     return torch.where(pos, gc_pos, gc_neg), torch.where(pos, gr_pos, gr_neg)
 
 
@@ -110,27 +111,26 @@ class _OddsRatio(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         c, r = ctx.saved_tensors
-        return _pair_grads(c, r, grad)
+        return _pair_grads(c, r, grad, grad)
 
     @staticmethod
     def jvp(ctx, c_t: Tensor | None, r_t: Tensor | None):
         # each tangent inside its own product (as the incoming gradient in backward): a
         # derivative that overflows alone meets a tangent of 0 as 0, not inf·0
         c, r = ctx.saved_tensors
-        out = torch.zeros_like(c)
-        if c_t is not None:
-            out = out + _pair_grads(c, r, c_t)[0]
-        if r_t is not None:
-            out = out + _pair_grads(c, r, r_t)[1]
-        return out
+        if c_t is None and r_t is None:
+            return torch.zeros_like(c)
+        gc, gr = _pair_grads(c, r, c_t, r_t)
+        return gr if c_t is None else gc if r_t is None else gc + gr
 
 
-def _pair_grads(c: Tensor, r: Tensor, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _pair_grads(c: Tensor, r: Tensor, scale_c: Tensor | None = None, scale_r: Tensor | None = None,
+                ) -> tuple[Tensor, Tensor]:
     """`_odds_grads`, and 0 for both where ``c = r = 0`` (two completions of probability 1,
     e.g. two empty ones: the limit along ``c = 0`` is ``−odds(r) → −inf``, so no finite limit;
     the loss is 0 there and carries no preference)."""
     both = (c == 0) & (r == 0)
-    gc, gr = _odds_grads(torch.where(both, -1.0, c), torch.where(both, -2.0, r), scale)
+    gc, gr = _odds_grads(torch.where(both, -1.0, c), torch.where(both, -2.0, r), scale_c, scale_r)
     return torch.where(both, 0.0, gc), torch.where(both, 0.0, gr)
 
 

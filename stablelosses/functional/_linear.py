@@ -199,7 +199,7 @@ def _unfused_loss(
         m = m.expand((*batch, *out)).reshape(rows)
         # a hidden state no kept row reads is never multiplied (select, as the chunked path
         # does): a NaN in padding reaches no gradient, the linear weight's included
-        kept = m.reshape(*x.shape[:-1], -1).any(-1)
+        kept = m.reshape(*x.shape[:-1], math.prod(out)).any(-1)  # (not -1: 0 rows are fine)
         x = torch.where(kept.unsqueeze(-1), x, 0.0)
     with no_autocast(input.device.type):
         w2 = weight.reshape(-1, h).to(cd)
@@ -352,8 +352,9 @@ def _parallel(
     ii = -100 if ignore_index is None else check_int(fn, "ignore_index", ignore_index)
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     eps = check_label_smoothing(fn, label_smoothing)
-    if forward_ad_active():
-        raise NotImplementedError(f"{fn}: forward-mode AD is not supported with a sharded vocabulary")
+    if forward_ad_active() or functorch_transforms_active():
+        raise NotImplementedError(
+            f"{fn}: forward-mode AD and torch.func transforms are not supported with a sharded vocabulary")
     assert isinstance(ii, int) and isinstance(reduction, str)
     return linear_loss_parallel(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, gamma, chunk,
@@ -533,7 +534,8 @@ def linear_cross_entropy(
             all-gather). A target outside the vocabulary gives NaN on its row. A
             `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
             by itself (no `process_group`). Not with probability targets, K-dimensional weights,
-            a class weight that requires grad, forward mode or double backward. Default: `None`.
+            a class weight that requires grad, forward mode, `torch.func` transforms or double
+            backward. Default: `None`.
         vocab_start: with `process_group`, the global index of this shard's first row (on every
             rank or on none). Default: the rows of the ranks before (uneven and empty shards
             work); a layout that does not cover the vocabulary exactly once raises `ValueError`.
