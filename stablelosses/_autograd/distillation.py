@@ -240,12 +240,12 @@ _distillation = applier(_Distillation)
 # --- the fused form: a head on the chunk engine (stablelosses/_autograd/linear.py) ---------------
 
 
-def _pad_to(u: Tensor, v: int) -> Tensor:
-    """``u`` ``(n, V_k)`` widened to ``v`` columns with ``-inf`` (classes this model cannot
-    produce: probability 0, exactly)."""
-    if u.shape[1] == v:
+def pad_vocab(u: Tensor, v: int) -> Tensor:
+    """Logits ``u`` ``(..., V_k)`` widened to ``v`` classes with ``-inf`` (classes this model
+    cannot produce: probability 0, exactly)."""
+    if u.shape[-1] == v:
         return u
-    return torch.nn.functional.pad(u, (0, v - u.shape[1]), value=-_INF)
+    return torch.nn.functional.pad(u, (0, v - u.shape[-1]), value=-_INF)
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ class DistillationHead(Head):
         s, t = logits
         v = max(s.shape[1], t.shape[1])
         mask = rows[0] if self.masked else None
-        a, b = _inputs(_pad_to(s, v), _pad_to(t, v), mask, self.temperature)
+        a, b = _inputs(pad_vocab(s, v), pad_vocab(t, v), mask, self.temperature)
         return a, b, mask
 
     def _out(self, loss: Tensor, mask: Tensor | None) -> Tensor:

@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from stablelosses._compat import assume_constant_result, functorch_transforms_active
+from stablelosses._compat import assume_constant_result, forward_ad_active, functorch_transforms_active
 from stablelosses._utils import no_autocast
 
 # Logits of one chunk (all streams): at most this many bytes (64 MiB) in the compute dtype.
@@ -478,6 +478,19 @@ def _returned(
 Dense = Callable[[tuple[Tensor, ...], tuple[Tensor, ...]], Tensor]
 
 
+def whole_logits_needed() -> bool:
+    """The engine cannot serve this call: a forward-AD level is open or a ``torch.func``
+    transform runs. Its Functions have no tangent and no vmap rule, and a nested transform
+    cannot differentiate their hand-written gradient; the callers then form the logits whole
+    (the same values)."""
+    return forward_ad_active() or functorch_transforms_active()
+
+
+def stream_logits(x: Tensor, w: Tensor, b: Tensor | None, cd: torch.dtype) -> Tensor:
+    """A stream's whole logits ``x @ w.T + b`` in the compute dtype ``cd``, differentiable."""
+    return torch.nn.functional.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
+
+
 def _dense_grads(
     dense: Dense, st: Sequence[Tensor | None], rows: tuple[Tensor, ...], cd: torch.dtype, n_out: int,
     grad: Tensor, coef: Tensor | None, needs: Sequence[bool],
@@ -488,11 +501,8 @@ def _dense_grads(
     mode is on in a backward (``create_graph=True``); the logits then exist whole."""
     xs, ws, bs = st[0::3], st[1::3], st[2::3]
     with torch.enable_grad():
-        us = tuple(
-            torch.nn.functional.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
-            for x, w, b in zip(xs, ws, bs)
-            if x is not None and w is not None
-        )
+        us = tuple(stream_logits(x, w, b, cd) for x, w, b in zip(xs, ws, bs)
+                   if x is not None and w is not None)
         out = dense(us, rows)[:, :n_out]
         if coef is None:  # a zero incoming gradient drops its output (an inf one included)
             total = torch.where(grad == 0, 0.0, out * grad).sum()

@@ -3,16 +3,19 @@ student's and a teacher's logits, exact with masked (``-inf``) vocabularies."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._autograd.distillation import KINDS, DistillationHead, _distillation
-from stablelosses._autograd.linear import compute_dtype, linear_chunks, linear_chunks_reduced
-from stablelosses._compat import forward_ad_active, functorch_transforms_active
+from stablelosses._autograd.distillation import KINDS, DistillationHead, _distillation, pad_vocab
+from stablelosses._autograd.linear import (
+    compute_dtype,
+    linear_chunks,
+    linear_chunks_reduced,
+    stream_logits,
+    whole_logits_needed,
+)
 from stablelosses._spec import (
     check_chunk_size,
     check_normalizer,
@@ -287,18 +290,21 @@ def linear_distillation_loss(
         # reaches no gradient, the linear weights' included
         keep = m.reshape(*tokens, 1)
         xs, xt = torch.where(keep, xs, 0.0), torch.where(keep, xt, 0.0)
-    if forward_ad_active() or functorch_transforms_active():
-        # the chunk engine's Function has no tangent, no vmap rule and a hand-written gradient that
-        # a nested transform cannot differentiate: under torch.func, both logits whole, in
-        # the engine's compute dtype, the narrower padded with -inf as the engine pads it
+
+    def on_logits(logits: tuple[Tensor, ...], token_mask: Tensor | None, red: str, norm: Any) -> Tensor:
+        # the loss on both whole logits, the narrower vocabulary padded with -inf as the head
+        # pads it: the double backward's dense form, and the whole call where the engine cannot
+        v = max(u.shape[-1] for u in logits)
+        us, ut = (pad_vocab(u, v) for u in logits)
+        return distillation_loss(us, ut, kind=kind, beta=beta, temperature=temperature, mask=token_mask,
+                                 reduction=red, normalizer=norm)
+
+    if whole_logits_needed():
         cd = compute_dtype([xs, student_weight, student_bias, xt, teacher_weight, teacher_bias])
         with no_autocast(student_input.device.type):
-            us, ut = (F.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
-                      for x, w, b in ((xs, student_weight, student_bias), (xt, teacher_weight, teacher_bias)))
-            v = max(us.shape[-1], ut.shape[-1])
-            us, ut = (F.pad(u, (0, v - u.shape[-1]), value=-math.inf) for u in (us, ut))
-            return distillation_loss(us, ut, kind=kind, beta=beta, temperature=temperature, mask=mask,
-                                     reduction=reduction, normalizer=normalizer)
+            logits = (stream_logits(xs, student_weight, student_bias, cd),
+                      stream_logits(xt, teacher_weight, teacher_bias, cd))
+            return on_logits(logits, mask, reduction, normalizer)
     grad_on = torch.is_grad_enabled()
 
     def wants(*ts: Tensor | None) -> bool:
@@ -309,13 +315,7 @@ def linear_distillation_loss(
                             wants(teacher_input, teacher_weight, teacher_bias))
 
     def dense(logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
-        # the per-token terms as differentiable ops of the whole logits (the double backward),
-        # the narrower vocabulary padded with -inf as the head pads it
-        v = max(u.shape[-1] for u in logits)
-        us, ut = (F.pad(u, (0, v - u.shape[-1]), value=-math.inf) for u in logits)
-        per = distillation_loss(us, ut, kind=kind, beta=beta, temperature=temperature,
-                                mask=rows[0] if rows else None, reduction="none")
-        return per.unsqueeze(1)
+        return on_logits(logits, rows[0] if rows else None, "none", None).unsqueeze(1)
 
     streams = ((xs.reshape(-1, xs.shape[-1]), student_weight, student_bias),
                (xt.reshape(-1, xt.shape[-1]), teacher_weight, teacher_bias))

@@ -16,9 +16,9 @@ from stablelosses._autograd.linear import (
     default_chunk_size,
     linear_chunks,
     linear_chunks_reduced,
+    whole_logits_needed,
 )
 from stablelosses._autograd.linear_index import IndexHead
-from stablelosses._compat import forward_ad_active, functorch_transforms_active
 from stablelosses._spec import (
     check_chunk_size,
     check_finite_nonnegative,
@@ -183,9 +183,6 @@ def _unfused_loss(
     kept, ``z w_t lse²`` per kept row (``z lse²`` with probabilities), in the same ``'mean'``
     denominator.
     """
-    from stablelosses.functional._cross_entropy import cross_entropy
-    from stablelosses.functional._focal import focal_loss
-
     h, classes, out = input.shape[-1], weight.shape[0], tuple(weight.shape[1:-1])
     batch = tuple(input.shape[:-1])
     x = input if input.dim() <= 2 else input.reshape(-1, h)  # (..., H) with a 2-D weight: rows
@@ -205,43 +202,48 @@ def _unfused_loss(
         w2 = weight.reshape(-1, h).to(cd)
         u = torch.nn.functional.linear(x.to(cd), w2, None if bias is None else bias.reshape(-1).to(cd))
         u = u.reshape(*x.shape[:-1], classes, *out)
-        if softcap is not None:
-            u = torch.where(u == -math.inf, u, softcap * torch.tanh(u / softcap))
         cw = None if class_weight is None else class_weight.to(cd)
         tt = t.to(cd) if probabilities else t
         ii = -100 if probabilities else ignore_index
-        inner = reduction if z_loss == 0.0 else "none"
-        if gamma is None:
-            loss = cross_entropy(u, tt, weight=cw, ignore_index=ii, reduction=inner,
-                                 label_smoothing=label_smoothing, mask=m)
-        else:
-            loss = focal_loss(u, tt, gamma=gamma, weight=cw, ignore_index=ii, reduction=inner, mask=m)
-        if z_loss > 0.0:
-            loss = _add_z_loss(loss, u, tt, cw, ii, reduction, z_loss, m, probabilities)
+        loss = _logits_loss(u, tt, cw, ii, reduction, label_smoothing, z_loss, softcap, gamma, m,
+                            probabilities)
     if reduction == "none":
         loss = loss.reshape((*batch, *out))
     return cast(loss, out_dtype)
 
 
+def _logits_loss(
+    u: Tensor, t: Tensor, cw: Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
+    z_loss: float, softcap: float | None, gamma: float | None, mask: Tensor | None, probabilities: bool,
+) -> Tensor:
+    """The fused loss's value on whole logits ``u`` in differentiable ops: softcap, then
+    ``cross_entropy`` (``focal_loss``), then the z-loss, as the chunked head computes them."""
+    from stablelosses.functional._cross_entropy import cross_entropy
+    from stablelosses.functional._focal import focal_loss
+
+    if softcap is not None:
+        u = torch.where(u == -math.inf, u, softcap * torch.tanh(u / softcap))
+    inner = reduction if z_loss == 0.0 else "none"
+    if gamma is None:
+        loss = cross_entropy(u, t, weight=cw, ignore_index=ignore_index, reduction=inner,
+                             label_smoothing=label_smoothing, mask=mask)
+    else:
+        loss = focal_loss(u, t, gamma=gamma, weight=cw, ignore_index=ignore_index, reduction=inner, mask=mask)
+    if z_loss > 0.0:
+        loss = _add_z_loss(loss, u, t, cw, ignore_index, reduction, z_loss, mask, probabilities)
+    return loss
+
+
 def _dense_index_rows(head: IndexHead) -> Callable[[tuple[Tensor, ...], tuple[Tensor, ...]], Tensor]:
     """The head's two outputs per row (the loss, the row weight) as differentiable ops of the
     whole logits: the chunk engine's double backward (see ``linear_chunks``' ``dense``)."""
-    from stablelosses.functional._cross_entropy import cross_entropy
-    from stablelosses.functional._focal import focal_loss
 
     def dense(logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
         (u,), t = logits, rows[0]
         cw = rows[1] if head.weighted else None
-        if head.softcap is not None:
-            u = torch.where(u == -math.inf, u, head.softcap * torch.tanh(u / head.softcap))
         ii = head.ignore_index
-        if head.gamma is None:
-            loss = cross_entropy(u, t, weight=cw, ignore_index=ii, reduction="none",
-                                 label_smoothing=head.label_smoothing)
-        else:
-            loss = focal_loss(u, t, gamma=head.gamma, weight=cw, ignore_index=ii, reduction="none")
-        if head.z_loss > 0.0:
-            loss = _add_z_loss(loss, u, t, cw, ii, "none", head.z_loss, None, False)
+        loss = _logits_loss(u, t, cw, ii, "none", head.label_smoothing, head.z_loss, head.softcap,
+                            head.gamma, None, False)
         kept = t != ii
         w_t = 1.0 if cw is None else cw[torch.where(kept, t, 0)]
         row_w = torch.where(kept & ~(u == -math.inf).all(1), w_t, 0.0)
@@ -303,7 +305,7 @@ def _linear_loss(
     if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(input):
         out_dtype = torch.float32
     if (
-        shapes.probabilities or shapes.k_dim or forward_ad_active() or functorch_transforms_active()
+        shapes.probabilities or shapes.k_dim or whole_logits_needed()
         or (class_weight is not None and class_weight.requires_grad and torch.is_grad_enabled())
     ):
         if normalizer is None:
@@ -352,7 +354,7 @@ def _parallel(
     ii = -100 if ignore_index is None else check_int(fn, "ignore_index", ignore_index)
     z, cap, chunk = check_linear_options(fn, ii, z_loss, softcap, chunk_size)
     eps = check_label_smoothing(fn, label_smoothing)
-    if forward_ad_active() or functorch_transforms_active():
+    if whole_logits_needed():
         raise NotImplementedError(
             f"{fn}: forward-mode AD and torch.func transforms are not supported with a sharded vocabulary")
     assert isinstance(ii, int) and isinstance(reduction, str)

@@ -11,13 +11,11 @@ as probability 0, a label at a ``-inf`` logit ``-inf`` with the finite gradient
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._autograd.cross_entropy import _class_index_ce
-from stablelosses._autograd.linear import compute_dtype, linear_chunks
+from stablelosses._autograd.linear import compute_dtype, linear_chunks, stream_logits, whole_logits_needed
 from stablelosses._autograd.token_logps import token_logps_head
-from stablelosses._compat import forward_ad_active, functorch_transforms_active
 from stablelosses._spec import check_chunk_size, check_flag, check_int, check_real, check_temperature
 from stablelosses._utils import check_floating, check_tensor, no_autocast, upcast
 from stablelosses.functional._masked import entropy as entropy_of
@@ -248,28 +246,22 @@ def _linear_token_logps(
         rows = (*rows, inv_t.expand(n))
     # ignored rows' hidden states never reach the matmuls (a NaN there would reach dW as 0 · NaN)
     x2 = torch.where(rows[1].unsqueeze(1), x.reshape(n, x.shape[-1]), 0.0)
-    if forward_ad_active() or functorch_transforms_active():
-        # the chunk engine's Function has no tangent, no vmap rule and a hand-written gradient that
-        # a nested transform cannot differentiate: under torch.func, the logits whole, in the
-        # engine's compute dtype, on token_logps' own rows (the same values)
-        cd = compute_dtype([x, w, b])
-        with no_autocast(x.device.type):
-            temp = temperature.detach() if isinstance(temperature, Tensor) else temperature  # a constant
-            u = scaled(F.linear(x2.to(cd), w.to(cd), None if b is None else b.to(cd)), temp)
-            logp, _ = logps_rows(u, flat, ignore_index)
-            ent = torch.where(rows[1], entropy_of(u), 0.0) if entropy else None
-        return logp.view(lab.shape), (None if ent is None else ent.view(lab.shape)), lab
-    head = token_logps_head(entropy, scaled_t)
 
     def dense(logits: tuple[Tensor, ...], rows: tuple[Tensor, ...]) -> Tensor:
-        # the head's outputs as differentiable ops of the whole logits (the double backward)
+        # the head's outputs as differentiable ops of the whole logits: the double backward,
+        # and the whole call where the engine cannot serve it
         u = logits[0] * rows[2].to(logits[0].dtype).unsqueeze(1) if scaled_t else logits[0]
         cols = [logps_rows(u, rows[0], ignore_index)[0]]
         if entropy:
             cols.append(torch.where(rows[1], entropy_of(u), 0.0))
         return torch.stack(cols, 1)
 
-    out = linear_chunks(head, [(x2, w, b)], rows, chunk_size=chunk_size, dense=dense)
+    if whole_logits_needed():
+        with no_autocast(x.device.type):
+            out = dense((stream_logits(x2, w, b, compute_dtype([x, w, b])),), rows)
+    else:
+        out = linear_chunks(token_logps_head(entropy, scaled_t), [(x2, w, b)], rows, chunk_size=chunk_size,
+                            dense=dense)
     logp = out[:, 0].view(lab.shape)
     return logp, (out[:, 1].view(lab.shape) if entropy else None), lab
 
