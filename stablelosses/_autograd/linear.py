@@ -33,8 +33,10 @@ Two Functions: :func:`linear_chunks` returns the per-row outputs and its backwar
 chunk's logits, where ``grad_out`` is known; :func:`linear_chunks_reduced` (the fast path of a
 ``'mean'``/``'sum'``) is given the output weights ``coef`` in the forward, computes the gradients
 there (one pass over the logits instead of two) and its backward scales them by the incoming
-scalar. Neither is differentiable twice: the gradient they return raises on a second backward
-instead of giving a wrong second derivative.
+scalar. The chunked gradient is not differentiable again: given the head's *dense* form (its
+outputs as differentiable ops of the whole logits), a backward run with ``create_graph=True``
+returns the gradient as a graph of that form; without one, the gradient they return raises on a
+second backward instead of giving a wrong second derivative.
 """
 
 from __future__ import annotations
