@@ -41,6 +41,8 @@ def _grads(p: Tensor, t: Tensor, loss: Tensor, g: Tensor, dims: tuple[int, ...],
         torch.add(one_minus, other, alpha=-2.0).mul(g_kept).div(safe) if n else None
         for other, n in ((t, need[0]), (p, need[1]))
     )
+
+
 class _Dice(torch.autograd.Function):
     """``(ℓ, ℓ)`` per sample of probabilities ``p`` and targets ``t`` (one shape), summed over
     ``dims``; ``smooth`` as in `dice_loss`. The second output is the copy the backward reads (an
