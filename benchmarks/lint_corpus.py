@@ -120,6 +120,7 @@ def execute(eid: str, old_src: str, new_src: str) -> str | None:
     v0, g0 = _value_and_grads(*run(old, "healthy"))
     torch.manual_seed(0)
     v1, g1 = _value_and_grads(*run(new, "healthy"))
+
     def close(a, b) -> bool:
         if a is None or b is None:
             return a is None and b is None

@@ -97,8 +97,6 @@ def test_no_grad_forward_equals_the_recorded_forward(name):
     torch.testing.assert_close(fast, recorded.detach(), rtol=0, atol=0, equal_nan=True)
 
 
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("gamma", [None, 0.0, 0.5, 2.0])
 @pytest.mark.parametrize("weighted", [False, True])

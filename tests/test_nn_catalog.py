@@ -133,8 +133,6 @@ def test_module_state_repr_copy_pickle(name):
         assert type(m) is type(ours) and list(m.state_dict()) == list(ours.state_dict())
 
 
-
-
 @pytest.mark.parametrize("name", CLASSES)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_module_equals_torch_module(name, reduction):

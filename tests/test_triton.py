@@ -264,7 +264,6 @@ def test_cuda_no_host_sync_and_graph_capture():
     _close(out, ref)
 
 
-
 # --- the softmax family --------------------------------------------------------------------
 
 SOFTMAX_FAMILY = [
@@ -419,8 +418,6 @@ def test_sigmoid_focal_double_backward_and_target_grad():
     _close(h, h2, ulp=16, row_scale=True)
     tg = t.clone().requires_grad_()
     assert "Triton" not in type(SF.sigmoid_focal_loss(x, tg).grad_fn).__name__  # target grad: torch
-
-
 
 
 # --- half precision: the torch path's error against float64, plus at most one ulp -------------

@@ -30,6 +30,7 @@ from stablelosses._utils import inplace_ok
 
 _INF = float("inf")
 
+
 def _save_output(ctx, inputs, output):
     """setup_context of softmax and log_softmax: both differentiate from their output."""
     ctx.dim = inputs[1]

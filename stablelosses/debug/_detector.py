@@ -22,7 +22,6 @@ from stablelosses.debug._report import _SELECTORS, FWD_KEY, diagnose
 # detect_nonfinite
 
 
-
 @dataclass(frozen=True)
 class _ForwardRecord:
     op: str

@@ -150,7 +150,6 @@ class SkippedStepsError(NonFiniteError):
         self.total = total
 
 
-
 class DivergenceError(_ReportError):
     """`DivergenceMonitor` saw the loss or the gradient norm grow by more than ``growth``.
 

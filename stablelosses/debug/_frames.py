@@ -22,6 +22,7 @@ def _is_user_file(absfn: str) -> bool:
         ("bench" + os.sep, "demo" + os.sep, "_demo" + os.sep)
     )
 
+
 _SKIP, _USER, _TRUSTED = 0, 1, 2
 _code_kind: dict = {}
 

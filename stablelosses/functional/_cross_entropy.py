@@ -34,7 +34,6 @@ from stablelosses.functional._torch_losses import scalar_type
 _INDEX_DTYPES = (torch.int64, torch.uint8)
 
 
-
 def check_cross_entropy_args(
     fn: str, reduction: object, label_smoothing: object, ignore_index: object
 ) -> tuple[str, float, int]:
@@ -84,10 +83,6 @@ def _check_index_target(fn: str, input: Tensor, target: Tensor, cdim: int) -> No
             f"{fn}: target of class indices must have shape {list(expected)} for input of "
             f"shape {list(input.shape)}, got {list(target.shape)} ({words})"
         )
-
-
-
-
 
 
 def _index_loss_reduced(

@@ -54,8 +54,6 @@ def _mask_samples(
     return m, torch.where(m_in, p, 0.0), torch.where(m_in, t, 0.0)
 
 
-
-
 def dice_loss(
     input: Tensor,
     target: Tensor,

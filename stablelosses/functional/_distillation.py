@@ -184,8 +184,6 @@ def distillation_loss(
     return reduce_tokens(loss, rows, reduction, normalizer)
 
 
-
-
 def _check_linear_tensors(fn: str, si: Any, sw: Any, ti: Any, tw: Any, sb: Any, tb: Any) -> None:
     for name, t in (("student_input", si), ("student_weight", sw), ("teacher_input", ti),
                     ("teacher_weight", tw)):

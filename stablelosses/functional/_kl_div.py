@@ -82,8 +82,6 @@ def _kl_div_masked(
     return loss
 
 
-
-
 def kl_div(
     input: Tensor,
     target: Tensor,
