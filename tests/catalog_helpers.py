@@ -133,3 +133,29 @@ def assert_leaf_gradients(ours, ref, args, kwargs, got, w, *, independent_is_zer
         g_got = torch.zeros_like(g_exp) if g_got is None else g_got
         finite = torch.isfinite(g_exp)
         torch.testing.assert_close(g_got[finite], g_exp[finite], rtol=1e-4, atol=1e-5)
+
+
+def assert_neg_view_matches(ours, sample) -> bool:
+    """torch's ``TestMathBits.test_neg_view`` on one float64 sample: the input as a
+    negative-bit view of its negation (the same values, ``torch._neg_view``) gives the same
+    value, and, where it requires grad, the same gradient for an incoming gradient that is a
+    negative-bit view too. False where the plain sample raises (its error is tested elsewhere)."""
+    x = sample.input
+    if not isinstance(x, torch.Tensor):
+        return False
+    try:
+        expected = ours(x, *sample.args, **sample.kwargs)
+    except (RuntimeError, ValueError, TypeError, IndexError):
+        return False
+    with torch.no_grad():
+        negated = torch.neg(x.detach())
+    view = torch._neg_view(negated).requires_grad_(x.requires_grad)
+    assert view.is_neg()
+    got = ours(view, *sample.args, **sample.kwargs)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    if x.requires_grad and expected.requires_grad:
+        g = torch.randn(expected.shape, dtype=expected.dtype, generator=torch.Generator().manual_seed(0))
+        (want,) = torch.autograd.grad(expected, x, g)
+        (have,) = torch.autograd.grad(got, view, torch._neg_view(torch.neg(g)))
+        torch.testing.assert_close(have, want, equal_nan=True)
+    return True

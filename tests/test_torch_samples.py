@@ -24,6 +24,7 @@ from catalog_helpers import (  # noqa: E402
     assert_gradients_match_where_finite,
     assert_leaf_gradients,
     assert_module_error_inputs_match,
+    assert_neg_view_matches,
     detached,
     dtype_id,
     fresh_leaf,
@@ -258,6 +259,16 @@ def test_opinfo_gradgradcheck(op):
         assert torch.autograd.gradgradcheck(call, tuple(leaves), check_batched_grad=False)
         checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("op", OPS, ids=_op_id)
+def test_opinfo_neg_view(op):
+    """torch's ``TestMathBits.test_neg_view``: every float64 sample with its input as a
+    negative-bit view (softmax and logsumexp's backward read the input's bits through a dtype
+    view, which such a tensor refuses)."""
+    ours = OURS[(op.name, op.variant_test_name)]
+    samples = op.sample_inputs("cpu", torch.float64, requires_grad=True)
+    assert sum(assert_neg_view_matches(ours, s) for s in samples) > 0
 
 
 @pytest.mark.parametrize("op", [o for o in OPS if o.error_inputs_func is not None], ids=_op_id)

@@ -76,6 +76,8 @@ def bounded(x: Tensor, m: Tensor, drop: Tensor | None = None) -> Tensor:
         b = torch.maximum(x.clamp(max=fmax), torch.where(m == -_INF, m.clamp(min=-fmax), -_INF))
         return b if drop is None else torch.where(drop, -0.0, b)
     bits, neg_inf = _BITS[x.dtype]
+    if x.is_neg():  # a negative-bit view (torch._neg_view) has no dtype view: its values first
+        x = x.resolve_neg()
     # m + 0 turns a -0.0 max into +0.0, whose bits are above a +0.0 entry's (-0.0's are not)
     c = torch.add((m + 0.0).view(bits).clamp_min(neg_inf), torch.isinf(m), alpha=-1)
     if drop is not None:  # -0.0's bits are the least integer: every entry moves to them
