@@ -134,3 +134,28 @@ def test_weight_that_requires_grad_does_not_double_the_input_tangent():
         got = torch.func.jacfwd(lambda x, red=red: SF.nll_loss(x, t, w, reduction=red))(lp)
         expected = torch.func.jacfwd(lambda x, red=red: F.nll_loss(x, t, w.detach(), reduction=red))(lp)
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "transposed_input", "transposed_target"])
+def test_non_contiguous_image_inputs_give_torchs_contiguous_value_and_gradient(layout):
+    """(N, C, H, W) log-probabilities: torch's backward raises "grad_input must be contiguous"
+    for a non-contiguous input (channels_last included); ours gives the contiguous value and
+    gradient, also for a non-contiguous target (whose layout a select had passed on)."""
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 4, 3, 3, generator=g, dtype=torch.float64).log_softmax(1)
+    t = torch.randint(0, 4, (2, 3, 3), generator=g)
+    ref = x0.clone().requires_grad_()
+    want = F.nll_loss(ref, t)
+    (g_want,) = torch.autograd.grad(want, ref)
+    x, target = x0, t
+    if layout == "channels_last":
+        x = x0.contiguous(memory_format=torch.channels_last)
+    elif layout == "transposed_input":
+        x = x0.transpose(2, 3).contiguous().transpose(2, 3)
+    else:
+        target = t.transpose(1, 2).contiguous().transpose(1, 2)
+    x = x.clone(memory_format=torch.preserve_format).requires_grad_()
+    got = SF.nll_loss(x, target)
+    (g_got,) = torch.autograd.grad(got, x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=0)

@@ -66,8 +66,8 @@ def nll_loss(
     **Gradient.** torch's: $-w_{t_n}$ at $x_{n,t_n}$ (over the weight sum for ``'mean'``), 0
     elsewhere, and 0 (not NaN) at the weightless ``-inf`` entries. ``weight`` gets the
     derivative of the value (torch raises when it requires one). A NaN at a counted entry gives NaN;
-    an ignored
-    position is not read, as in torch.
+    an ignored position is not read, as in torch. A non-contiguous ``(N, C, d1, ...)`` input
+    (``channels_last`` included), where torch's backward raises, is copied to a contiguous one.
 
     Args:
         input: log-probabilities ``(N, C)``, ``(C,)`` or ``(N, C, d1, ...)``.
@@ -123,7 +123,11 @@ def nll_loss(
     if fits and (weight is None or tuple(weight.shape) == (input.shape[cdim],)):
         # the sanitised copy: -inf at a weightless entry is 0 (selected only on -inf, so NaN stays)
         bad = _no_weight_mask(x, target, weight, ignore_index) & (x == float("-inf"))
-        x = torch.where(bad, 0.0, x)
+        x = x.masked_fill(bad, 0.0)  # x's layout (a select took a non-contiguous target's)
+    if x.dim() > 2:
+        # torch's (N, C, d1, ...) backward refuses a non-contiguous input ("grad_input must be
+        # contiguous"), channels_last included: a copy there (none for a contiguous input)
+        x = x.contiguous()
     w = up(weight)
     res = call_torch(
         fn,
