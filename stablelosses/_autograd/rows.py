@@ -339,15 +339,22 @@ def class_dot(t: Tensor, v: Tensor, cdim: int) -> Tensor:
         return (v @ t.flatten(cdim + 1)).view(t.shape[:cdim] + t.shape[cdim + 1 :])
 
 
+_SUM_SCALE = 2.0**-64  # smoothing_sum's exact scale of a row's terms before their sum
+
+
 def smoothing_sum(
     lsm: Tensor, masked: Tensor, k: Tensor, eps: float, cdim: int, weight: Tensor | None,
     pinf_row: Tensor,
 ) -> Tensor:
     """``ε/K Σ_{c unmasked} w_c lsm_c`` from torch's log-softmax of the bounded logits.
 
-    Unweighted: one `class_dot` of the row with ``2^-j`` (``2^j ≥ C``), then the N-sized scale
-    ``ε 2^j / K``. The power of two scales every term exactly, so no partial sum overflows
-    where the terms are finite (terms near ``-1e38``), in the input's own dtype. (The float64
+    Unweighted: one `class_dot` of the row with ``2^-64``, then the N-sized scale
+    ``ε 2^64 / K``. The power of two scales every term exactly, so no partial sum of fewer than
+    ``2^64`` classes overflows where the terms are finite (terms near ``-1e38``), in the input's
+    own dtype; a term it takes below the normal range is below ``2^-126`` in magnitude, while a
+    row of two or more unmasked classes sums to at most ``-log 2``. A constant, not the least
+    ``2^j ≥ C``: reading ``C``'s bits fixed the class count in ``torch.export`` and in
+    ``torch.compile(dynamic=True)``. (The float64
     row sum it replaces costs a float64 copy of the row on the CPU: 6.8 ms against 0.59 ms for
     this at 8192x1000, 2026-12-05.) Weighted: each term is scaled by ``ε/K`` before the class
     weight and the sum (no overflow where the weighted mean over the classes is finite).
@@ -360,12 +367,10 @@ def smoothing_sum(
     t = torch.where(masked, 0.0, lsm)
     thr = -torch.finfo(t.dtype).max * torch.finfo(t.dtype).eps / 4
     if weight is None:
-        c = t.shape[cdim]
-        j = max(c - 1, 1).bit_length()  # 2^j ≥ C
-        v = torch.full((c,), 2.0**-j, dtype=t.dtype, device=t.device)
-        plain = class_dot(t, v, cdim)  # the row sum · 2^-j, exactly scaled
-        out = plain * (eps * 2.0**j / k.squeeze(cdim))
-        return torch.where(pinf_row & (plain < thr * 2.0**-j), -_INF, out)
+        v = torch.full((t.shape[cdim],), _SUM_SCALE, dtype=t.dtype, device=t.device)
+        plain = class_dot(t, v, cdim)  # the row sum · 2^-64, exactly scaled
+        out = plain * (eps / _SUM_SCALE / k.squeeze(cdim))
+        return torch.where(pinf_row & (plain < thr * _SUM_SCALE), -_INF, out)
     # weighted (w·log p may overflow where the weighted mean does not): the zero-probability
     # classes of +inf rows as -inf entries (a zero weight there gives NaN, 0·inf), each term
     # scaled before the class weight and the sum
