@@ -127,7 +127,8 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor, *, estimator: str = "k3") -> Te
     return _kl_terms(lp, ref, estimator)
 
 
-def _denominator(value: float | Tensor, normalizer: float | Tensor | None) -> float | Tensor:
+def _denominator(value: int | Tensor, normalizer: float | Tensor | None) -> float | Tensor:
+    # a size stays a (symbolic) int: float() of it fixed the size in torch.export
     return value if normalizer is None else normalizer
 
 
@@ -267,9 +268,9 @@ def policy_loss(
 
     if loss_type == "grpo":
         seq = per_token.sum(-1) / count.squeeze(-1).clamp(min=1.0)
-        return divide(seq.sum(), _denominator(float(lp.shape[0]), normalizer))
+        return divide(seq.sum(), _denominator(lp.shape[0], normalizer))
     total = per_token.sum()
     if loss_type == "dr_grpo":
-        return divide(total, _denominator(float(lp.shape[0] * lp.shape[1]), normalizer))
+        return divide(total, _denominator(lp.shape[0] * lp.shape[1], normalizer))
     # bnpo and dapo: the unmasked-token count (TRL's dapo divides by num_items_in_batch / ranks)
     return divide(total, _denominator(count.sum().clamp(min=1.0), normalizer))
