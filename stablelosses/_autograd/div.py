@@ -62,29 +62,31 @@ class _SafeDiv(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(a: Tensor, b: Tensor, fill: float) -> Tensor:
+    def forward(a: Tensor, b: Tensor, fill: float, fill_finite: bool) -> Tensor:
         return _quotient(a, b, fill)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        a, b, fill = inputs
+        a, b, _fill, fill_finite = inputs
         ctx.save_for_backward(b, output)
         ctx.save_for_forward(b, output)
         ctx.a_shape = a.shape
-        ctx.fill_finite = math.isfinite(fill)
+        # given by the caller: math.isfinite of a symbolic fill (torch.compile(dynamic=True))
+        # cannot be traced inside a Function
+        ctx.fill_finite = fill_finite
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         b, out = ctx.saved_tensors
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         b_inf, zero = _inf_where_zero(b)
         d_a, d_b = _partials(b_inf, zero, out, grad, ctx.fill_finite, need)
         grad_a = None if d_a is None else sum_to(d_a, ctx.a_shape)
         grad_b = d_b  # already summed to b's shape
-        return grad_a, grad_b, None
+        return grad_a, grad_b, None, None
 
     @staticmethod
-    def jvp(ctx: Any, ta: Tensor, tb: Tensor, _: None) -> Tensor:
+    def jvp(ctx: Any, ta: Tensor, tb: Tensor, _f: None, _ff: None) -> Tensor:
         b, out = ctx.saved_tensors
         b_inf, zero = _inf_where_zero(b)
         d_a = _partials(b_inf, zero, out, ta, ctx.fill_finite, (True, False))[0]

@@ -2,6 +2,8 @@ r"""safe_div: ``torch.div`` that gives ``fill`` where the divisor is 0, with zer
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
 from stablelosses._autograd.div import _safe_div
@@ -68,7 +70,8 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0,
         )
     fill = check_fill("safe_div", fill)
     a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
-    q = _safe_div(a, b, float(fill))
+    # comparisons, not math.isfinite: under torch.compile(dynamic=True) fill is symbolic
+    q = _safe_div(a, b, float(fill), bool(-math.inf < fill < math.inf))
     if q.requires_grad and q.dtype == out_dtype:
         q = q.clone()  # backward saved q: the caller edits a copy in place, as a / b's result
     return cast(q, out_dtype)
