@@ -134,6 +134,12 @@ def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
+# ``chunk`` 0 in the engine's calls: ``default_chunk_size`` of the streams' vocabulary, resolved
+# where the loop runs (eagerly, or inside the compiled op), where the sizes are numbers: reading
+# a symbolic vocabulary's bits would fix it in torch.export and torch.compile(dynamic=True).
+AUTO_CHUNK = 0
+
+
 def compute_dtype(tensors: Sequence[Tensor | None]) -> torch.dtype:
     """float64 when any of ``tensors`` is float64, else float32."""
     wide = any(t is not None and t.dtype == torch.float64 for t in tensors)
@@ -286,6 +292,8 @@ def _run_chunks_eager(
     needs: Sequence[bool], consts: Sequence[Tensor] = (),
 ) -> tuple[Tensor | None, list[Tensor | None]]:
     n_rows, n_streams = xs[0].shape[0], len(xs)
+    if chunk == AUTO_CHUNK:
+        chunk = default_chunk_size(sum(w.shape[0] for w in ws), cd)
     dev = xs[0].device
     bcs = [None if b is None else b.to(cd) for b in bs]
     go = None if grad_out is None else grad_out.expand(n_rows, head.n_out)
@@ -672,8 +680,7 @@ def _flatten(
             raise ValueError(f"{fn}: every row tensor's first dim must be N = {n}, got {tuple(r.shape)}")
     cd = compute_dtype(flat) if dtype is None else dtype
     if chunk_size is None:
-        vocab = sum(w.shape[0] for _, w, _ in streams)
-        chunk = BLOCK_ROWS if head.blockwise else default_chunk_size(vocab, cd)
+        chunk = BLOCK_ROWS if head.blockwise else AUTO_CHUNK
     elif chunk_size < 1:
         raise ValueError(f"{fn}: chunk_size must be a positive int or None, got {chunk_size}")
     else:

@@ -318,7 +318,7 @@ def _linear_loss(
             softcap, gamma, mask, cd, cd, shapes.probabilities,
         )
         return cast(reduce_rows(total, total, "mean", normalizer, True), out_dtype)
-    chunk = default_chunk_size(weight.shape[0], cd) if chunk_size < 0 else chunk_size
+    chunk = None if chunk_size < 0 else chunk_size  # None: the engine's default, at run time
     head = IndexHead(fn, int(ignore_index), label_smoothing, z_loss, softcap, gamma, class_weight is not None)
     # target.numel() rows, not -1: a reshape to (-1, 0) is ambiguous when H = 0
     x = input.reshape(target.numel(), h)

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.linear import _returned, default_chunk_size, run_chunks
+from stablelosses._autograd.linear import AUTO_CHUNK, _returned, run_chunks
 from stablelosses._autograd.linear_index import (
     IndexHead,
     RowTerms,
@@ -301,7 +301,7 @@ def linear_loss_parallel(
     tensors = (x, w) if b is None else (x, w, b)
     cd = torch.float64 if any(v.dtype == torch.float64 for v in tensors) else torch.float32
     chunk, cd = resolve_options(fn, options, chunk, t.numel(), h, w.shape[0], cd)
-    chunk = default_chunk_size(w.shape[0], cd) if chunk < 0 else chunk
+    chunk = AUTO_CHUNK if chunk < 0 else chunk
     head = IndexHead(fn, ignore_index, label_smoothing, z_loss, softcap, gamma, cw_local is not None)
     xr = x.reshape(t.numel(), h)
     tr = t.reshape(-1).long()
