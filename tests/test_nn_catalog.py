@@ -501,3 +501,21 @@ def test_mixed_dtypes_give_torchs_dtype_or_torchs_error(name):
                 getattr(SF, name)(*a, **kw)
             continue
         assert getattr(SF, name)(*a, **kw).dtype == expected, (d0, d1)
+
+
+@pytest.mark.parametrize("log_input", [True, False])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_poisson_nll_full_target_gradient_at_zero_count_is_finite(log_input, reduction):
+    """full=True: torch's target gradient at a zero count is NaN (its masked Stirling term still
+    differentiates y·log y there); ours is the other term's, -x (or -log(x + eps)). Values and
+    every other gradient are torch's, bit for bit."""
+    x = torch.tensor([[0.5, 2.0, 3.0], [1.0, 1.5, 0.2]], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0.0, 0.5, 4.0], dtype=torch.float64, requires_grad=True)
+    want = F.poisson_nll_loss(x, y, log_input=log_input, full=True, reduction=reduction)
+    got = SF.poisson_nll_loss(x, y, log_input=log_input, full=True, reduction=reduction)
+    assert torch.equal(got, want)
+    (gx_want, gy_want), (gx, gy) = (torch.autograd.grad(v.sum(), (x, y)) for v in (want, got))
+    assert torch.isnan(gy_want[0]) and torch.equal(gx, gx_want) and torch.equal(gy[1:], gy_want[1:])
+    scale = {"none": 1.0, "sum": 1.0, "mean": 1 / 6}[reduction]
+    other = x.detach()[:, 0] if log_input else torch.log(x.detach()[:, 0] + 1e-8)
+    torch.testing.assert_close(gy[0], -other.sum() * scale)

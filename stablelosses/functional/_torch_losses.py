@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -396,8 +397,12 @@ def poisson_nll_loss(
 
     plus Stirling's $y\log y - y + \tfrac12\log(2\pi y)$ for $y > 1$ with ``full=True``.
 
-    **Gradient.** torch's ($e^{x} - y$, or $1 - y/(x+\epsilon)$). No hazard: $e^{x}$ overflows
-    only where the exact value does.
+    **Gradient.** torch's ($e^{x} - y$, or $1 - y/(x+\epsilon)$). No hazard in the input:
+    $e^{x}$ overflows only where the exact value does. With ``full=True`` the target's gradient
+    at $y = 0$ is $-x$ (or $-\log(x + \epsilon)$), where torch's is NaN: its Stirling term,
+    masked to 0 for $y \le 1$, still differentiates $y \log y$ there ($0 \cdot (-\infty)$).
+    Here the term sees $y = 2$ wherever it is masked (double where): the same value, and the
+    term's gradient is 0 for $y \le 1$, as torch's is for $0 < y \le 1$.
 
     Args:
         input: the rate (or its log), any shape.
@@ -431,10 +436,18 @@ def poisson_nll_loss(
     check_tensors(fn, input=input, target=target)
     # torch's formula: exp(input) (or input + eps) is the default float dtype for an integer input
     dtype = out_dtype(input, float_of(input), target)
-    res = call_torch(
-        fn, F.poisson_nll_loss, ("input", "target"), up(input), up(target), log_input=log_input, full=full,
-        eps=eps, reduction=red,
-    )
+    if not full:
+        res = call_torch(fn, F.poisson_nll_loss, ("input", "target"), up(input), up(target),
+                         log_input=log_input, eps=eps, reduction=red)
+        return res if dtype is None else cast(res, dtype)
+    # torch's terms without Stirling's, then Stirling's added and reduced as torch's formula does
+    y = up(target)
+    res = call_torch(fn, F.poisson_nll_loss, ("input", "target"), up(input), y, log_input=log_input,
+                     eps=eps, reduction="none")
+    counted = y > 1  # (a NaN target is NaN through the other term)
+    ys = torch.where(counted, y, 2.0)
+    stirling = ys * torch.log(ys) - ys + 0.5 * torch.log(2 * math.pi * ys)
+    res = _reduce(res + torch.where(counted, stirling, 0.0), red)
     return res if dtype is None else cast(res, dtype)
 
 
