@@ -47,7 +47,9 @@ def ctc_loss(
     backward can put a NaN there; the other samples' gradients stay finite. The sum or mean is
     ``inf`` then, as torch's, while the gradient of the feasible samples is torch's. NaN
     log-probabilities give NaN. No double backward (torch's CTC has none). float16/bfloat16
-    are computed in float32 (torch's CPU kernel has no half precision).
+    are computed in float32 (torch's CPU kernel has no half precision). Like torch's, it does
+    not run under ``torch.compile(fullgraph=True)`` or ``torch.export``: torch's CTC kernel
+    has a data-dependent output shape (its alpha table), which neither can trace.
 
     Args:
         log_probs: ``(T, N, C)`` or ``(T, C)`` log-probabilities (``log_softmax`` output).
