@@ -1,4 +1,4 @@
-"""One graph serves every shape (DESIGN principle 6): ``torch.export`` with dynamic dimensions and
+"""One graph serves every shape (docs/design.md, "Composable"): ``torch.export`` with dynamic dimensions and
 ``torch.compile(dynamic=True)`` on the calls where a size or a float argument was once read as a
 Python number, which fixed it in the graph.
 
@@ -9,7 +9,9 @@ Python number, which fixed it in the graph.
 - the linear losses with the default ``chunk_size``: the rows per chunk came from the
   vocabulary's bits (the vocabulary was fixed);
 - ``safe_div`` under ``torch.compile(dynamic=True)``: ``math.isfinite`` of the symbolic ``fill``
-  broke the graph.
+  broke the graph;
+- ``ctc_loss``: torch's kernel has an output of data-dependent shape (it now runs as one opaque
+  op while tracing).
 """
 
 from __future__ import annotations
@@ -82,3 +84,15 @@ def test_safe_div_compiles_with_dynamic_shapes_and_a_default_fill():
         got, want = f(a, b), SF.safe_div(a, b)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(torch.autograd.grad(got.sum(), a)[0], torch.autograd.grad(want.sum(), a)[0])
+
+
+def _ctc_inputs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(8, n, 5, generator=g).log_softmax(2), torch.randint(1, 5, (n, 3), generator=g),
+            torch.full((n,), 8), torch.full((n,), 3))
+
+
+def test_ctc_loss_exports_a_dynamic_batch():
+    """torch's own F.ctc_loss cannot be exported (an output of data-dependent shape)."""
+    n = Dim("n")
+    _exported_matches_eager(SF.ctc_loss, _ctc_inputs(3, 0), _ctc_inputs(5, 1), ({1: n}, {0: n}, {0: n}, {0: n}))
