@@ -155,3 +155,26 @@ def test_non_contiguous_concatenated_targets_give_the_contiguous_value(reduction
     (g_want,) = torch.autograd.grad(want, lp, w)
     (g_got,) = torch.autograd.grad(got, lp, w)
     torch.testing.assert_close(g_got, g_want, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_compiled_fullgraph_gives_the_eager_value_and_gradient(reduction, zero_infinity):
+    """torch.compile(fullgraph=True) runs (torch's F.ctc_loss does not: its kernel's output
+    shape depends on the data), with an impossible sample's inf value and 0 gradient."""
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(8, 3, 5, generator=g, dtype=torch.float64).log_softmax(2)
+    targets = torch.randint(1, 5, (3, 4), generator=g)
+    lengths, target_lengths = torch.tensor([8, 8, 2]), torch.tensor([3, 4, 3])  # the last: impossible
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: SF.ctc_loss(x, targets, lengths, target_lengths, reduction=reduction,
+                                            zero_infinity=zero_infinity), fullgraph=True)
+    a, b = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    got = f(a)
+    want = SF.ctc_loss(b, targets, lengths, target_lengths, reduction=reduction, zero_infinity=zero_infinity)
+    torch.testing.assert_close(got, want)
+    w = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    (g_got,), (g_want,) = torch.autograd.grad(got, a, w), torch.autograd.grad(want, b, w)
+    torch.testing.assert_close(g_got, g_want)
+    assert torch.equal(g_got[:, 2], torch.zeros_like(g_got[:, 2]))

@@ -10,6 +10,8 @@ value that autograd sees, the impossible samples' columns of ``log_probs`` enter
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -21,6 +23,84 @@ from stablelosses.functional._torch_losses import call_torch, check_reduction, c
 __all__ = ["ctc_loss"]
 
 _NAMES = ("log_probs", "targets", "input_lengths", "target_lengths")
+_INF = float("inf")
+
+
+# --- the compiled spelling ------------------------------------------------------------------------
+# torch's CTC kernel has an output of data-dependent shape (its alpha table), which neither
+# torch.compile nor torch.export can trace ("Unsupported Dynamic shape operator"). While
+# compiling, the per-sample negative log-likelihood is one opaque op with a shape-only fake and
+# a backward op of its own; the hazard logic around it is the eager path's, in traceable ops.
+
+
+@torch.library.custom_op("stablelosses::ctc_nll", mutates_args=())
+def _ctc_nll(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor,
+             blank: int) -> Tensor:
+    """torch's per-sample CTC negative log-likelihood, ``inf`` where the alignment is impossible."""
+    return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=blank, reduction="none")
+
+
+@_ctc_nll.register_fake
+def _ctc_nll_fake(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor,
+                  blank: int) -> Tensor:
+    return log_probs.new_empty(log_probs.shape[1:-1])  # (N,), or () for unbatched (T, C)
+
+
+@torch.library.custom_op("stablelosses::ctc_nll_backward", mutates_args=())
+def _ctc_nll_backward(grad: Tensor, log_probs: Tensor, targets: Tensor, input_lengths: Tensor,
+                      target_lengths: Tensor, blank: int) -> Tensor:
+    """The gradient of ``Σ grad · nll``: torch's backward kernel (no autograd runs inside an
+    op), exactly 0 in the columns of the impossible samples."""
+    batched = log_probs.dim() == 3
+    lp = log_probs if batched else log_probs.unsqueeze(1)
+    tg, il, tl, g = (targets, input_lengths, target_lengths, grad) if batched else (
+        targets.unsqueeze(0), input_lengths.reshape(1), target_lengths.reshape(1), grad.reshape(1))
+    nll, alpha = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, True)
+    out = torch.ops.aten._ctc_loss_backward.Tensor(g, lp, tg, il, tl, nll, alpha, blank, True)
+    impossible = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, False)[0] == _INF
+    out = out.masked_fill(impossible.reshape(1, -1, 1), 0.0)
+    return out if batched else out.squeeze(1)
+
+
+@_ctc_nll_backward.register_fake
+def _ctc_nll_backward_fake(grad: Tensor, log_probs: Tensor, targets: Tensor, input_lengths: Tensor,
+                           target_lengths: Tensor, blank: int) -> Tensor:
+    return torch.empty_like(log_probs)
+
+
+def _ctc_nll_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs[:4])
+    ctx.blank = inputs[4]
+
+
+def _ctc_nll_grad(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
+    lp, targets, il, tl = ctx.saved_tensors
+    return _ctc_nll_backward(grad, lp, targets, il, tl, ctx.blank), None, None, None, None
+
+
+_ctc_nll.register_autograd(_ctc_nll_grad, setup_context=_ctc_nll_setup)
+
+
+def _lengths(v: Any, device: torch.device) -> Tensor:
+    return v if isinstance(v, Tensor) else torch.as_tensor(v, dtype=torch.long, device=device)
+
+
+def _compiled_ctc(lp: Tensor, targets: Tensor, input_lengths: Any, target_lengths: Any, blank: int,
+                  red: str, zero_infinity: bool) -> Tensor:
+    """The eager path's values and gradients from `_ctc_nll` (see above): impossible samples are
+    0 with gradient 0, their ``inf`` added back as a constant; torch's mean divides each sample
+    by its target length (at least 1)."""
+    tl = _lengths(target_lengths, lp.device)
+    raw = _ctc_nll(lp, targets, _lengths(input_lengths, lp.device), tl, blank)
+    impossible = raw == _INF
+    per = torch.where(impossible, 0.0, raw)
+    if red == "mean":
+        loss = (per / tl.clamp_min(1).to(per.dtype)).mean()
+    else:
+        loss = per.sum() if red == "sum" else per
+    if zero_infinity:
+        return loss
+    return loss + torch.where(impossible if red == "none" else impossible.any(), _INF, 0.0)
 
 
 def ctc_loss(
@@ -47,9 +127,10 @@ def ctc_loss(
     backward can put a NaN there; the other samples' gradients stay finite. The sum or mean is
     ``inf`` then, as torch's, while the gradient of the feasible samples is torch's. NaN
     log-probabilities give NaN. No double backward (torch's CTC has none). float16/bfloat16
-    are computed in float32 (torch's CPU kernel has no half precision). Like torch's, it does
-    not run under ``torch.compile(fullgraph=True)`` or ``torch.export``: torch's CTC kernel
-    has a data-dependent output shape (its alpha table), which neither can trace.
+    are computed in float32 (torch's CPU kernel has no half precision). It runs under
+    ``torch.compile(fullgraph=True)`` and ``torch.export`` (torch's own ``F.ctc_loss`` does
+    not: its kernel has an output of data-dependent shape), with the same values and
+    gradients: there the per-sample negative log-likelihood is one opaque op.
 
     Args:
         log_probs: ``(T, N, C)`` or ``(T, C)`` log-probabilities (``log_softmax`` output).
@@ -94,6 +175,9 @@ def ctc_loss(
         # torch's CPU kernel reads non-contiguous concatenated (1-d) targets wrong: a strided
         # slice gave 3.2055 where the same targets contiguous give 2.7191 (torch 2.13)
         targets = targets.contiguous()
+    if torch.compiler.is_compiling():
+        loss = _compiled_ctc(lp, targets, input_lengths, target_lengths, blank, red, zero_infinity)
+        return cast(loss, dtype)
     rest = (targets, input_lengths, target_lengths)
     # which samples are impossible (+inf): one forward without grad (it also runs torch's checks)
     with torch.no_grad():
