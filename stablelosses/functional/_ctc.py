@@ -55,6 +55,7 @@ def _ctc_nll_backward(grad: Tensor, log_probs: Tensor, targets: Tensor, input_le
     lp = log_probs if batched else log_probs.unsqueeze(1)
     tg, il, tl, g = (targets, input_lengths, target_lengths, grad) if batched else (
         targets.unsqueeze(0), input_lengths.reshape(1), target_lengths.reshape(1), grad.reshape(1))
+    tg, il, tl = tg.long(), il.long(), tl.long()  # as F.ctc_loss hands them to the kernel
     nll, alpha = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, True)
     out = torch.ops.aten._ctc_loss_backward.Tensor(g, lp, tg, il, tl, nll, alpha, blank, True)
     impossible = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, False)[0] == _INF
