@@ -159,3 +159,31 @@ def assert_neg_view_matches(ours, sample) -> bool:
         (have,) = torch.autograd.grad(got, view, torch._neg_view(torch.neg(g)))
         torch.testing.assert_close(have, want, equal_nan=True)
     return True
+
+
+def assert_noncontiguous_matches(ours, sample) -> bool:
+    """torch's ``TestCommon.test_noncontiguous_samples`` on one float64 sample: every tensor
+    argument made non-contiguous (``noncontiguous_like``: the values interleaved with NaN that no
+    correct read touches) gives the same value and the same gradients. False where the plain
+    sample raises (its error is tested elsewhere)."""
+    try:
+        expected = ours(sample.input, *sample.args, **sample.kwargs)
+    except (RuntimeError, ValueError, TypeError, IndexError):
+        return False
+    strided = sample.noncontiguous()
+    got = ours(strided.input, *strided.args, **strided.kwargs)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    leaves = [v for v in (sample.input, *sample.args, *sample.kwargs.values())
+              if isinstance(v, torch.Tensor) and v.requires_grad]
+    strided_leaves = [v for v in (strided.input, *strided.args, *strided.kwargs.values())
+                      if isinstance(v, torch.Tensor) and v.requires_grad]
+    if leaves and expected.requires_grad:
+        g = torch.randn(expected.shape, dtype=expected.dtype, generator=torch.Generator().manual_seed(0))
+        want = torch.autograd.grad(expected, leaves, g, allow_unused=True)
+        have = torch.autograd.grad(got, strided_leaves, g, allow_unused=True)
+        for a, b in zip(have, want):
+            if b is None:
+                assert a is None or not a.any()
+            else:
+                torch.testing.assert_close(a, b, equal_nan=True)
+    return True

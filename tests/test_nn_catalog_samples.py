@@ -27,6 +27,7 @@ from catalog_helpers import (  # noqa: E402
     assert_leaf_gradients,
     assert_module_error_inputs_match,
     assert_neg_view_matches,
+    assert_noncontiguous_matches,
     detach,
     detached,
     dtype_id,
@@ -169,6 +170,13 @@ def test_opinfo_neg_view(op):
     """torch's ``TestMathBits.test_neg_view`` on the subsampled float64 samples."""
     samples = _subsample(op.sample_inputs("cpu", torch.float64, requires_grad=True))
     assert sum(assert_neg_view_matches(getattr(SF, _fn_name(op)), s) for s in samples) > 0
+
+
+@pytest.mark.parametrize("op", OPS, ids=_op_id)
+def test_opinfo_noncontiguous_samples(op):
+    """torch's ``TestCommon.test_noncontiguous_samples`` on the subsampled float64 samples."""
+    samples = _subsample(op.sample_inputs("cpu", torch.float64, requires_grad=True))
+    assert sum(assert_noncontiguous_matches(getattr(SF, _fn_name(op)), s) for s in samples) > 0
 
 
 @pytest.mark.parametrize("op", [o for o in OPS if o.error_inputs_func is not None], ids=_op_id)

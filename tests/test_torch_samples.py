@@ -25,6 +25,7 @@ from catalog_helpers import (  # noqa: E402
     assert_leaf_gradients,
     assert_module_error_inputs_match,
     assert_neg_view_matches,
+    assert_noncontiguous_matches,
     detached,
     dtype_id,
     fresh_leaf,
@@ -269,6 +270,15 @@ def test_opinfo_neg_view(op):
     ours = OURS[(op.name, op.variant_test_name)]
     samples = op.sample_inputs("cpu", torch.float64, requires_grad=True)
     assert sum(assert_neg_view_matches(ours, s) for s in samples) > 0
+
+
+@pytest.mark.parametrize("op", OPS, ids=_op_id)
+def test_opinfo_noncontiguous_samples(op):
+    """torch's ``TestCommon.test_noncontiguous_samples``: every float64 sample with all its
+    tensors non-contiguous gives the contiguous value and gradients."""
+    ours = OURS[(op.name, op.variant_test_name)]
+    samples = op.sample_inputs("cpu", torch.float64, requires_grad=True)
+    assert sum(assert_noncontiguous_matches(ours, s) for s in samples) > 0
 
 
 @pytest.mark.parametrize("op", [o for o in OPS if o.error_inputs_func is not None], ids=_op_id)
