@@ -134,9 +134,10 @@ def default_chunk_size(vocab: int, dtype: torch.dtype) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-# ``chunk`` 0 in the engine's calls: ``default_chunk_size`` of the streams' vocabulary, resolved
-# where the loop runs (eagerly, or inside the compiled op), where the sizes are numbers: reading
-# a symbolic vocabulary's bits would fix it in torch.export and torch.compile(dynamic=True).
+# ``chunk`` 0 in the engine's calls: the default (``BLOCK_ROWS`` for a blockwise head, else
+# ``default_chunk_size`` of the streams' vocabulary), resolved by `run_chunks` where the loop
+# runs (eagerly, or inside the compiled op), where the sizes are numbers: reading a symbolic
+# vocabulary's bits would fix it in torch.export and torch.compile(dynamic=True).
 AUTO_CHUNK = 0
 
 
@@ -206,6 +207,8 @@ def run_chunks(
         return (res[0] if want_out else None), [g if need else None for g, need in zip(res[1:], needs)]
     if isinstance(head, tuple):
         head = _with_params(_registered(head[0], head[1]), head[2])
+    if chunk == AUTO_CHUNK:  # the sizes are numbers here (eagerly, or inside the compiled op)
+        chunk = BLOCK_ROWS if head.blockwise else default_chunk_size(sum(w.shape[0] for w in ws), cd)
     if head.blockwise:
         return _run_blocks_eager(head, xs[0], ws[0], bs[0], rows, chunk, cd, grad_out, want_out, needs,
                                  consts, state)
@@ -292,8 +295,6 @@ def _run_chunks_eager(
     needs: Sequence[bool], consts: Sequence[Tensor] = (),
 ) -> tuple[Tensor | None, list[Tensor | None]]:
     n_rows, n_streams = xs[0].shape[0], len(xs)
-    if chunk == AUTO_CHUNK:
-        chunk = default_chunk_size(sum(w.shape[0] for w in ws), cd)
     dev = xs[0].device
     bcs = [None if b is None else b.to(cd) for b in bs]
     go = None if grad_out is None else grad_out.expand(n_rows, head.n_out)
@@ -680,7 +681,7 @@ def _flatten(
             raise ValueError(f"{fn}: every row tensor's first dim must be N = {n}, got {tuple(r.shape)}")
     cd = compute_dtype(flat) if dtype is None else dtype
     if chunk_size is None:
-        chunk = BLOCK_ROWS if head.blockwise else AUTO_CHUNK
+        chunk = AUTO_CHUNK
     elif chunk_size < 1:
         raise ValueError(f"{fn}: chunk_size must be a positive int or None, got {chunk_size}")
     else:
