@@ -436,18 +436,16 @@ def poisson_nll_loss(
     check_tensors(fn, input=input, target=target)
     # torch's formula: exp(input) (or input + eps) is the default float dtype for an integer input
     dtype = out_dtype(input, float_of(input), target)
-    if not full:
-        res = call_torch(fn, F.poisson_nll_loss, ("input", "target"), up(input), up(target),
-                         log_input=log_input, eps=eps, reduction=red)
-        return res if dtype is None else cast(res, dtype)
-    # torch's terms without Stirling's, then Stirling's added and reduced as torch's formula does
     y = up(target)
+    # with full=True: torch's terms without Stirling's, then Stirling's added and reduced as
+    # torch's formula does
     res = call_torch(fn, F.poisson_nll_loss, ("input", "target"), up(input), y, log_input=log_input,
-                     eps=eps, reduction="none")
-    counted = y > 1  # (a NaN target is NaN through the other term)
-    ys = torch.where(counted, y, 2.0)
-    stirling = ys * torch.log(ys) - ys + 0.5 * torch.log(2 * math.pi * ys)
-    res = _reduce(res + torch.where(counted, stirling, 0.0), red)
+                     eps=eps, reduction="none" if full else red)
+    if full:
+        counted = y > 1  # (a NaN target is NaN through the other term)
+        ys = torch.where(counted, y, 2.0)
+        stirling = ys * torch.log(ys) - ys + 0.5 * torch.log(2 * math.pi * ys)
+        res = _reduce(res + torch.where(counted, stirling, 0.0), red)
     return res if dtype is None else cast(res, dtype)
 
 
