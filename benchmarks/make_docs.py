@@ -22,6 +22,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from checks import Outcome, evaluate, load
@@ -165,6 +166,13 @@ def _describe_section(result: dict[str, Any]) -> str:
             "(ours with `fullgraph=True`).\n\n" + "\n".join(lines))
 
 
+def _spellings_section() -> str:
+    """benchmarks/spellings.md (the measurements behind the code's special choices), one
+    heading level down, so that the history lives on this page and the code keeps one number."""
+    text = (Path(__file__).parent / "spellings.md").read_text().strip()
+    return "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make_docs.py")
     p.add_argument("bench")
@@ -256,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             parts += [f.read().strip(), ""]
     if result.get("notes"):
         parts += ["## Run notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
+    parts += [_spellings_section(), ""]
     parts += [
         "## Raw medians",
         "",

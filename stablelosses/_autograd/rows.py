@@ -67,11 +67,8 @@ def bounded(x: Tensor, m: Tensor, drop: Tensor | None = None) -> Tensor:
         # entries) and one per-slice lower bound (-finfo.max on all-(-inf) slices, else -inf).
         # Under torch.func: torch < 2.7 has no vmap rule for a dtype view (the slower CPU
         # kernel matters less than working at all there). Compiled: inductor's CPU code
-        # bit-casts through memory, one scalar loop per vector each way. Measured fwd+bwd at
-        # 8192x1000, compiled ÷ compiled torch, side by side (2026-12-05): softmax 2.42-2.51x
-        # with the bit-cast, 1.16x with a clamp by two per-slice bounds, 1.10-1.16x with this
-        # one (inductor recomputed two per-slice bounds, eight scalar ops, for every vector);
-        # label smoothing 4.07-4.14x, 2.52-2.73x and 2.28-2.32x.
+        # bit-casts through memory, one scalar loop per vector each way (softmax 8192x1000
+        # fwd+bwd 2.42-2.51x → 1.10-1.16x compiled torch's; benchmarks/spellings.md).
         fmax = torch.finfo(x.dtype).max
         b = torch.maximum(x.clamp(max=fmax), torch.where(m == -_INF, m.clamp(min=-fmax), -_INF))
         return b if drop is None else torch.where(drop, -0.0, b)
@@ -112,8 +109,7 @@ def log_softmax_over(b: Tensor, cdim: int) -> Tensor:
     """torch's ``log_softmax`` of ``b``, a Function's own fresh buffer, written over ``b`` in
     eager first order where ``b`` is contiguous (the kernel's aliased output is wrong with
     other strides). The same bytes moved; a fresh output holds one more ``(N, C)`` buffer at the
-    peak (stablelosses bench, 1024x1000 fwd+bwd ÷ torch's peak: log_softmax 1.50x fresh,
-    1.13x written over, 2026-12-07)."""
+    peak (log_softmax 1024x1000 fwd+bwd peak 1.50x → 1.13x torch's)."""
     if inplace_ok(b) and b.is_contiguous():
         return torch._log_softmax(b, cdim, False, out=b)
     return torch.log_softmax(b, cdim)
@@ -139,10 +135,8 @@ def exact_log_softmax(
         lsm = torch.log_softmax(torch.where(x == m, 0.0, x - m), cdim)
         return (lsm if masked_fix is None else lsm + masked_fix), m
     # eager: in place on our own buffer; nan_to_num also zeroes NaN rows, restored from m.
-    # Two spellings, each measured where it runs (the shift and log_softmax at 8192x1000):
-    # eager, this one 8.7-9.4 ms and 229 MB moved against 19.0-19.3 ms and 279 MB for the
-    # select (2026-12-05); compiled, the select above: inductor vectorizes it and not
-    # nan_to_num (8.0-8.1 ms with the select, 28.6-31.1 ms with nan_to_num).
+    # Fewer bytes than the select (the shift and log_softmax at 8192x1000: 279 → 229 MB);
+    # compiled keeps the select, which inductor vectorizes and not nan_to_num (3.5-3.9x).
     z = (x - m).nan_to_num_(nan=0.0, posinf=_INF, neginf=-_INF)
     lsm = log_softmax_over(z, cdim)
     if masked_fix is not None:
@@ -203,16 +197,11 @@ def fused_index_row(
     at the bound, else ``(Σ_below − e^{b_t − v}) + n_top`` (``n_top ≥ 1`` keeps the difference's
     rounding below 1 ulp of ``D``). A NaN row is NaN through ``v − v``.
 
-    Why a second spelling: inductor decomposes the softmax into an ``exp`` for its sum and
-    another for its output, and the partitioner recomputes ``p`` in the backward from ``x``
-    (a third). Here the forward's only ``exp`` feeds the sum, the backward's recomputation is
-    the second, as in compiled torch. Measured fwd+bwd, compiled ÷ compiled F.cross_entropy,
-    side by side in one process (2026-12-05, 2 CPU threads): at 8192x1000 cross-entropy 1.55x
-    with the softmax spelling, 1.18-1.20x with an index compare in the summing loop, 1.06-1.07x
-    with this one; focal loss (γ = 2) 1.52x, 1.61x, 1.48-1.55x; at 65536x10 cross-entropy
-    1.92-2.00x, 1.57-1.64x, 1.35-1.42x and focal 1.97-2.06x, 1.60-1.64x, 1.83-1.85x. Eager, the
-    softmax kernel is the faster pass on CPU (2.4 ms against 3.5 ms for ``exp`` alone at
-    8192x1000), and the bound, compare and ``exp`` here would each be a pass.
+    Why a second spelling, compiled only: inductor splits the softmax into two ``exp`` and the
+    partitioner recomputes ``p`` in the backward from ``x`` (a third), while here the forward's
+    only ``exp`` feeds the sum and the backward's recomputation is the second, as in compiled
+    torch (cross-entropy 8192x1000 fwd+bwd 1.55x → 1.06-1.07x compiled torch's); eager, on the
+    CPU, torch's softmax kernel is the faster pass. The history: benchmarks/spellings.md.
     """
     b = torch.minimum(x, v)
     if drop is not None:  # the dropped rows (v = 0 there) as a constant row, as `bounded`
@@ -332,7 +321,7 @@ def class_dot(t: Tensor, v: Tensor, cdim: int) -> Tensor:
     """``Σ_c t_c v_c`` over the class dim ``cdim`` of ``t`` (``v``: ``(C,)``): one read of ``t``
     (a BLAS ``gemv``), with autocast off so that it runs in ``t``'s dtype. Class dim last:
     ``t @ v``; else ``v @ t`` with the trailing dims flattened (each layout's contiguous call:
-    the other one costs 10.6 ms against 0.59 ms at 8192x1000, 2026-12-05)."""
+    the other one is 18x slower at 8192x1000)."""
     with no_autocast(t.device.type):
         if cdim == t.dim() - 1:
             return t @ v
@@ -354,10 +343,10 @@ def smoothing_sum(
     own dtype; a term it takes below the normal range is below ``2^-126`` in magnitude, while a
     row of two or more unmasked classes sums to at most ``-log 2``. A constant, not the least
     ``2^j ≥ C``: reading ``C``'s bits fixed the class count in ``torch.export`` and in
-    ``torch.compile(dynamic=True)``. (The float64
-    row sum it replaces costs a float64 copy of the row on the CPU: 6.8 ms against 0.59 ms for
-    this at 8192x1000, 2026-12-05.) Weighted: each term is scaled by ``ε/K`` before the class
-    weight and the sum (no overflow where the weighted mean over the classes is finite).
+    ``torch.compile(dynamic=True)``. (The float64 row sum it replaces costs a float64 copy of
+    the row on the CPU: 11.5x this at 8192x1000.) Weighted: each term is scaled by ``ε/K``
+    before the class weight and the sum (no overflow where the weighted mean over the classes
+    is finite).
 
     ``+inf`` rows (``pinf_row``): the bounded log-softmax is ``-log k`` at the ``+inf``
     entries and at most ``-ulp(finfo.max)/2`` at every finite one (whose probability is 0), so

@@ -30,8 +30,8 @@ def _grads_lean(x: Tensor, y: Tensor, g: Tensor,
     The same values in fewer passes: ``xlogy(g, y)`` is ``g · log y`` (0 where ``g == 0``), and
     the masks overwrite the result instead of feeding a ``where``. Not differentiable itself
     (the discarded ``log 0`` and ``0 / 0`` are overwritten), hence only when grad mode is off.
-    Why a second spelling: both gradients at 1e6 elements move 67 MB against 98 MB for
-    `_d_x` and `_d_y` (2.85 ms against 3.08 ms on the CPU, 2026-12-05).
+    Why a second spelling: it moves fewer bytes than `_d_x` and `_d_y` (both gradients at 1e6
+    elements: 98 → 67 MB).
     """
     x_zero = x == 0
     d_x = d_y = None
