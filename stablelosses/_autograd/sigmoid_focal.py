@@ -169,8 +169,7 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
     Eager (double backward may follow), those entries are computed at 0 and replaced (double
     where). Compiled (first order only), the formulas run on ``x`` itself, whose one singular
     product there, ``C·σ(-|x|) = inf·0``, is selected to its limit 0: the same first-order
-    values in fewer operations (fwd+bwd at 65536x80, compiled: 26.3 ms with the replacement,
-    20.9 ms without, 18.8 ms before the ±inf limits, 2026-12-07).
+    values in fewer operations (65536x80 fwd+bwd compiled: 26.3 → 20.9 ms).
     """
     compiled = torch.compiler.is_compiling()
     inf_x = None if compiled else torch.isinf(x)
@@ -245,10 +244,8 @@ class _SigmoidFocal(torch.autograd.Function):
         need_x, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         scale = grad / input.numel() if ctx.mode == "mean" else grad
         if need_x and not need_t and inplace_ok(input, target, scale):
-            # First order, no transforms: the few-pass formula, in place on its own buffers.
-            # Measured (stablelosses bench, 65536x80 fwd+bwd float32, one run): with it 0.98x
-            # torchvision's bytes and 0.80x its peak; the differentiable _grads alone gave
-            # 1.57x the bytes, 1.80x the time and 1.45x the peak.
+            # First order, no transforms: the few-pass formula, in place on its own buffers
+            # (65536x80 fwd+bwd: 1.57x → 0.98x torchvision's bytes with it).
             lean = _grad_x_lean(input, target, ctx.alpha, ctx.gamma, scale, ctx.mode != "none")
             return lean, None, None, None, None
         gx, gt = _grads(input, target, ctx.alpha, ctx.gamma, need_x, need_t)
