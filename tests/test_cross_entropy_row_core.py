@@ -152,6 +152,18 @@ def test_operator_budget(name, fn, budget):
     assert _counted(fn).ops <= budget
 
 
+@pytest.mark.parametrize(("name", "fn", "budget"), [
+    ("cross_entropy", SF.cross_entropy, 25),
+    ("focal_loss", lambda x, t: SF.focal_loss(x, t, gamma=2.0), 29),
+])
+def test_operator_budget_without_grad(name, fn, budget):
+    # a forward that no backward follows forms neither p's target entry −r nor, for
+    # cross-entropy, the row divisor p'_t·S: the value's operators only
+    x = torch.randn(64, 10)
+    t = torch.randint(0, 10, (64,))
+    assert bytes_moved(lambda: fn(x, t)).ops <= budget
+
+
 def test_bytes_moved_against_torch():
     # fwd+bwd: the row max, the bound, the softmax, the sum of p without p_t, the backward's
     # read and write, against torch's log-softmax, its backward and nll's zero gradient

@@ -246,7 +246,7 @@ class IndexRow(NamedTuple):
     """A class-index row (`index_row`); every field but ``p`` has the class dim squeezed."""
 
     p: Tensor  # p' (the softmax of the bounded row), target entry −r: the backward's row
-    qs: Tensor  # p'_t · S: the backward divides ``p`` by it
+    qs: Tensor | None  # p'_t · S: the backward divides ``p`` by it (None: not asked for)
     r: Tensor  # Σ_{j≠t} p'_j; Σ_{j≠t} p_j = r / qs (exact: from the other entries, never 1 − p_t)
     nll_t: Tensor  # −log p_t, with its exact tail
     m: Tensor  # the row max (−inf: fully masked; +inf: a +inf row; NaN: a NaN row)
@@ -254,7 +254,7 @@ class IndexRow(NamedTuple):
 
 def index_row(
     x: Tensor, nll: Tensor, idx: Tensor, cdim: int, fused: bool, grad: bool = True,
-    ignored: Tensor | None = None,
+    ignored: Tensor | None = None, divisor: bool = True,
 ) -> IndexRow:
     """The class-index row in torch's passes: the row max ``m`` (``amax``, no index); the
     Function's own copy ``b`` of the logits, ``+inf → finfo.max`` (``min(x, v)``,
@@ -273,6 +273,7 @@ def index_row(
 
     ``fused``: the compiled spelling of the same quantities (`fused_index_row`), see there.
     ``grad=False``: no backward follows; ``p'`` keeps its 0 at the target.
+    ``divisor=False``: ``qs`` is not formed (``None``; a value that reads neither it nor ``p``).
     ``ignored`` (optional, the rows' shape; the token log-probabilities' contract, not torch's
     cross-entropy, which keeps its NaN gradient there): rows whose loss is dropped are a
     constant row in the copy (`bounded` with ``drop``: the same copy on every other row, 4
@@ -302,7 +303,7 @@ def index_row(
     # w = m − x_t; 0 where x_t = m = ±inf (the exact shift) and on NaN rows (NaN through r/q_t)
     w = torch.nan_to_num(nll + m, nan=0.0, posinf=_INF)
     sm1, _, nll_t = target_nll(w, r, q_t)
-    qs = torch.addcmul(q_t, q_t, sm1)
+    qs = torch.addcmul(q_t, q_t, sm1) if divisor else None
     return IndexRow(p, qs, r, nll_t, m)
 
 
