@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from stablelosses._autograd._base import applier
-from stablelosses._autograd.rows import bounded, exact_log_softmax, softmax_over
+from stablelosses._autograd.rows import bounded, exact_log_softmax, softmax_limits, softmax_over
 from stablelosses._compat import log_softmax_backward as _log_softmax_kernel_bwd
 from stablelosses._compat import softmax_backward as _softmax_kernel_bwd
 from stablelosses._utils import inplace_ok
@@ -40,7 +40,7 @@ def _save_output(ctx, inputs, output):
 
 class _Softmax(torch.autograd.Function):
     """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries (an entry equal to
-    ``finfo.max`` on such a slice counts with them: torch's kernel runs on ``bounded`` x).
+    ``finfo.max`` on such a slice counts with them: `rows.softmax_limits`).
 
     Backward ``y · (g − Σ g·y)`` from the saved output: 0 wherever ``y`` is 0, so masked
     entries and all-masked slices get gradient 0.
@@ -52,9 +52,7 @@ class _Softmax(torch.autograd.Function):
     def forward(x: Tensor, dim: int) -> Tensor:
         if x.shape[dim] == 0:  # the wrapper makes scalars 1-d
             return torch.softmax(x, dim)
-        m = x.amax(dim, keepdim=True)
-        # All-(-inf) slices: 1/n · False = 0 (NaN slices are NaN through the kernel)
-        return softmax_over(bounded(x, m), dim).mul_(m != -_INF)
+        return softmax_limits(x, dim)
 
     setup_context = staticmethod(_save_output)
 
