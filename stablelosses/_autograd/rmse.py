@@ -77,7 +77,7 @@ def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor, eps: float) -> 
     if torch.is_grad_enabled():
         value = _value(r, mode, eps).to(r.dtype)  # a graph of r, not the saved output
     safe = value.masked_fill(value == 0, 1)
-    return r / (safe * (r.numel() if mode == "mean" else 1) / g)
+    return r / ((safe * r.numel() if mode == "mean" else safe) / g)
 
 
 class _RMSE(torch.autograd.Function):
