@@ -126,3 +126,31 @@ def test_errors_name_the_argument():
         SF.safe_div(x, x, fill="0")
     with pytest.raises(RuntimeError, match="safe_div: the shapes of input"):
         SF.safe_div(torch.ones(2), torch.ones(3))
+
+
+@pytest.mark.parametrize("needs", [(True, False), (False, True), (True, True)])
+def test_result_edited_in_place_as_torch_div_allows(needs):
+    # torch's a / b saves its inputs, so its result may be edited in place before backward;
+    # safe_div saves its output only for b's gradient, and then hands back a copy
+    a0 = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    b0 = torch.tensor([2.0, 0.0, -4.0], dtype=torch.float64)
+    a, b = a0.clone().requires_grad_(needs[0]), b0.clone().requires_grad_(needs[1])
+    q = SF.safe_div(a, b)
+    q.mul_(3.0)
+    (q * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).sum().backward()
+    if needs[0]:
+        torch.testing.assert_close(a.grad, torch.tensor([1.5, 0.0, -2.25], dtype=torch.float64))
+    if needs[1]:
+        torch.testing.assert_close(b.grad, torch.tensor([-0.75, 0.0, -1.6875], dtype=torch.float64))
+    torch.testing.assert_close(q.detach(), torch.tensor([1.5, 0.0, -2.25], dtype=torch.float64))
+
+
+def test_gradient_of_a_alone_saves_no_output_and_copies_nothing():
+    # b constant (a normalisation by a count): the backward reads b only, so the result is not
+    # saved and the wrapper makes no protective copy (one full pass fewer)
+    from stablelosses.bench.traffic import bytes_moved
+
+    a = torch.randn(1000, requires_grad=True)
+    b = torch.rand(1000) + 0.5
+    names = bytes_moved(lambda: SF.safe_div(a, b)).per_op
+    assert "clone" not in names

@@ -21,7 +21,7 @@ def _inf_where_zero(b: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(zero, math.inf, b), zero
 
 
-def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: bool,
+def _partials(b_inf: Tensor, zero: Tensor, out: Tensor | None, g: Tensor, fill_finite: bool,
               need: tuple[bool, bool], backward: bool = True) -> tuple[Tensor | None, Tensor | None]:
     """``g / b`` and ``-(g · (a / b)) / b``, both 0 where ``b == 0``.
 
@@ -36,6 +36,7 @@ def _partials(b_inf: Tensor, zero: Tensor, out: Tensor, g: Tensor, fill_finite: 
         # summed over the broadcast dimensions before the division: Σ g·(a/b) cancels exactly
         # where the terms do (-Σ a / b² is 0 for a = [x, -x], never inf - inf)
         # (forward mode: g is b's tangent and the result keeps the output's shape)
+        assert out is not None
         q = g * out
         q = sum_to(q, b_inf.shape) if backward else q
         # 0 + (-q) / b in one pass (a +0.0 for a zero quotient, never -0.0)
@@ -68,7 +69,9 @@ class _SafeDiv(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         a, b, _fill, fill_finite = inputs
-        ctx.save_for_backward(b, output)
+        # the output only where b's gradient reads it: otherwise the caller may edit it in
+        # place (as a / b's result) without the copy that protects a saved one
+        ctx.save_for_backward(*((b, output) if ctx.needs_input_grad[1] else (b,)))
         ctx.save_for_forward(b, output)
         ctx.a_shape = a.shape
         # given by the caller: math.isfinite of a symbolic fill (torch.compile(dynamic=True))
@@ -77,10 +80,10 @@ class _SafeDiv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        b, out = ctx.saved_tensors
+        b, *out = ctx.saved_tensors
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         b_inf, zero = _inf_where_zero(b)
-        d_a, d_b = _partials(b_inf, zero, out, grad, ctx.fill_finite, need)
+        d_a, d_b = _partials(b_inf, zero, out[0] if out else None, grad, ctx.fill_finite, need)
         grad_a = None if d_a is None else sum_to(d_a, ctx.a_shape)
         grad_b = d_b  # already summed to b's shape
         return grad_a, grad_b, None, None

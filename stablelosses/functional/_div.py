@@ -72,6 +72,6 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0,
     a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
     # comparisons, not math.isfinite: under torch.compile(dynamic=True) fill is symbolic
     q = _safe_div(a, b, float(fill), bool(-math.inf < fill < math.inf))
-    if q.requires_grad and q.dtype == out_dtype:
-        q = q.clone()  # backward saved q: the caller edits a copy in place, as a / b's result
+    if q.requires_grad and q.dtype == out_dtype and b.requires_grad:
+        q = q.clone()  # backward saved q (for b's gradient): the caller edits a copy in place
     return cast(q, out_dtype)
