@@ -97,6 +97,29 @@ def test_no_grad_forward_equals_the_recorded_forward(name):
     torch.testing.assert_close(fast, recorded.detach(), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("name", list(CALLS))
+def test_forward_on_inputs_without_grad_in_grad_mode_equals_the_recorded_forward(name):
+    # grad mode on, no input requiring grad (a validation step without torch.no_grad): the
+    # value-only path, which runs forward with grad mode off as Function.apply does
+    call, make = CALLS[name]
+    args = make()
+    fast = call(*args)
+    leaves = [a.detach().requires_grad_(a.is_floating_point()) for a in args]
+    recorded = call(*leaves)
+    assert recorded.requires_grad and not fast.requires_grad
+    torch.testing.assert_close(fast, recorded.detach(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_value_only_path_takes_the_in_place_spelling_in_grad_mode():
+    # log_softmax on inputs that do not require grad, grad mode on: the forward's in-place
+    # spelling (7 operators), not the select that a recorded graph would need (9)
+    from stablelosses.bench.traffic import bytes_moved
+
+    x = torch.randn(8, 10)
+    assert torch.is_grad_enabled()
+    assert bytes_moved(lambda: SF.log_softmax(x, -1)).ops <= 7
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("gamma", [None, 0.0, 0.5, 2.0])
 @pytest.mark.parametrize("weighted", [False, True])
