@@ -251,3 +251,13 @@ def test_residual_output_double_backward_and_target_grad(fn, reduction):
     x, y = _randn(3, 4).requires_grad_(), _randn(4).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, b: fn(a, b, reduction), (x, y))
     assert torch.autograd.gradgradcheck(lambda a, b: fn(a, b, reduction), (x, y))
+
+
+def test_value_only_path_restores_grad_mode_after_an_error():
+    # an out-of-range class index raises inside the value-only forward (torch's IndexError);
+    # grad mode is back on afterwards
+    x = torch.randn(2, 3)
+    assert torch.is_grad_enabled()
+    with pytest.raises(IndexError):
+        SF.cross_entropy(x, torch.tensor([0, 7]))
+    assert torch.is_grad_enabled()
