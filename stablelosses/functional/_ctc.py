@@ -50,16 +50,15 @@ def _ctc_nll_fake(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, tar
 def _ctc_nll_backward(grad: Tensor, log_probs: Tensor, targets: Tensor, input_lengths: Tensor,
                       target_lengths: Tensor, blank: int) -> Tensor:
     """The gradient of ``Σ grad · nll``: torch's backward kernel (no autograd runs inside an
-    op), exactly 0 in the columns of the impossible samples."""
+    op), exactly 0 in the columns of the impossible samples (its ``zero_infinity``: the forward
+    kernel returns their ``inf`` either way)."""
     batched = log_probs.dim() == 3
     lp = log_probs if batched else log_probs.unsqueeze(1)
     tg, il, tl, g = (targets, input_lengths, target_lengths, grad) if batched else (
         targets.unsqueeze(0), input_lengths.reshape(1), target_lengths.reshape(1), grad.reshape(1))
     tg, il, tl = tg.long(), il.long(), tl.long()  # as F.ctc_loss hands them to the kernel
-    nll, alpha = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, True)
+    nll, alpha = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, False)
     out = torch.ops.aten._ctc_loss_backward.Tensor(g, lp, tg, il, tl, nll, alpha, blank, True)
-    impossible = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, False)[0] == _INF
-    out = out.masked_fill(impossible.reshape(1, -1, 1), 0.0)
     return out if batched else out.squeeze(1)
 
 
