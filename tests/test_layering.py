@@ -72,3 +72,46 @@ def test_using_the_losses_loads_no_tool():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _stable_functions() -> list[type]:
+    import stablelosses.functional  # noqa: F401  (imports every Function's module)
+    from stablelosses._autograd._base import StableFunction
+
+    found, todo = [], list(StableFunction.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if not vars(cls).get("_twin", False) and "call" in vars(cls):  # (not one refused at creation)
+            found.append(cls)
+    return found
+
+
+def test_functions_are_called_through_their_class():
+    """"Go to definition" on a Function call lands on the Function: each `StableFunction` is
+    called as ``Cls.call(...)``, and no module of the core binds its caller to another name."""
+    functions = _stable_functions()
+    assert len(functions) >= 20
+    callers = {id(cls.call): cls for cls in functions}
+    assert len(callers) == len(functions)  # one caller per Function, not an inherited one
+    for cls in functions:
+        assert cls.call.__qualname__ == f"{cls.__name__}.call"
+    for path in _core_files():
+        name = ".".join(path.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        aliases = [k for k, v in vars(module).items() if id(v) in callers]
+        assert not aliases, f"{name} binds a Function's caller to {aliases}"
+
+
+def test_a_stable_function_without_jvp_is_refused_at_class_creation():
+    import torch
+
+    from stablelosses._autograd._base import StableFunction
+
+    with pytest.raises(TypeError, match="_NoJvp: a StableFunction defines jvp"):
+        class _NoJvp(StableFunction):
+            @staticmethod
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                return x

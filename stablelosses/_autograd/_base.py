@@ -2,22 +2,22 @@
 
 torch.compile (Dynamo, torch 2.13) refuses to trace an ``autograd.Function`` that defines a
 ``jvp`` staticmethod ("Unsupported custom jvp"), while ``torch.func.jvp``/``jacfwd``/``hessian``
-need one. :func:`applier` builds, for a Function that defines ``jvp``, a twin subclass whose
-``jvp`` is the base class's, and returns a function that calls the twin's ``apply`` while
-compiling and the Function's own ``apply`` otherwise. Both share ``forward``, ``setup_context``,
-``backward`` and the vmap rule, so the compiled and the eager graphs run the same code. A call
-that a backward or a tangent can follow goes through ``Function.apply`` (no C++ ``apply`` that
-skips its argument binding); one that none can follow (grad mode off or nothing requiring grad,
-outside transforms and forward AD) is the value only, the design's item 4: the Function's own
-``forward``, without ``Function.apply``'s bookkeeping. Compiled code gets first-order reverse mode
-only, which is all torch.compile supports through custom Functions anyway.
+need one. A `StableFunction` subclass defines ``jvp`` and gets a twin subclass whose ``jvp``
+is the base class's; its ``call`` applies the twin while compiling and the Function itself
+otherwise. Both share ``forward``, ``setup_context``, ``backward`` and the vmap rule, so the
+compiled and the eager graphs run the same code. A call that a backward or a tangent can follow
+goes through ``Function.apply`` (no C++ ``apply`` that skips its argument binding); one that none
+can follow (grad mode off or nothing requiring grad, outside transforms and forward AD) is the
+value only, the design's item 4: the Function's own ``forward``, without ``Function.apply``'s
+bookkeeping. Compiled code gets first-order reverse mode only, which is all torch.compile
+supports through custom Functions anyway.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,30 +38,46 @@ def backward_can_follow(*args: Any) -> bool:
     return False
 
 
-def applier(cls: Any) -> Callable[..., Any]:
-    """``cls.apply``, through a jvp-free twin of ``cls`` under torch.compile.
+class StableFunction(torch.autograd.Function):
+    """An ``autograd.Function`` that also compiles, and computes only the value where no
+    backward can follow. Call a subclass as ``_SafeSqrt.call(x)``, with every argument of
+    ``forward`` given positionally: "go to definition" on the class name lands on the Function.
 
-    Use as ``_sqrt = applier(_SafeSqrt)`` next to the Function, then ``_sqrt(x)`` with every
-    argument of ``forward`` given positionally. Where no backward or tangent can follow
-    (`backward_can_follow`), the value only, outside ``Function.apply``: the Function's ``value``
+    Each subclass defines ``jvp`` (``torch.func``'s forward mode needs it). At class creation
+    (``__init_subclass__``) it gets its ``call`` and a jvp-free twin subclass, which ``call``
+    applies while compiling. Where no backward or tangent can follow (`backward_can_follow`),
+    ``call`` gives the value only, outside ``Function.apply``: the Function's ``value``
     staticmethod where it has one (``forward``'s outputs without what only the backward reads),
     else ``forward`` itself.
     """
-    if "jvp" not in vars(cls):
-        raise TypeError(f"{cls.__name__}: applier is for Functions that define jvp")
-    # Function.apply binds the arguments to ``inspect.signature(forward)`` on every call (for
-    # setup_context's defaults); a ``__signature__`` is what ``inspect.signature`` returns first,
-    # so it is computed once here instead of per call (about 10 µs of a tiny call's overhead).
-    cls.forward.__signature__ = inspect.signature(cls.forward)
-    twin: Any = type(
-        cls.__name__ + "Compiled",
-        (cls,),
-        {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__},
-    )
 
+    # set on each subclass by __init_subclass__ (a staticmethod: Dynamo inlines it, where it
+    # refuses a classmethod that reads a class attribute of an autograd.Function)
+    call: ClassVar[Callable[..., Any]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if vars(cls).get("_twin", False):
+            return
+        if "jvp" not in vars(cls):
+            raise TypeError(f"{cls.__name__}: a StableFunction defines jvp")
+        # Function.apply binds the arguments to ``inspect.signature(forward)`` on every call
+        # (for setup_context's defaults); a ``__signature__`` is what ``inspect.signature``
+        # returns first, so it is computed once here instead of per call (about 10 µs of a
+        # tiny call's overhead).
+        forward: Any = cls.forward
+        forward.__signature__ = inspect.signature(forward)
+        twin = type(cls.__name__ + "Compiled", (cls,),
+                    {"jvp": torch.autograd.Function.jvp, "__module__": cls.__module__, "_twin": True})
+        cls.call = staticmethod(_caller(cls, twin))
+
+
+def _caller(cls: Any, twin: Any) -> Callable[..., Any]:
+    """``cls``'s ``call``: ``twin.apply`` while compiling, the value only where no backward or
+    tangent can follow, else ``cls.apply``."""
     value = vars(cls).get("value", cls.forward)
 
-    def apply(*args: Any) -> Any:
+    def call(*args: Any) -> Any:
         if torch.compiler.is_compiling():
             return twin.apply(*args)
         if functorch_transforms_active() and nested_forward_transforms():
@@ -84,8 +100,9 @@ def applier(cls: Any) -> Callable[..., Any]:
                 torch.set_grad_enabled(prev)
         return cls.apply(*args)
 
-    apply.__name__ = apply.__qualname__ = cls.__name__ + ".apply"
-    return apply
+    call.__name__ = "call"
+    call.__qualname__ = cls.__name__ + ".call"
+    return call
 
 
 def save_input(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:

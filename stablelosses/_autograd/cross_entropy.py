@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._autograd.rows import (
     accurate_log_pt,
     class_shape,
@@ -42,7 +42,7 @@ from stablelosses._autograd.rows import (
     smoothing,
     smoothing_sum,
 )
-from stablelosses._autograd.softmax import _log_softmax
+from stablelosses._autograd.softmax import _LogSoftmax
 from stablelosses._compat import log_softmax_backward
 from stablelosses._utils import inplace_ok
 
@@ -76,7 +76,7 @@ def _per_class_sum(t: Tensor, cdim: int) -> Tensor:
     return t.movedim(cdim, -1).reshape(-1, t.shape[cdim]).sum(0)
 
 
-class _IndexLoss(torch.autograd.Function):
+class _IndexLoss(StableFunction):
     """Class-index cross-entropy with label smoothing ``ε > 0`` and an optional class weight:
     per element ``(1 − ε) w_t (−log p_t) + ε/K Σ_{c unmasked} w_c (−log p_c)``. Without
     smoothing (cross-entropy and the focal loss) `_ClassIndexCE` runs instead.
@@ -187,9 +187,6 @@ class _IndexLoss(torch.autograd.Function):
         return torch.where(valid, val_t, 0.0), lsm_t, lt_t, None, None, None
 
 
-_index_loss = applier(_IndexLoss)
-
-
 def _index_weight_grad(
     x: Tensor, weight: Tensor, idx: Tensor, valid: Tensor, s: Tensor, val: Tensor, eps: float,
     cdim: int, masked: Tensor, k: Tensor,
@@ -229,7 +226,7 @@ def _target_dist(x: Tensor, target: Tensor, weight: Tensor | None, eps: float, c
     return q
 
 
-class _ProbLoss(torch.autograd.Function):
+class _ProbLoss(StableFunction):
     """Cross-entropy with class-probability targets, optional weight and label smoothing:
     ``−Σ_c w_c q_c log p_c`` per row, a term with ``q_c = 0`` counting as 0."""
 
@@ -316,9 +313,6 @@ class _ProbLoss(torch.autograd.Function):
         return torch.where(torch.isnan(m), m, loss_t), lsm_t, None, None
 
 
-_prob_loss = applier(_ProbLoss)
-
-
 def class_index_rows(
     x: Tensor, target: Tensor, idx: Tensor, ignored: Tensor, weight: Tensor | None, ignore_index: int,
     gamma: float, cdim: int, clean: bool, grad: bool = True,
@@ -357,7 +351,7 @@ def class_index_rows(
     return out.masked_fill(invalid, 0.0), invalid, p, den, val
 
 
-class _ClassIndexCE(torch.autograd.Function):
+class _ClassIndexCE(StableFunction):
     """Class-index cross-entropy ``−w_t log p_t`` and focal loss ``−w_t (1 − p_t)^γ log p_t``
     (no smoothing) in torch's passes plus the two reductions the hazards and the tail need.
 
@@ -384,7 +378,7 @@ class _ClassIndexCE(torch.autograd.Function):
 
     @staticmethod
     def value(x, target, idx, ignored, weight, ignore_index, gamma, cdim, clean):
-        # what `applier` runs where no backward or tangent can follow: the same outputs, without
+        # what `call` runs where no backward or tangent can follow: the same outputs, without
         # what only the backward reads (p''s target entry −r, the focal row scale)
         return class_index_rows(x, target, idx, ignored, weight, ignore_index, gamma, cdim, clean, False)
 
@@ -462,7 +456,7 @@ def _plain_rows(x: Tensor, idx: Tensor, gamma: float, cdim: int) -> _PlainRows:
     output); NaN rows stay NaN. Same values as the first-order path.
     """
     idx_u = idx.unsqueeze(cdim)
-    lsm = _log_softmax(x, cdim)
+    lsm = _LogSoftmax.call(x, cdim)
     p = torch.exp(lsm)
     rest = p.scatter(cdim, idx_u, 0.0).sum(cdim)
     lt = accurate_log_pt(rest, lsm.gather(cdim, idx_u).squeeze(cdim))
@@ -491,7 +485,3 @@ def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
         contrib = (s * rows.val).masked_fill(invalid, 0.0)
         gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     return gx, None, None, None, gw, None, None, None, None
-
-
-_class_index_ce = applier(_ClassIndexCE)
-

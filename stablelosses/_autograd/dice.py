@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 
 
 def _ratio(p: Tensor, t: Tensor, dims: tuple[int, ...], smooth: float) -> Tensor:
@@ -43,7 +43,7 @@ def _grads(p: Tensor, t: Tensor, loss: Tensor, g: Tensor, dims: tuple[int, ...],
     )
 
 
-class _Dice(torch.autograd.Function):
+class _Dice(StableFunction):
     """``(ℓ, ℓ)`` per sample of probabilities ``p`` and targets ``t`` (one shape), summed over
     ``dims``; ``smooth`` as in `dice_loss`. The second output is the copy the backward reads (an
     output, so that a double backward differentiates through it; a copy, so that an in-place
@@ -84,6 +84,3 @@ class _Dice(torch.autograd.Function):
             if grad is not None and tangent is not None:
                 out = out + (grad * tangent).sum(ctx.dims)
         return out, out.clone()
-
-
-_dice = applier(_Dice)

@@ -38,10 +38,10 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._autograd.linear import Head
-from stablelosses._autograd.logaddexp import _logaddexp
-from stablelosses._autograd.softmax import _log_softmax, _softmax
+from stablelosses._autograd.logaddexp import _LogAddExp
+from stablelosses._autograd.softmax import _LogSoftmax, _Softmax
 
 _INF = float("inf")
 KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")
@@ -93,7 +93,7 @@ def _kl_grads(lq: Tensor, lp: Tensor, need_q: bool, need_p: bool) -> tuple[Tenso
 def _jsd_parts(ls: Tensor, lt: Tensor, beta: float) -> tuple[Tensor, Tensor]:
     """``r = ls − m`` and ``u = lt − m`` with the log mixture ``m``, each 0 where its own
     log-probability is ``-inf`` (zero weight; ``m`` is ``-inf`` only where both are)."""
-    m = _logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
+    m = _LogAddExp.call(ls + math.log1p(-beta), lt + math.log(beta))
     r = torch.where(torch.isneginf(ls), 0.0, ls - m)
     u = torch.where(torch.isneginf(lt), 0.0, lt - m)
     return r, u
@@ -105,7 +105,7 @@ def _spread(w: Tensor, v: Tensor) -> Tensor:
 
 
 def _logps(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    return _log_softmax(a, a.dim() - 1), _log_softmax(b, b.dim() - 1)
+    return _LogSoftmax.call(a, a.dim() - 1), _LogSoftmax.call(b, b.dim() - 1)
 
 
 def _is_forward(kind: str, beta: float) -> bool:
@@ -158,9 +158,11 @@ def row_grads(kind: str, beta: float, a: Tensor, b: Tensor, need_a: bool, need_b
     # A KL's gradient on the side of its log-ratio's subtrahend is q Σp − p: the two softmaxes
     # suffice (the same limits as exp of the log-softmaxes, 0.56x their bytes each)
     if _is_forward(kind, beta) and not need_b:
-        return Grads(_kl_q_grad(_softmax(a, a.dim() - 1), _softmax(b, b.dim() - 1)) if need_a else None, None)
+        return Grads(_kl_q_grad(_Softmax.call(a, a.dim() - 1), _Softmax.call(b, b.dim() - 1))
+                     if need_a else None, None)
     if _is_reverse(kind, beta) and not need_a:
-        return Grads(None, _kl_q_grad(_softmax(b, b.dim() - 1), _softmax(a, a.dim() - 1)) if need_b else None)
+        return Grads(None, _kl_q_grad(_Softmax.call(b, b.dim() - 1), _Softmax.call(a, a.dim() - 1))
+                     if need_b else None)
     return _grads_of(kind, beta, *_logps(a, b), need_a, need_b)
 
 
@@ -182,7 +184,7 @@ def _inputs(s: Tensor, t: Tensor, mask: Tensor | None, temperature: float) -> tu
     return s, t
 
 
-class _Distillation(torch.autograd.Function):
+class _Distillation(StableFunction):
     """Per-row divergence of ``(..., V)`` student and teacher logits, 0 on the False rows of
     ``mask`` (shape ``(...)``, or ``None``). Backward and jvp from `row_grads`."""
 
@@ -232,9 +234,6 @@ class _Distillation(torch.autograd.Function):
         assert out is not None
         out = out / temperature
         return out if mask is None else torch.where(mask, out, 0.0)
-
-
-_distillation = applier(_Distillation)
 
 
 # --- the fused form: a head on the chunk engine (stablelosses/_autograd/linear.py) ---------------

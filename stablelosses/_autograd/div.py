@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._utils import sum_to
 
 
@@ -51,7 +51,7 @@ def _quotient(a: Tensor, b: Tensor, fill: float) -> Tensor:
     return torch.where(b == 0, a.clamp(fill, fill), a / b)
 
 
-class _SafeDiv(torch.autograd.Function):
+class _SafeDiv(StableFunction):
     """``a / b``, with ``fill`` where ``b == 0`` (a NaN ``a`` stays NaN there).
 
     Gradients where ``b == 0`` are 0 for both operands (for a finite incoming gradient);
@@ -95,6 +95,3 @@ class _SafeDiv(torch.autograd.Function):
         d_a = _partials(b_inf, zero, out, ta, ctx.fill_finite, (True, False))[0]
         d_b = _partials(b_inf, zero, out, tb, ctx.fill_finite, (False, True), backward=False)[1]
         return d_a + d_b  # type: ignore[operator]
-
-
-_safe_div = applier(_SafeDiv)

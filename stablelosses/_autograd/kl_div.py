@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._utils import inplace_ok, sum_to
 
 
@@ -15,7 +15,7 @@ def _neg_product(a: Tensor, b: Tensor) -> Tensor:
     return torch.addcmul(a.new_zeros(()), a, b, value=-1)
 
 
-class _KLDiv(torch.autograd.Function):
+class _KLDiv(StableFunction):
     """Elementwise ``target · (log target - input)`` (``exp(target) · (target - input)`` if
     ``log_target``), 0 where the target probability is 0."""
 
@@ -92,6 +92,3 @@ def _d_target_times(
         return torch.where(zero, 0.0, p * (torch.where(zero, 0.0, target) - x_safe + 1) * g)
     t_safe = torch.where(zero, 1.0, target)
     return torch.where(zero, 0.0, torch.xlogy(g, t_safe) + g * (1 - x_safe))
-
-
-_kl_div = applier(_KLDiv)

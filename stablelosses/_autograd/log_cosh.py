@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._autograd._residual import residual_grads, residual_tangent
 from stablelosses._utils import reduce
 
@@ -36,7 +36,7 @@ def _slope(r: Tensor, mode: str, g: Tensor) -> Tensor:
     return torch.tanh(r) * (g / r.numel() if mode == "mean" else g)
 
 
-class _LogCosh(torch.autograd.Function):
+class _LogCosh(StableFunction):
     """``(log(cosh(input - target)) reduced by mode, input - target)``; ``mode`` 'none', 'mean'
     or 'sum'.
 
@@ -75,6 +75,3 @@ class _LogCosh(torch.autograd.Function):
         t_r = residual_tangent(r, t_input, t_target)
         # The forward's reduction, applied to the elementwise tangent tanh(r)·ṙ.
         return reduce(torch.tanh(r) * t_r, ctx.mode), t_r
-
-
-_log_cosh = applier(_LogCosh)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier, tangent_sum
+from stablelosses._autograd._base import StableFunction, tangent_sum
 from stablelosses._utils import sum_to
 
 _INF = float("inf")
@@ -30,7 +30,7 @@ def _weights(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return wa, wb
 
 
-class _LogAddExp(torch.autograd.Function):
+class _LogAddExp(StableFunction):
     """``torch.logaddexp(a, b)``; gradients ``σ(a−b)``, ``σ(b−a)`` with the limits above."""
 
     generate_vmap_rule = True
@@ -57,6 +57,3 @@ class _LogAddExp(torch.autograd.Function):
     def jvp(ctx, ta, tb):
         a, b = ctx.saved_tensors
         return tangent_sum(_weights(a, b), (ta, tb))
-
-
-_logaddexp = applier(_LogAddExp)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._autograd.rows import exact_log_softmax
 
 _INF = float("inf")
@@ -30,7 +30,7 @@ def _plogp(logp: Tensor) -> tuple[Tensor, Tensor]:
     return torch.exp(logp), torch.where(torch.isneginf(logp), 0.0, logp)
 
 
-class _Entropy(torch.autograd.Function):
+class _Entropy(StableFunction):
     """``(H, log p)``: the entropy over ``dim`` and the log-probabilities it came from.
 
     ``log p`` is returned (and dropped by the wrapper) so that backward can differentiate it:
@@ -72,6 +72,3 @@ class _Entropy(torch.autograd.Function):
         t_logp = (t - (p * t).sum(dim, keepdim=True)).masked_fill(dead, 0.0)
         t_h = -(p * t * (safe_logp + h.unsqueeze(dim))).sum(dim)
         return t_h, t_logp
-
-
-_entropy = applier(_Entropy)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier, save_input, times_saved
+from stablelosses._autograd._base import StableFunction, save_input, times_saved
 
 
 def _scaled(d: Tensor, g: Tensor) -> Tensor:
@@ -24,7 +24,7 @@ def _scaled(d: Tensor, g: Tensor) -> Tensor:
     return torch.where(zero, 0.0, g * torch.expm1(torch.where(zero, 0.0, d)))
 
 
-class _ExpM1MinusX(torch.autograd.Function):
+class _ExpM1MinusX(StableFunction):
     """``expm1(d) − d`` (``+inf`` at ``d = +inf``); the gradient and the tangent ``g · expm1(d)``
     are 0 where ``g == 0``."""
 
@@ -37,6 +37,3 @@ class _ExpM1MinusX(torch.autograd.Function):
 
     setup_context = staticmethod(save_input)
     backward = jvp = staticmethod(times_saved(_scaled))
-
-
-expm1_minus_x = applier(_ExpM1MinusX)

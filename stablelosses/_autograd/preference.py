@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 
 _LN2 = math.log(2.0)
 
@@ -87,7 +87,7 @@ def _odds_grads(c: Tensor, r: Tensor, scale_c: Tensor | None = None, scale_r: Te
     return torch.where(pos, gc_pos, gc_neg), torch.where(pos, gr_pos, gr_neg)
 
 
-class _OddsRatio(torch.autograd.Function):
+class _OddsRatio(StableFunction):
     """ORPO's ``ℓ = −log σ(L)``, ``L = (c − r) − (log1mexp(c) − log1mexp(r))``, per element of the
     length-averaged log-probabilities ``c`` (chosen) and ``r`` (rejected).
 
@@ -132,6 +132,3 @@ def _pair_grads(c: Tensor, r: Tensor, scale_c: Tensor | None = None, scale_r: Te
     both = (c == 0) & (r == 0)
     gc, gr = _odds_grads(torch.where(both, -1.0, c), torch.where(both, -2.0, r), scale_c, scale_r)
     return torch.where(both, 0.0, gc), torch.where(both, 0.0, gr)
-
-
-_odds_ratio = applier(_OddsRatio)

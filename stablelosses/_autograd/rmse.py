@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._autograd._residual import residual_grads, residual_tangent
 
 # 2**-600: float64 residuals up to the largest double square to at most 2**-176 times it;
@@ -80,7 +80,7 @@ def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor, eps: float) -> 
     return r / ((safe * r.numel() if mode == "mean" else safe) / g)
 
 
-class _RMSE(torch.autograd.Function):
+class _RMSE(StableFunction):
     """``(sqrt(reduce((input - target)**2) + eps), input - target)``; ``mode`` 'none', 'mean'
     or 'sum'.
 
@@ -125,6 +125,3 @@ class _RMSE(torch.autograd.Function):
         t_r = residual_tangent(r, t_input, t_target)
         g = _sensitivity(r, value, ctx.mode, torch.ones_like(value), ctx.eps)
         return (g * t_r if ctx.mode == "none" else (g * t_r).sum()), t_r
-
-
-_rmse = applier(_RMSE)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._utils import inplace_ok, reduce
 
 
@@ -215,7 +215,7 @@ def _grads(x: Tensor, t: Tensor, alpha: float, gamma: float,
     return gx, gt
 
 
-class _SigmoidFocal(torch.autograd.Function):
+class _SigmoidFocal(StableFunction):
     """``reduce(α_t · BCE(x, t) · (1 - p_t)**γ)``; ``mode`` 'none', 'mean' or 'sum'."""
 
     generate_vmap_rule = True
@@ -253,6 +253,3 @@ class _SigmoidFocal(torch.autograd.Function):
         assert gx is not None and gt is not None
         # The forward's reduction, applied to the elementwise tangent.
         return reduce(gx * t_input + gt * t_target, ctx.mode)
-
-
-_sigmoid_focal = applier(_SigmoidFocal)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._autograd.rows import bounded, exact_log_softmax, softmax_limits, softmax_over
 from stablelosses._compat import log_softmax_backward as _log_softmax_kernel_bwd
 from stablelosses._compat import softmax_backward as _softmax_kernel_bwd
@@ -38,7 +38,7 @@ def _save_output(ctx, inputs, output):
     ctx.save_for_forward(output)
 
 
-class _Softmax(torch.autograd.Function):
+class _Softmax(StableFunction):
     """Softmax; 0 on all-``-inf`` slices; uniform over ``+inf`` entries (an entry equal to
     ``finfo.max`` on such a slice counts with them: `rows.softmax_limits`).
 
@@ -70,10 +70,7 @@ class _Softmax(torch.autograd.Function):
         return y * (x_t - (y * x_t).sum(ctx.dim, keepdim=True))
 
 
-_softmax = applier(_Softmax)
-
-
-class _LogSoftmax(torch.autograd.Function):
+class _LogSoftmax(StableFunction):
     """Log-softmax; ``-inf`` on all-``-inf`` slices; ``-log k`` on the ``k`` ``+inf`` entries and
     ``-inf`` on the finite entries of such a slice.
 
@@ -118,9 +115,6 @@ class _LogSoftmax(torch.autograd.Function):
         return torch.where(dead, 0.0, out)
 
 
-_log_softmax = applier(_LogSoftmax)
-
-
 def _lse_softmax(
     x: Tensor, out: Tensor, dims: tuple[int, ...], keepdim: bool, grad: Tensor | None = None
 ) -> Tensor:
@@ -147,7 +141,7 @@ def _lse_softmax(
     return p if grad is None else p * grad
 
 
-class _LogSumExp(torch.autograd.Function):
+class _LogSumExp(StableFunction):
     """``log Σ exp x`` over ``dims``: torch's kernel forward (its rounding, and its ``±inf``
     and NaN values); the gradient is the softmax of ``x`` with the limits above.
 
@@ -197,6 +191,3 @@ class _LogSumExp(torch.autograd.Function):
         p = _lse_softmax(x, out, ctx.dims, ctx.keepdim)
         # entries of zero probability do not move the sum (double where: 0·inf never forms)
         return (p * torch.where(p == 0, 0.0, x_t)).sum(ctx.dims, keepdim=ctx.keepdim)
-
-
-_logsumexp = applier(_LogSumExp)

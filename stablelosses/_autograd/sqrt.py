@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier, save_output, times_saved
+from stablelosses._autograd._base import StableFunction, save_output, times_saved
 
 
 def _half_over(y: Tensor, t: Tensor) -> Tensor:
@@ -21,7 +21,7 @@ def _half_over(y: Tensor, t: Tensor) -> Tensor:
     return torch.addcdiv(torch.zeros((), dtype=y.dtype, device=y.device), t, safe_y, value=0.5)
 
 
-class _SafeSqrt(torch.autograd.Function):
+class _SafeSqrt(StableFunction):
     """``sqrt(x)``; d/dx is ``1 / (2 sqrt(x))`` and 0 (the minimal-norm subgradient) at ``x == 0``.
 
     The forward-mode derivative is the same: the tangent ``t / (2 sqrt(x))``, 0 at ``x == 0``.
@@ -35,6 +35,3 @@ class _SafeSqrt(torch.autograd.Function):
 
     setup_context = staticmethod(save_output)
     backward = jvp = staticmethod(times_saved(_half_over))
-
-
-_safe_sqrt = applier(_SafeSqrt)

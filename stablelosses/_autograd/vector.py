@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 
 
 def _norm_direction(x: Tensor, y: Tensor, n: Tensor, p: float, dim: int, eps: float) -> Tensor:
@@ -43,7 +43,7 @@ def _denominator(n: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return n.clamp_min(eps), (n >= eps).to(n.dtype)  # clamp_min's own backward rule
 
 
-class _Normalize(torch.autograd.Function):
+class _Normalize(StableFunction):
     """``(y, n) = (x / max(n, eps), ‖x‖_p)`` over ``dim`` (``n`` kept as an extra output).
 
     Backward: ``(g_y − c·⟨g_y, y⟩·w) / d + g_n·w`` with ``w = ∂n/∂x`` and ``c = 0`` where the
@@ -98,6 +98,3 @@ class _Normalize(torch.autograd.Function):
         tn = (w * tx).sum(ctx.dim, keepdim=True)
         ty = (tx - y * (c * tn)) / d.masked_fill(zero, 1.0)
         return ty.masked_fill(zero, 0.0), tn
-
-
-_normalize = applier(_Normalize)

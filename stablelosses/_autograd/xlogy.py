@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stablelosses._autograd._base import applier
+from stablelosses._autograd._base import StableFunction
 from stablelosses._utils import inplace_ok, sum_to
 
 
@@ -42,7 +42,7 @@ def _grads_lean(x: Tensor, y: Tensor, g: Tensor,
     return d_x, d_y
 
 
-class _XLogY(torch.autograd.Function):
+class _XLogY(StableFunction):
     """``xlogy(x, y)`` as ``torch.special.xlogy``.
 
     d/dy = ``x / y``, defined 0 where ``x == 0`` (also at ``y == 0``);
@@ -81,6 +81,3 @@ class _XLogY(torch.autograd.Function):
     def jvp(ctx: Any, tx: Tensor, ty: Tensor) -> Tensor:
         x, y = ctx.saved_tensors
         return _d_x(x, y, tx) + _d_y(x, y, ty)
-
-
-_xlogy = applier(_XLogY)

@@ -12,9 +12,9 @@ from stablelosses import _backend
 from stablelosses._autograd.cross_entropy import (
     IndexResult,
     ProbResult,
-    _class_index_ce,
-    _index_loss,
-    _prob_loss,
+    _ClassIndexCE,
+    _IndexLoss,
+    _ProbLoss,
 )
 from stablelosses._spec import check_int, check_label_smoothing, check_normalizer, check_torch_reduction
 from stablelosses._utils import (
@@ -101,14 +101,14 @@ def _index_loss_reduced(
         # any in-range index serves the ignored targets; the others out of range raise in
         # the Function's nll_loss first, with torch's message
         idx = target.clamp(0, x.shape[cdim] - 1)
-        loss, invalid = _class_index_ce(x, target, idx, ignored, w, ignore_index, gamma, cdim, False)[:2]
+        loss, invalid = _ClassIndexCE.call(x, target, idx, ignored, w, ignore_index, gamma, cdim, False)[:2]
         if reduction != "mean":
             return _reduce(loss, reduction)
         denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
         return _reduce(loss, reduction, weight=denom, masked=mask is not None, normalizer=normalizer)
     idx = torch.where(target != ignore_index, target, 0)
     assert gamma == 0.0  # the focal loss has no smoothing
-    res = IndexResult(*_index_loss(x, target, idx, w, ignore_index, eps, cdim))
+    res = IndexResult(*_IndexLoss.call(x, target, idx, w, ignore_index, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, reduction)
     denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
@@ -340,13 +340,13 @@ def cross_entropy(
         w = _check_weight(fn, weight, input, x.dtype)
         y = target.to(x.dtype)
         if mask is None:
-            res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
+            res = ProbResult(*_ProbLoss.call(x, y, w, eps, cdim))
             out = _reduce(res.loss, reduction, weight=res.valid.to(x.dtype), overflow_safe=eps > 0.0,
                           normalizer=normalizer)
         else:
             m, x = _mask_rows(fn, mask, x, cdim)
             y = torch.where(m.unsqueeze(cdim), y, 0.0)
-            res = ProbResult(*_prob_loss(x, y, w, eps, cdim))
+            res = ProbResult(*_ProbLoss.call(x, y, w, eps, cdim))
             kept = res.valid & m
             loss = torch.where(m, res.loss, 0.0)
             out = _reduce(loss, reduction, weight=kept.to(x.dtype), masked=True, overflow_safe=eps > 0.0,

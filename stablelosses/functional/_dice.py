@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.dice import _dice
+from stablelosses._autograd.dice import _Dice
 from stablelosses._spec import check_dims, check_finite_nonnegative, check_reduction
 from stablelosses._utils import (
     broadcasts_to,
@@ -168,5 +168,5 @@ def dice_loss(
     m = None
     if mask is not None:
         m, p, tt = _mask_samples(mask, p, tt, reduce_dims)
-    loss = _dice(p, tt, reduce_dims, s)[0]
+    loss = _Dice.call(p, tt, reduce_dims, s)[0]
     return cast(reduce(loss, reduction, m), out_dtype)

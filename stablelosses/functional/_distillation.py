@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.distillation import KINDS, DistillationHead, _distillation, pad_vocab
+from stablelosses._autograd.distillation import KINDS, DistillationHead, _Distillation, pad_vocab
 from stablelosses._autograd.linear import (
     compute_dtype,
     linear_chunks,
@@ -180,7 +180,7 @@ def distillation_loss(
         rows = rows.to(student_logits.device).expand(tokens)
     dtype = promote_types(upcast(student_logits).dtype, upcast(teacher_logits).dtype)
     s, t = student_logits.to(dtype), teacher_logits.to(dtype)
-    loss = _distillation(s, t, rows, kind, beta, temperature)
+    loss = _Distillation.call(s, t, rows, kind, beta, temperature)
     return reduce_tokens(loss, rows, reduction, normalizer)
 
 

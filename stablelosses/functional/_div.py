@@ -6,7 +6,7 @@ import math
 
 from torch import Tensor
 
-from stablelosses._autograd.div import _safe_div
+from stablelosses._autograd.div import _SafeDiv
 from stablelosses._spec import check_fill
 from stablelosses._utils import cast
 from stablelosses.functional._operands import _binary_operands
@@ -71,7 +71,7 @@ def safe_div(input: Tensor | float, other: Tensor | float, *, fill: float = 0.0,
     fill = check_fill("safe_div", fill)
     a, b, out_dtype = _binary_operands("safe_div", input, other, ("input", "other"), two_numbers=True)
     # comparisons, not math.isfinite: under torch.compile(dynamic=True) fill is symbolic
-    q = _safe_div(a, b, float(fill), bool(-math.inf < fill < math.inf))
+    q = _SafeDiv.call(a, b, float(fill), bool(-math.inf < fill < math.inf))
     if q.requires_grad and q.dtype == out_dtype and b.requires_grad:
         q = q.clone()  # backward saved q (for b's gradient): the caller edits a copy in place
     return cast(q, out_dtype)

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 import stablelosses.functional as _functional
-from stablelosses._autograd.vector import _normalize
+from stablelosses._autograd.vector import _Normalize
 from stablelosses._spec import check_flag, check_reduction, check_temperature
 from stablelosses._utils import cast, check_floating, operand_dtypes
 from stablelosses.functional._masked import check_mask
@@ -113,8 +113,8 @@ def info_nce_loss(
         m = check_mask(_FN, mask, q.shape[:1], "the per-sample loss", device=q.device)
         m = m.to(q.device).expand(q.shape[:1])
         qw, kw = torch.where(m[:, None], qw, 0.0), torch.where(m[:, None], kw, 0.0)
-    uq, _ = _normalize(qw, 2.0, 1, 0.0)
-    uk, _ = _normalize(kw, 2.0, 1, 0.0)
+    uq, _ = _Normalize.call(qw, 2.0, 1, 0.0)
+    uk, _ = _Normalize.call(kw, 2.0, 1, 0.0)
     logits = (uq @ uk.T) / tau
     if m is not None:
         logits = torch.where(m[:, None] & m[None, :], logits, float("-inf"))

@@ -7,7 +7,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.kl_div import _kl_div
+from stablelosses._autograd.kl_div import _KLDiv
 from stablelosses._spec import KL_REDUCTIONS, check_flag, check_torch_reduction
 from stablelosses._utils import (
     broadcast_shapes,
@@ -75,7 +75,7 @@ def _kl_div_masked(
     # select, do not multiply: a NaN at a False entry is never read (0 · log 0 terms give 0)
     x = torch.where(m, input, 0.0)
     t = torch.where(m, target, 0.0)
-    loss = _reduce(_kl_div(x, t, log_target), base, m)
+    loss = _reduce(_KLDiv.call(x, t, log_target), base, m)
     if reduction == "batchmean" and len(shape) != 0:
         rows = m.expand(shape).reshape(shape[0], -1).any(1).sum().clamp_min(1)
         loss = loss / rows
@@ -209,7 +209,7 @@ def kl_div(
     x, t = input.to(work), target.to(work)
     if mask is not None:
         return cast(_kl_div_masked(x, t, log_target, mask, base, reduction), out_dtype)
-    loss = _kl_div(x, t, log_target)
+    loss = _KLDiv.call(x, t, log_target)
     loss = _reduce(loss, base)
     if reduction == "batchmean" and input.dim() != 0:
         loss = loss / input.size(0)

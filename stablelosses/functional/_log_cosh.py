@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stablelosses._autograd.log_cosh import _log_cosh
+from stablelosses._autograd.log_cosh import _LogCosh
 from stablelosses._spec import check_reduction
 from stablelosses._utils import cast, check_floating, operand_dtypes, reduce
 from stablelosses.functional._masked import masked_residual
@@ -88,5 +88,5 @@ def log_cosh_loss(
     x, y = input.to(work), target.to(work)
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
-        return cast(reduce(_log_cosh(r, r.new_zeros(()), "none")[0], reduction, m), out_dtype)
-    return cast(_log_cosh(x, y, reduction)[0], out_dtype)
+        return cast(reduce(_LogCosh.call(r, r.new_zeros(()), "none")[0], reduction, m), out_dtype)
+    return cast(_LogCosh.call(x, y, reduction)[0], out_dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stablelosses._autograd.logaddexp import _logaddexp
+from stablelosses._autograd.logaddexp import _LogAddExp
 from stablelosses._utils import cast, write_out
 from stablelosses.functional._operands import _binary_operands
 
@@ -60,5 +60,5 @@ def logaddexp(input: Tensor, other: Tensor, *, out: Tensor | None = None) -> Ten
             raise TypeError(f"logaddexp: {name} must be a torch.Tensor, got {type(v).__name__}")
     a, b, out_dtype = _binary_operands("logaddexp", input, other, ("input", "other"))
     if out is not None:
-        return write_out("logaddexp", cast(_logaddexp(a, b), out_dtype), out, input, other)
-    return cast(_logaddexp(a, b), out_dtype)
+        return write_out("logaddexp", cast(_LogAddExp.call(a, b), out_dtype), out, input, other)
+    return cast(_LogAddExp.call(a, b), out_dtype)

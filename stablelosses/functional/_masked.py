@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.masked import _entropy
+from stablelosses._autograd.masked import _Entropy
 from stablelosses._spec import check_flag
 from stablelosses._utils import (
     broadcasts_to,
@@ -151,7 +151,7 @@ def entropy(logits: Tensor, dim: int = -1, *, mask: Tensor | None = None) -> Ten
         xc = xc.masked_fill(~m.to(x.device), float("-inf"))
     if xc.ndim == 0:
         xc = xc.reshape(1)
-    h, _ = _entropy(xc, d)
+    h, _ = _Entropy.call(xc, d)
     # a copy: backward saved h, and the caller may edit the result in place (N values)
     return h.clone() if h.dtype == x.dtype else h.to(x.dtype)
 

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.policy import expm1_minus_x
+from stablelosses._autograd.policy import _ExpM1MinusX
 from stablelosses._spec import check_choice, check_normalizer, check_real
 from stablelosses._utils import divide
 from stablelosses.functional._preference import check_beta, operands
@@ -64,7 +64,7 @@ def _k3(d: Tensor) -> Tensor:
     for k in range(n - 1, -1, -1):
         acc = acc * ds + 1.0 / math.factorial(k + 2)
     dl = torch.where(small, 0.0, d)
-    return torch.where(small, ds * ds * acc, expm1_minus_x(dl))
+    return torch.where(small, ds * ds * acc, _ExpM1MinusX.call(dl))
 
 
 def _kl_terms(logp: Tensor, ref: Tensor, estimator: str) -> Tensor:

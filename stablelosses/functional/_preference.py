@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stablelosses._autograd.preference import _odds_ratio
+from stablelosses._autograd.preference import _OddsRatio
 from stablelosses._spec import (
     check_choice,
     check_finite_nonnegative_real,
@@ -259,7 +259,7 @@ def orpo_loss(
     fn = "orpo_loss"
     beta, reduction = check_orpo_args("orpo_loss", beta, reduction)
     (c, r), _ = operands(fn, chosen_logps=chosen_logps, rejected_logps=rejected_logps)
-    return reduced(beta * _odds_ratio(c, r), reduction)
+    return reduced(beta * _OddsRatio.call(c, r), reduction)
 
 
 def simpo_loss(

@@ -7,7 +7,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.rmse import _rmse
+from stablelosses._autograd.rmse import _RMSE
 from stablelosses._spec import check_nonnegative, check_reduction
 from stablelosses._utils import cast, check_tensor, operand_dtypes, reduce
 from stablelosses.functional._masked import masked_residual
@@ -48,12 +48,12 @@ def _rmse_masked(r: Tensor, m: Tensor, reduction: str, eps: float) -> Tensor:
     """rmse of the selected residuals ``r`` (0 at False entries of ``m``)."""
     zero = r.new_zeros(())
     if reduction == "none":
-        return reduce(_rmse(r, zero, "none", eps)[0], reduction, m)
+        return reduce(_RMSE.call(r, zero, "none", eps)[0], reduction, m)
     if reduction == "mean":
         # sqrt(Σ r² / n + eps) = the 'sum' rmse of r / sqrt(n), n = number of True entries (≥ 1)
         n = m.expand(r.shape).sum().clamp_min(1).to(r.dtype)
         r = r * n.rsqrt()
-    return _rmse(r, zero, "sum", eps)[0]
+    return _RMSE.call(r, zero, "sum", eps)[0]
 
 
 def rmse_loss(
@@ -149,4 +149,4 @@ def rmse_loss(
     if mask is not None:
         r, m = masked_residual(fn, x, y, mask)
         return cast(_rmse_masked(r, m, reduction, eps), out_dtype)
-    return cast(_rmse(x, y, reduction, eps)[0], out_dtype)
+    return cast(_RMSE.call(x, y, reduction, eps)[0], out_dtype)

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from stablelosses import _backend
-from stablelosses._autograd.sigmoid_focal import _sigmoid_focal
+from stablelosses._autograd.sigmoid_focal import _SigmoidFocal
 from stablelosses._spec import check_alpha, check_finite_nonnegative, check_reduction
 from stablelosses._utils import cast, check_floating, operand_dtypes, reduce
 from stablelosses.functional._masked import check_mask
@@ -143,6 +143,6 @@ def sigmoid_focal_loss(
         m = check_mask(fn, mask, input.shape, device=input.device).to(input.device)
         # select, do not multiply: a NaN at a False entry is never read
         x, t = torch.where(m, x, 0.0), torch.where(m, t, 0.0)
-        return cast(reduce(_sigmoid_focal(x, t, alpha_f, gamma_f, "none"), reduction, m), out_dtype)
-    loss = _sigmoid_focal(x, t, alpha_f, gamma_f, reduction)
+        return cast(reduce(_SigmoidFocal.call(x, t, alpha_f, gamma_f, "none"), reduction, m), out_dtype)
+    loss = _SigmoidFocal.call(x, t, alpha_f, gamma_f, reduction)
     return cast(loss, out_dtype)

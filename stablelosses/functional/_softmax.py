@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from stablelosses import _backend
-from stablelosses._autograd.softmax import _log_softmax, _logsumexp, _softmax
+from stablelosses._autograd.softmax import _LogSoftmax, _LogSumExp, _Softmax
 from stablelosses._spec import check_flag, check_float_dtype, check_int
 from stablelosses._utils import (
     broadcasts_to,
@@ -150,8 +150,8 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False, *,
         return y
     out_dtype = x.dtype
     if x.ndim == 0:
-        return cast(_logsumexp(cast(x.reshape(1), compute_dtype(x)), (0,), False), out_dtype)
-    return cast(_logsumexp(cast(x, compute_dtype(x)), dims, keepdim), out_dtype)
+        return cast(_LogSumExp.call(cast(x.reshape(1), compute_dtype(x)), (0,), False), out_dtype)
+    return cast(_LogSumExp.call(cast(x, compute_dtype(x)), dims, keepdim), out_dtype)
 
 
 def softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtype | None = None, *,
@@ -201,7 +201,7 @@ def softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtype | 
     Replaces ``torch.softmax`` / ``F.softmax`` and ``softmax(x.masked_fill(~mask, -inf))``.
     """
     dtype = _positional_dtype("softmax", _stacklevel, dtype)  # type: ignore[assignment]
-    return _softmax_like(_softmax, "softmax", input, dim, mask, dtype)
+    return _softmax_like(_Softmax.call, "softmax", input, dim, mask, dtype)
 
 
 def log_softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtype | None = None, *,
@@ -257,4 +257,4 @@ def log_softmax(input: Tensor, dim: int, _stacklevel: int = 3, dtype: torch.dtyp
     Replaces ``torch.log_softmax`` / ``F.log_softmax``.
     """
     dtype = _positional_dtype("log_softmax", _stacklevel, dtype)  # type: ignore[assignment]
-    return _softmax_like(_log_softmax, "log_softmax", input, dim, mask, dtype)
+    return _softmax_like(_LogSoftmax.call, "log_softmax", input, dim, mask, dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stablelosses._autograd.sqrt import _safe_sqrt
+from stablelosses._autograd.sqrt import _SafeSqrt
 from stablelosses._utils import cast, check_tensor, compute_dtype
 from stablelosses.functional._operands import _float_result
 
@@ -45,4 +45,4 @@ def safe_sqrt(input: Tensor) -> Tensor:
     """
     x = _float_result(check_tensor("safe_sqrt", "input", input))
     out_dtype = x.dtype
-    return cast(_safe_sqrt(cast(x, compute_dtype(x))), out_dtype)
+    return cast(_SafeSqrt.call(cast(x, compute_dtype(x))), out_dtype)

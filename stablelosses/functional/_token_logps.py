@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.cross_entropy import _class_index_ce
+from stablelosses._autograd.cross_entropy import _ClassIndexCE
 from stablelosses._autograd.linear import compute_dtype, linear_chunks, stream_logits, whole_logits_needed
 from stablelosses._autograd.token_logps import token_logps_head
 from stablelosses._spec import check_chunk_size, check_flag, check_int, check_real, check_temperature
@@ -61,7 +61,7 @@ def logps_rows(x: Tensor, labels: Tensor, ignore_index: int) -> tuple[Tensor, Te
     ignored = target == ignore_index
     # any in-range index serves the ignored rows; an out-of-range label raises in nll_loss
     idx = target.clamp(0, max(x.shape[1] - 1, 0))
-    loss, invalid = _class_index_ce(x, target, idx, ignored, None, ignore_index, 0.0, 1, True)[:2]
+    loss, invalid = _ClassIndexCE.call(x, target, idx, ignored, None, ignore_index, 0.0, 1, True)[:2]
     return torch.rsub(loss, 0.0), ~invalid  # 0 − loss: +0.0 at invalid rows
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stablelosses._autograd.vector import _normalize
+from stablelosses._autograd.vector import _Normalize
 from stablelosses._spec import check_nonnegative, check_p_norm
 from stablelosses._utils import broadcast_shapes, cast, check_floating, compute_dtype, wrap_dim, write_out
 from stablelosses.functional._operands import _binary_operands
@@ -95,7 +95,7 @@ def normalize(
     xc = x.reshape(1) if x.ndim == 0 else x
     xw = xc.to(compute_dtype(xc))
     if pf >= 1.0:
-        y = _normalize(xw, pf, d, e)[0]
+        y = _Normalize.call(xw, pf, d, e)[0]
         if y.requires_grad and y.dtype == out_dtype:
             # backward saved y: the caller edits a copy in place, as F.normalize's result (one
             # pass here; recomputing y in backward would cost four)
@@ -165,8 +165,8 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 0.0) ->
     if len(shape) == 0:
         shape = torch.Size([1])
     a, b = a.expand(shape), b.expand(shape)
-    ua, _ = _normalize(a, 2.0, d, e)
-    ub, _ = _normalize(b, 2.0, d, e)
+    ua, _ = _Normalize.call(a, 2.0, d, e)
+    ub, _ = _Normalize.call(b, 2.0, d, e)
     out = (ua * ub).sum(d)
     return cast(out, out_dtype)
 

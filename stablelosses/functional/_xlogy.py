@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stablelosses._autograd.xlogy import _xlogy
+from stablelosses._autograd.xlogy import _XLogY
 from stablelosses._utils import cast
 from stablelosses.functional._operands import _binary_operands
 
@@ -49,4 +49,4 @@ def xlogy(input: Tensor | float, other: Tensor | float) -> Tensor:
     Replaces ``torch.special.xlogy`` and ``x * torch.log(y)``.
     """
     x, y, out_dtype = _binary_operands("xlogy", input, other, ("input", "other"))
-    return cast(_xlogy(x, y), out_dtype)
+    return cast(_XLogY.call(x, y), out_dtype)
