@@ -526,3 +526,28 @@ def test_probability_targets_nan_and_infinite_terms_row_by_row():
     torch.testing.assert_close(loss[6], F.cross_entropy(x.detach()[6:], q[6:], reduction="none")[0])
     (g,) = torch.autograd.grad(loss[[0, 4, 6]].sum(), x)
     assert torch.isfinite(g[[0, 4, 6]]).all() and g[0, 1] == 0 and g[4].eq(0).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_probability_targets_hazard_rows_compiled(label_smoothing):
+    """Compiled, the probability-target loss keeps every row's value and gradient of the eager
+    call (compiled code skips the extra log-softmax output's materialized zero gradient and
+    writes ``0·log 0`` with a select, not ``nansum``), NaN rows and terms included."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[0.5, -inf, 1.0], [0.5, -inf, 1.0], [0.5, 0.0, 1.0], [0.5, nan, 1.0],
+                      [inf, 0.0, 1.0], [inf, 0.0, 1.0], [0.2, 0.1, -0.3], [-inf, -inf, -inf]])
+    q = torch.tensor([[0.3, 0.0, 0.7], [0.3, 0.2, 0.5], [0.3, nan, 0.7], [0.2, 0.3, 0.5],
+                      [1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.1, 0.6, 0.3], [0.2, 0.3, 0.5]])
+
+    def f(z):
+        return SF.cross_entropy(z, q, reduction="none", label_smoothing=label_smoothing)
+
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = torch.compile(f, fullgraph=True)(x1), f(x2)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    rows = [0, 4, 6, 7]  # the rows whose eager gradient is finite
+    (g,) = torch.autograd.grad(got[rows].sum(), x1)
+    (g_ref,) = torch.autograd.grad(want[rows].sum(), x2)
+    assert torch.isfinite(g_ref[rows]).all()
+    torch.testing.assert_close(g, g_ref, equal_nan=True)

@@ -167,8 +167,10 @@ def probs_from(lsm: Tensor, fresh: bool) -> Tensor:
 
 
 def extra_log_softmax_grad(lsm: Tensor, grad_lsm: Tensor | None, cdim: int) -> Tensor | None:
-    """Gradient through the extra log-softmax output: ``g − softmax · Σ g``."""
-    if grad_lsm is None:
+    """Gradient through the extra log-softmax output: ``g − softmax · Σ g``. None while
+    compiling: only a double backward sends it a gradient, and compiled code is first order;
+    AOT autograd's materialized zero there cost two passes over the row (benchmarks/spellings.md)."""
+    if grad_lsm is None or torch.compiler.is_compiling():
         return None
     return grad_lsm - probs_from(lsm, False) * grad_lsm.sum(cdim, keepdim=True)
 
