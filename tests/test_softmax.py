@@ -285,3 +285,27 @@ def test_softmax_forward_is_the_kernel_plus_the_slice_max_and_two_fixes():
 
     x = torch.randn(8, 10)
     assert bytes_moved(lambda: SF.softmax(x, -1)).ops <= 5
+
+
+@pytest.mark.slow
+def test_log_softmax_and_entropy_hazard_rows_compiled():
+    """Compiled (log-sum-exp of the exact shift, whose row max is 0), the public log-softmax and
+    entropy keep eager's values on every hazard row and its gradient where that is finite."""
+    inf, nan = float("inf"), float("nan")
+    fmin = torch.finfo(torch.float32).min
+    x = torch.tensor([[0.5, -inf, 2.0, 1.0], [inf, 0.0, inf, 1.0], [-inf, -inf, -inf, -inf],
+                      [0.5, nan, 1.0, 0.0], [fmin, fmin, -inf, fmin], [3e38, -3e38, 0.0, 1e-30]])
+    w = torch.linspace(-1.0, 2.0, 4)
+
+    def f(z):
+        return SF.log_softmax(z, 1), SF.entropy(z)
+
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (y, h), (y_ref, h_ref) = torch.compile(f, fullgraph=True)(x1), f(x2)
+    torch.testing.assert_close(y, y_ref, equal_nan=True)
+    torch.testing.assert_close(h, h_ref, equal_nan=True)
+    rows = [0, 1, 2, 4, 5]  # not the NaN row
+    (g,) = torch.autograd.grad((y[rows].nan_to_num(0.0, 0.0, 0.0) * w).sum() + h[rows].sum(), x1)
+    (g_ref,) = torch.autograd.grad((y_ref[rows].nan_to_num(0.0, 0.0, 0.0) * w).sum() + h_ref[rows].sum(), x2)
+    assert torch.isfinite(g_ref[rows]).all()
+    torch.testing.assert_close(g, g_ref, equal_nan=True)
