@@ -288,24 +288,34 @@ def test_softmax_forward_is_the_kernel_plus_the_slice_max_and_two_fixes():
 
 
 @pytest.mark.slow
-def test_log_softmax_and_entropy_hazard_rows_compiled():
-    """Compiled (log-sum-exp of the exact shift, whose row max is 0), the public log-softmax and
-    entropy keep eager's values on every hazard row and its gradient where that is finite."""
+def test_log_softmax_entropy_and_logsumexp_hazard_rows_compiled():
+    """Compiled (log-sum-exp of the exact shift, whose row max is 0; logsumexp's softmax from its
+    output), the public log-softmax, entropy and logsumexp keep eager's values on every hazard
+    row and its gradient where that is finite."""
     inf, nan = float("inf"), float("nan")
     fmin = torch.finfo(torch.float32).min
     x = torch.tensor([[0.5, -inf, 2.0, 1.0], [inf, 0.0, inf, 1.0], [-inf, -inf, -inf, -inf],
                       [0.5, nan, 1.0, 0.0], [fmin, fmin, -inf, fmin], [3e38, -3e38, 0.0, 1e-30]])
-    w = torch.linspace(-1.0, 2.0, 4)
+    w, v = torch.linspace(-1.0, 2.0, 4), torch.linspace(0.5, 1.5, 5)
 
     def f(z):
-        return SF.log_softmax(z, 1), SF.entropy(z)
+        return SF.log_softmax(z, 1), SF.entropy(z), SF.logsumexp(z, 1)
 
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    (y, h), (y_ref, h_ref) = torch.compile(f, fullgraph=True)(x1), f(x2)
-    torch.testing.assert_close(y, y_ref, equal_nan=True)
-    torch.testing.assert_close(h, h_ref, equal_nan=True)
+    got, want = torch.compile(f, fullgraph=True)(x1), f(x2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, equal_nan=True)
     rows = [0, 1, 2, 4, 5]  # not the NaN row
-    (g,) = torch.autograd.grad((y[rows].nan_to_num(0.0, 0.0, 0.0) * w).sum() + h[rows].sum(), x1)
-    (g_ref,) = torch.autograd.grad((y_ref[rows].nan_to_num(0.0, 0.0, 0.0) * w).sum() + h_ref[rows].sum(), x2)
+
+    def total(y, h, lse):
+        return (y[rows].nan_to_num(0.0, 0.0, 0.0) * w).sum() + h[rows].sum() + (lse[rows] * v).sum()
+
+    (g,) = torch.autograd.grad(total(*got), x1)
+    (g_ref,) = torch.autograd.grad(total(*want), x2)
     assert torch.isfinite(g_ref[rows]).all()
     torch.testing.assert_close(g, g_ref, equal_nan=True)
+    # logsumexp's own gradient: the softmax with its limits, exact on the finfo.min row
+    (gl,) = torch.autograd.grad(torch.compile(lambda z: SF.logsumexp(z, 1)[rows].sum(), fullgraph=True)(x1), x1)
+    want_gl = torch.tensor([[0.0, 0, 0, 0], [0.5, 0, 0.5, 0], [0, 0, 0, 0], [1 / 3, 1 / 3, 0, 1 / 3], [1, 0, 0, 0]])
+    want_gl[0] = torch.softmax(x[0], 0)
+    torch.testing.assert_close(gl[rows], want_gl)
