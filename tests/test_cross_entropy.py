@@ -551,3 +551,30 @@ def test_probability_targets_hazard_rows_compiled(label_smoothing):
     (g_ref,) = torch.autograd.grad(want[rows].sum(), x2)
     assert torch.isfinite(g_ref[rows]).all()
     torch.testing.assert_close(g, g_ref, equal_nan=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weighted", [False, True])
+def test_label_smoothing_hazard_rows_compiled(weighted):
+    """Compiled, label smoothing keeps every row's value and gradient of the eager call: masked
+    classes, ``+inf`` rows (target at a ``+inf`` and at a finite class), a fully masked row, a
+    NaN row, a ``finfo.min`` row and an ignored row."""
+    inf, nan = float("inf"), float("nan")
+    fmin = torch.finfo(torch.float32).min
+    x = torch.tensor([[0.5, -inf, 2.0, 1.0], [inf, 0.0, inf, 1.0], [inf, 0.0, inf, 1.0],
+                      [-inf, -inf, -inf, -inf], [0.5, nan, 1.0, 0.0], [fmin, fmin, -inf, fmin],
+                      [0.3, 0.2, 0.1, 0.0], [3e38, -3e38, 0.0, 1e-30]])
+    t = torch.tensor([0, 0, 1, 2, 1, 0, -100, 0])
+    w = torch.tensor([0.5, 1.0, 1.5, 2.0]) if weighted else None
+
+    def f(z):
+        return SF.cross_entropy(z, t, weight=w, reduction="none", label_smoothing=0.2)
+
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = torch.compile(f, fullgraph=True)(x1), f(x2)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    rows = [0, 3, 5, 6]  # finite values (smoothing mass on a class of probability 0 gives +inf)
+    (g,) = torch.autograd.grad(got[rows].sum(), x1)
+    (g_ref,) = torch.autograd.grad(want[rows].sum(), x2)
+    assert torch.isfinite(want[rows]).all() and torch.isfinite(g_ref[rows]).all()
+    torch.testing.assert_close(g, g_ref, equal_nan=True)
