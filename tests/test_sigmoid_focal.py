@@ -505,3 +505,29 @@ def test_mean_gradient_with_alpha_at_an_end_and_a_target_near_one_keeps_its_digi
     xf = x.clone().requires_grad_()
     SF.sigmoid_focal_loss(xf, t, 0.0, 2.0, "mean").backward()
     torch.testing.assert_close(xf.grad.double(), xd.grad, rtol=1.5e-5, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("alpha", "gamma"), [(0.25, 2.0), (-1.0, 0.5), (0.0, 2.0), (1.0, 0.5)])
+def test_compiled_forward_matches_eager_on_extreme_inputs(alpha, gamma):
+    """Compiled, the forward takes the backward's quantities (one ``exp(-|x|)``) instead of
+    σ(±x) and softplus(±x): eager's values and gradients on saturated, tiny, infinite and NaN
+    logits and on soft, hard and NaN targets."""
+    nan = float("nan")
+    x0 = torch.tensor([1e4, -1e4, 30.0, -30.0, 1e-30, 0.0, -0.0, 2.5, -0.7, INF, -INF, INF, nan, 3.0])
+    t = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.3, 1.0, 0.0, 0.6, 1.0, 0.0, 0.0, 1.0, 0.5, nan])
+
+    def f(z):
+        return SF.sigmoid_focal_loss(z, t, alpha=alpha, gamma=gamma, reduction="none")
+
+    x1, x2 = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    got, want = torch.compile(f, fullgraph=True)(x1), f(x2)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    finite = torch.isfinite(want)
+    (g,) = torch.autograd.grad(got[finite].sum(), x1)
+    (g_ref,) = torch.autograd.grad(want[finite].sum(), x2)
+    torch.testing.assert_close(g, g_ref, equal_nan=True)
+    mean = torch.compile(lambda z: SF.sigmoid_focal_loss(z, t[:12], alpha=alpha, gamma=gamma, reduction="mean"),
+                         fullgraph=True)(x0[:12])
+    torch.testing.assert_close(mean, SF.sigmoid_focal_loss(x0[:12], t[:12], alpha=alpha, gamma=gamma,
+                                                           reduction="mean"))
