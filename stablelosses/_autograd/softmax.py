@@ -124,19 +124,20 @@ def _lse_softmax(
     ``exp(x - out)`` alone sums to 1 only where ``out`` rounds well: on a ``finfo.min`` slice
     ``out`` rounds back to ``finfo.min`` and every term is 1. Dividing by the computed sum
     gives the exact softmax at every magnitude. ``out = -inf``: shift by 0, every term is 0
-    (sum 1 by fiat, gradient 0). ``out = +inf``: ``x - out`` is NaN exactly at the ``+inf``
-    entries (-inf elsewhere), those terms become 1, and the sum counts them. NaN slices
-    stay NaN.
+    (sum 1 by fiat, gradient 0). ``out = +inf``: the ``+inf`` entries equal the shift (their
+    ``x - out`` is NaN), those terms become 1, and the sum counts them. NaN slices stay NaN.
+    Also the compiled first-order backward: two fused passes over the slice (a sum and the
+    output), where bounded + softmax found the max again (benchmarks/spellings.md).
     """
     if not keepdim:  # the wrapper makes scalars 1-d
         for d in sorted(dims):
             out = out.unsqueeze(d)
             grad = None if grad is None else grad.unsqueeze(d)
     neg_inf = out == -_INF
-    diff = x - out.masked_fill(neg_inf, 0)
+    shift = out.masked_fill(neg_inf, 0)
     # Double where (the NaN exponents become 0 before exp), so double backward never
-    # multiplies a zero gradient by NaN.
-    e = torch.exp(diff.masked_fill(torch.isnan(diff) & (out == _INF), 0))
+    # multiplies a zero gradient by NaN; a compare, which inductor vectorizes, not isnan.
+    e = torch.exp(torch.where(x == shift, 0.0, x - shift))
     p = e / torch.where(neg_inf, 1.0, e.sum(dims, keepdim=True))
     return p if grad is None else p * grad
 
@@ -148,9 +149,8 @@ class _LogSumExp(StableFunction):
     One dimension, first order: torch's ``softmax`` kernel on `bounded` x (bounded from the
     output: ``out ≥ max``, infinite exactly where the max is), times the incoming gradient
     with 0 on all-``-inf`` slices. One bound pass, the softmax's read and write and the
-    multiply: torch's own backward (``grad · exp(x − out)``) makes as many passes. Compiled:
-    ``exp`` of the shift by ``out`` over its sum, two fused passes. Double backward and several
-    dimensions: the differentiable `_lse_softmax`.
+    multiply: torch's own backward (``grad · exp(x − out)``) makes as many passes. Compiled,
+    double backward and several dimensions: the differentiable `_lse_softmax`.
 
     The argmax entry's exact tail (``log1p`` of the other terms, where ``1 + δ`` rounds to 1)
     is not kept here: it needs every ``exp`` in the forward, two passes over the input more
@@ -174,20 +174,14 @@ class _LogSumExp(StableFunction):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, out = ctx.saved_tensors
-        if len(ctx.dims) != 1 or x.shape[ctx.dims[0]] == 0 or torch.is_grad_enabled():
+        if (len(ctx.dims) != 1 or x.shape[ctx.dims[0]] == 0 or torch.is_grad_enabled()
+                or torch.compiler.is_compiling()):
             # NaN slices: the NaN in the softmax carries through
             return _lse_softmax(x, out, ctx.dims, ctx.keepdim, grad), None, None
         dim = ctx.dims[0]
         if not ctx.keepdim:
             out, grad = out.unsqueeze(dim), grad.unsqueeze(dim)
         g = grad.masked_fill(out == -_INF, 0.0)
-        if torch.compiler.is_compiling():
-            # the softmax from the forward's output (x == out: a +inf max, an all-(-inf) slice,
-            # or a max that alone makes the sum), one sum pass and the output pass, where bounded
-            # + softmax found the row max again (8192x1000 fwd+bwd 1.37-1.41x → 1.24-1.27x
-            # compiled torch's; benchmarks/spellings.md)
-            e = torch.exp(torch.where(x == out, 0.0, x - out))
-            return e * (g / e.sum(dim, keepdim=True)), None, None
         p = softmax_over(bounded(x, out), dim)
         # written over p, the backward's own buffer: one (N, C) buffer fewer at the peak
         # (logsumexp 1024x1000 fwd+bwd peak 0.67x → 0.33x torch's)
