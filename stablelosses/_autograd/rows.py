@@ -86,6 +86,14 @@ def bounded(x: Tensor, m: Tensor, drop: Tensor | None = None) -> Tensor:
 # --- log-softmax of a row ---------------------------------------------------------------------
 
 
+def _log_softmax_max0(z: Tensor, cdim: int) -> Tensor:
+    """``log_softmax(z)`` for a ``z`` whose row max is 0 (NaN on NaN rows), compiled:
+    ``z − log Σ exp z``, where inductor's log-softmax finds that max again, one read of the row
+    more (log_softmax 8192x1000 fwd+bwd 1.16-1.20x → 1.03-1.07x compiled torch's; label
+    smoothing's forward 4 → 3 loops over the row; benchmarks/spellings.md)."""
+    return z - torch.exp(z).sum(cdim, keepdim=True).log()
+
+
 def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     """torch's ``log_softmax`` of ``x`` bounded per row (see ``bounded``), and the row max.
 
@@ -95,13 +103,9 @@ def fast_log_softmax(x: Tensor, cdim: int) -> tuple[Tensor, Tensor]:
     row becomes a finite uniform row (the caller reads it off ``m == -inf``).
     """
     m = x.amax(cdim, keepdim=True)
-    if torch.compiler.is_compiling():
-        # the bounded row's max is m bounded, which inductor's log_softmax finds again: one
-        # read of the row fewer (label smoothing's compiled forward 4 → 3 loops over the row;
-        # benchmarks/spellings.md)
+    if torch.compiler.is_compiling():  # the bounded row's max is m bounded
         fmax = torch.finfo(x.dtype).max
-        z = bounded(x, m) - m.clamp(-fmax, fmax)
-        return z - torch.exp(z).sum(cdim, keepdim=True).log(), m
+        return _log_softmax_max0(bounded(x, m) - m.clamp(-fmax, fmax), cdim), m
     return log_softmax_over(bounded(x, m), cdim), m
 
 
@@ -152,11 +156,9 @@ def exact_log_softmax(
         # NaN rows stay NaN here (x == m is false there): only fully masked rows need a fix
         z = torch.where(x == m, 0.0, x - m)
         if masked_rows_inf and torch.compiler.is_compiling():
-            # z's row max is 0 (NaN on NaN rows), which inductor's log_softmax finds again:
-            # one read of the row fewer (log_softmax 8192x1000 fwd+bwd 1.16-1.20x → 1.03-1.07x
-            # compiled torch's). Only for the public log-softmax and entropy: the
-            # cross-entropy callers' partitioner then recomputed the row (benchmarks/spellings.md)
-            lsm = z - torch.exp(z).sum(cdim, keepdim=True).log()
+            # only for the public log-softmax and entropy: the cross-entropy callers'
+            # partitioner then recomputed the row (benchmarks/spellings.md)
+            lsm = _log_softmax_max0(z, cdim)
         else:
             lsm = torch.log_softmax(z, cdim)
         return (lsm if masked_fix is None else lsm + masked_fix), m
