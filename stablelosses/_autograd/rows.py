@@ -202,6 +202,13 @@ def class_shape(ndim: int, cdim: int) -> list[int]:
     return shape
 
 
+def is_target(t: Tensor, index: Tensor, cdim: int) -> Tensor:
+    """``True`` at the class ``index`` (keepdim, along ``cdim``) of each row of ``t``'s shape: a
+    compare that inductor fuses into the row's loop where a scatter or gather is a pass of its
+    own (the compiled spellings)."""
+    return torch.arange(t.shape[cdim], device=t.device).view(class_shape(t.dim(), cdim)) == index
+
+
 def put(t: Tensor, dim: int, index: Tensor, src: Tensor | float, add: bool = False) -> Tensor:
     """``t.scatter_(dim, index, src)`` (``scatter_add_`` with ``add``) on a Function's own fresh
     ``t``: N entries written in place. Out of place under a ``torch.func`` transform, and only
@@ -247,8 +254,7 @@ def fused_index_row(
     d = torch.where(b_t < v, (d_below - e_t) + n_top, d_below + (n_top - 1.0)) + (v - v)  # NaN rows
     q_t = 1.0 / (d + 1.0)
     r = d * q_t
-    hit = torch.arange(x.shape[cdim], device=x.device).view(class_shape(x.dim(), cdim)) == idx_u
-    return torch.where(hit, -r, e * q_t), q_t, r
+    return torch.where(is_target(x, idx_u, cdim), -r, e * q_t), q_t, r
 
 
 def target_nll(
