@@ -14,6 +14,18 @@ def test_private_names_exist_on_this_torch():
     assert _compat._disable_functorch is not None
     assert _compat._is_fake is not None
     assert hasattr(torch.zeros(1), "_is_zerotensor")
+    assert _compat.set_grad_mode is not torch.set_grad_enabled
+
+
+def test_set_grad_mode_sets_grad_mode_and_so_does_its_fallback():
+    for switch in (_compat.set_grad_mode, torch.set_grad_enabled):
+        assert torch.is_grad_enabled()
+        switch(False)
+        try:
+            assert not torch.is_grad_enabled()
+        finally:
+            switch(True)
+        assert torch.is_grad_enabled()
 
 
 def test_functorch_transforms_active_sees_vmap():
