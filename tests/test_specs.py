@@ -157,7 +157,8 @@ BETA = ((0.1, 0, 2.0), ((-0.1, ValueError), (NAN, ValueError), (INF, ValueError)
                         (True, TypeError), (None, TypeError)))
 PROBABILITY = ((0.0, 0, 0.1, 1.0), ((-0.1, ValueError), (1.5, ValueError), (NAN, ValueError), ("0.1", TypeError),
                                     (True, TypeError), (None, TypeError)))
-ANY_REAL = ((0.5, 0, -1.0), (("0.5", TypeError), (True, TypeError), (None, TypeError)))
+FINITE_REAL = ((0.5, 0, -1.0), (("0.5", TypeError), (True, TypeError), (None, TypeError), (NAN, ValueError),
+                                 (INF, ValueError), (-INF, ValueError)))
 FLOAT_TEMPERATURE = ((0.05, 1, 2.5), ((0, ValueError), (-1.0, ValueError), (INF, ValueError), (NAN, ValueError),
                                       ("0.1", TypeError), (True, TypeError), (None, TypeError),
                                       (torch.tensor([0.5, 1.0]), TypeError)))
@@ -206,7 +207,7 @@ ARGS: dict[str, dict[str, tuple]] = {
     "dpo_loss": {"beta": BETA, "loss_type": _choice("sigmoid", "robust", "hinge", "ipo", "apo_zero", "apo_down"),
                  "label_smoothing": PROBABILITY, "reduction": REDUCTION},
     "orpo_loss": {"beta": BETA, "reduction": REDUCTION},
-    "simpo_loss": {"beta": BETA, "gamma_beta_ratio": ANY_REAL, "label_smoothing": PROBABILITY,
+    "simpo_loss": {"beta": BETA, "gamma_beta_ratio": FINITE_REAL, "label_smoothing": PROBABILITY,
                    "reduction": REDUCTION},
     "cpo_loss": {"beta": BETA, "label_smoothing": PROBABILITY, "reduction": REDUCTION},
     "kto_loss": {"beta": BETA, "desirable_weight": BETA, "undesirable_weight": BETA, "reduction": REDUCTION},

@@ -42,8 +42,10 @@ def check_orpo_args(fn: str, beta: object, reduction: object) -> list:
 
 def check_simpo_args(fn: str, beta: object, gamma_beta_ratio: object, label_smoothing: object,
                      reduction: object) -> list:
-    return [check_beta(fn, beta), check_real(fn, "gamma_beta_ratio", gamma_beta_ratio),
-            check_smoothing(fn, label_smoothing), check_reduction(fn, reduction)]
+    # a finite number: NaN or ±inf would make every loss NaN or infinite
+    ratio = check_real(fn, "gamma_beta_ratio", gamma_beta_ratio,
+                       (("finite", lambda v: -float("inf") < v < float("inf")),))
+    return [check_beta(fn, beta), ratio, check_smoothing(fn, label_smoothing), check_reduction(fn, reduction)]
 
 
 def check_cpo_args(fn: str, beta: object, label_smoothing: object, reduction: object) -> list:
@@ -294,8 +296,8 @@ def simpo_loss(
     Raises:
         TypeError: an input is not a floating-point tensor, or ``beta``, ``gamma_beta_ratio`` or
             ``label_smoothing`` is not a real number.
-        ValueError: shapes differ, ``beta`` is negative, ``label_smoothing`` is outside $[0, 1]$,
-            or ``reduction`` is unknown.
+        ValueError: shapes differ, ``beta`` is negative, ``gamma_beta_ratio`` is NaN or
+            infinite, ``label_smoothing`` is outside $[0, 1]$, or ``reduction`` is unknown.
 
     Example:
         >>> import torch
