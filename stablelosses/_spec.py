@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from stablelosses._compat import functorch_transforms_active, is_fake
+
 __all__ = [
     "REDUCTIONS", "KL_REDUCTIONS", "quoted", "check_reduction", "check_torch_reduction", "TORCH_INVALID",
     "check_flag", "check_int",
@@ -254,15 +256,24 @@ def check_label_smoothing(fn: str, value: object, name: str = "label_smoothing")
 
 
 def check_temperature(fn: str, value: object, name: str = "temperature") -> Any:
-    """A finite float > 0, or any 0-dim tensor unchecked (a learnable temperature: reading it
-    would sync)."""
+    """A finite float > 0, or a 0-dim tensor.
+
+    A tensor that does not require grad is read and checked as a number (a host read, as
+    torch's parser's). A learnable one (``requires_grad``) is not read, since that would sync
+    every step, nor is any tensor while compiling, under ``torch.func`` or without values (meta,
+    fake): there a value that is not finite and > 0 becomes NaN (a select on the tensor, whose
+    gradient passes where the value is valid), never a silently wrong loss."""
+    rule = (("a finite float > 0", lambda v: 0 < v < float("inf")),)
     if isinstance(value, torch.Tensor):
         if value.ndim != 0:
             raise ValueError(f"{fn}: {name} must be a number or a 0-dim tensor, got shape "
                              f"{tuple(value.shape)}")
+        if (value.requires_grad or value.is_meta or torch.compiler.is_compiling()
+                or functorch_transforms_active() or is_fake(value)):
+            return torch.where((value > 0) & (value < float("inf")), value, float("nan"))
+        check_real(fn, name, float(value), rule, type_words="a float > 0")
         return value
-    return check_real(fn, name, value, (("a finite float > 0", lambda v: 0 < v < float("inf")),),
-                      type_words="a float > 0")
+    return check_real(fn, name, value, rule, type_words="a float > 0")
 
 
 def check_alpha(fn: str, value: object, name: str = "alpha") -> float:

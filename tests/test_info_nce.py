@@ -95,6 +95,10 @@ def test_learnable_temperature_tensor():
     (g1,) = torch.autograd.grad(SF.info_nce_loss(q, k, t1, symmetric=True), t1)
     (g2,) = torch.autograd.grad(naive_info_nce(q, k, t2, symmetric=True), t2)
     torch.testing.assert_close(g1, g2)
+    # not read (no host sync): a value <= 0 gives NaN; a tensor without grad is read and refused
+    assert torch.isnan(SF.info_nce_loss(q, k, torch.tensor(-0.2, requires_grad=True)))
+    with pytest.raises(ValueError, match="info_nce_loss: temperature must be a finite float > 0"):
+        SF.info_nce_loss(q, k, torch.tensor(-0.2))
 
 
 def test_nan_propagates():

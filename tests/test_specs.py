@@ -137,7 +137,7 @@ FLOAT_DTYPE = ((None, torch.float32, torch.float64, torch.float16),
 FILL = ((0.0, 1, -2.5, INF, NAN), (("0", TypeError), (True, TypeError), (None, TypeError)))
 TEMPERATURE = ((0.07, 1, 2.5, torch.tensor(0.5)),
                ((0, ValueError), (-1.0, ValueError), (INF, ValueError), (NAN, ValueError), ("0.1", TypeError),
-                (True, TypeError), (None, TypeError), (torch.ones(2), ValueError)))
+                (True, TypeError), (None, TypeError), (torch.ones(2), ValueError), (torch.tensor(-1.0), ValueError)))
 ALPHA = ((0.25, 0, 1.0, -1), ((1.5, ValueError), (-0.5, ValueError), (NAN, ValueError), ("0.25", TypeError),
                               (True, TypeError), (None, TypeError)))
 P_NORM = ((2.0, 1, 0.5, INF, torch.tensor(2.0)),

@@ -392,6 +392,8 @@ _H, _W = torch.randn(2, 3, 4), torch.randn(5, 4)
     (lambda: SF.token_logps(_X, _L[:, :2]), ValueError, "token_logps: labels shape"),
     (lambda: SF.token_logps(_X.long(), _L), TypeError, "token_logps: logits must be a floating"),
     (lambda: SF.token_logps(_X, _L, temperature=0.0), ValueError, "token_logps: temperature must be"),
+    (lambda: SF.token_logps(_X, _L, temperature=torch.tensor(-1.0)), ValueError, "token_logps: temperature must be"),
+    (lambda: SF.sequence_logps(_X, _L, temperature=torch.tensor(0.0)), ValueError, "sequence_logps: temperature must"),
     (lambda: SF.token_logps(_X, _L, ignore_index=True), TypeError, "token_logps: ignore_index must be an int"),
     (lambda: SF.token_logps(torch.randn(2, 0), torch.zeros(2, dtype=torch.long)), ValueError, "at least one"),
     (lambda: SF.token_logps(_X, torch.full((2, 3), 7)), IndexError, "out of bounds"),
@@ -432,3 +434,19 @@ def test_forward_mode_and_hessian():
     torch.testing.assert_close(torch.func.jacfwd(f)(x.detach()), torch.func.jacrev(f)(x.detach()))
     torch.testing.assert_close(torch.func.hessian(f)(x.detach()),
                                torch.func.jacrev(torch.func.jacrev(f))(x.detach()))
+
+
+@pytest.mark.parametrize("fn", [SF.token_logps, SF.sequence_logps], ids=["token_logps", "sequence_logps"])
+def test_a_learnable_temperature_is_not_read_and_an_invalid_one_gives_nan(fn):
+    # requires_grad: no host read (a sync per step); a value <= 0 or inf is NaN, not a
+    # silently wrong log-prob (log_softmax(-x) at T = -1)
+    for bad in (0.0, -1.0, float("inf")):
+        t = torch.tensor(bad, requires_grad=True)
+        assert torch.isnan(fn(_X, _L, temperature=t)[..., 0]).all()
+    t = torch.tensor(0.7, requires_grad=True)
+    out = fn(_X, _L, temperature=t)
+    torch.testing.assert_close(out, fn(_X, _L, temperature=0.7))
+    (g,) = torch.autograd.grad(out.sum(), t)
+    t64 = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    (want,) = torch.autograd.grad(fn(_X.double(), _L, temperature=t64).sum(), t64)
+    torch.testing.assert_close(g, want.float())

@@ -59,8 +59,9 @@ def info_nce_loss(
     Args:
         query: embeddings $(N, D)$.
         key: embeddings $(N, D)$; ``key[i]`` is the positive of ``query[i]``.
-        temperature: $\tau > 0$, a float or a 0-dim tensor (learnable, not value-checked).
-            Default: ``0.07``.
+        temperature: $\tau > 0$, a float or a 0-dim tensor. A learnable one
+            (``requires_grad``) is not read (no host sync): a value that is not finite and
+            $> 0$ gives NaN. Default: ``0.07``.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the $N$ rows. Default: ``'mean'``.
         symmetric: average the query→key and key→query losses (CLIP). Default: ``False``.
         mask: bool tensor, True = counts, broadcastable to ``(N,)`` (keyword-only);

@@ -104,7 +104,9 @@ def token_logps(
         logits: ``(..., V)`` floating point.
         labels: ``(...)`` integer class indices (``logits.shape[:-1]``).
         ignore_index: label value of positions that give 0. Default: ``-100``.
-        temperature: ``T > 0``, a float or a 0-d tensor. Default: ``1.0``.
+        temperature: ``T > 0``, a float or a 0-d tensor. A learnable one (``requires_grad``)
+            is not read (no host sync): a value that is not finite and > 0 gives NaN.
+            Default: ``1.0``.
 
     Returns:
         ``labels.shape``, ``logits``' dtype (float32 for float16/bfloat16 logits, which are
