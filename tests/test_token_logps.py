@@ -450,3 +450,15 @@ def test_a_learnable_temperature_is_not_read_and_an_invalid_one_gives_nan(fn):
     t64 = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
     (want,) = torch.autograd.grad(fn(_X.double(), _L, temperature=t64).sum(), t64)
     torch.testing.assert_close(g, want.float())
+
+
+def test_a_plus_inf_logit_from_finite_hidden_states_as_documented():
+    # h @ w.T overflows to +inf in row 0: with return_entropy (whole rows) the limit, as
+    # token_logps gives; without it NaN (documented: a bounding pass per block would be needed)
+    h, w, lab = torch.tensor([[1e20], [1.0]]), torch.tensor([[1e20], [1.0], [-1.0]]), torch.tensor([0, 1])
+    want = SF.token_logps(h @ w.T, lab)
+    assert want[0] == 0 and want[1] == -1e20
+    logp, _ = SF.linear_token_logps(h, w, lab, return_entropy=True)
+    torch.testing.assert_close(logp, want)
+    blocked = SF.linear_token_logps(h, w, lab)
+    assert torch.isnan(blocked[0]) and blocked[1] == want[1]
