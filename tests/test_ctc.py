@@ -178,3 +178,16 @@ def test_compiled_fullgraph_gives_the_eager_value_and_gradient(reduction, zero_i
     (g_got,), (g_want,) = torch.autograd.grad(got, a, w), torch.autograd.grad(want, b, w)
     torch.testing.assert_close(g_got, g_want)
     assert torch.equal(g_got[:, 2], torch.zeros_like(g_got[:, 2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_log_probs_under_autocast_give_float32_as_torch(dtype):
+    # torch's ctc_loss is on autocast's float32 list: a half input gives a float32 loss there
+    lp = torch.randn(6, 2, 4, generator=torch.Generator().manual_seed(0)).log_softmax(2).to(dtype)
+    args = (torch.tensor([[1, 2], [3, 3]]), torch.tensor([6, 5]), torch.tensor([2, 2]))
+    with torch.autocast("cpu", dtype=dtype):
+        want = F.ctc_loss(lp, *args)
+        got = SF.ctc_loss(lp, *args)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want)
+    assert SF.ctc_loss(lp, *args).dtype == dtype  # outside autocast: the input's dtype

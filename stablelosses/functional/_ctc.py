@@ -18,7 +18,7 @@ from torch import Tensor
 
 from stablelosses._spec import check_flag
 from stablelosses._utils import cast
-from stablelosses.functional._torch_losses import call_torch, check_reduction, check_tensors, up
+from stablelosses.functional._torch_losses import call_torch, check_reduction, check_tensors, out_dtype, up
 
 __all__ = ["ctc_loss"]
 
@@ -144,7 +144,8 @@ def ctc_loss(
         zero_infinity: give 0 (not ``inf``) for an impossible sample. Default: ``False``.
 
     Returns:
-        A scalar, or ``(N,)`` for ``'none'``; ``log_probs``' dtype.
+        A scalar, or ``(N,)`` for ``'none'``; ``log_probs``' dtype (float32 for float16/bfloat16
+        under autocast, as torch's).
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
@@ -169,7 +170,7 @@ def ctc_loss(
     red = check_reduction(fn, reduction)
     check_flag(fn, "zero_infinity", zero_infinity)
     check_tensors(fn, log_probs=log_probs)
-    dtype = log_probs.dtype
+    dtype = out_dtype(log_probs) or log_probs.dtype  # float32 under autocast, as torch's (its float32 list)
     lp = up(log_probs)
     if isinstance(targets, torch.Tensor):
         # torch's CPU kernel reads non-contiguous concatenated (1-d) targets wrong: a strided
