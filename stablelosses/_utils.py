@@ -7,8 +7,9 @@ tensor values, so it costs no host sync and traces under ``torch.compile(fullgra
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -302,3 +303,26 @@ def promote_types(a: torch.dtype, b: torch.dtype) -> torch.dtype:
         return torch.promote_types(a, b)
     found = _PROMOTED.get((a, b))
     return torch.promote_types(a, b) if found is None else found
+
+
+class TargetIndexError(IndexError, RuntimeError):
+    """A class index out of range in a fused linear loss: torch's ``IndexError`` ("Target 7 is
+    out of bounds.", as ``nll_loss`` and ``F.linear_cross_entropy`` raise it), and also the
+    ``RuntimeError`` of the gather that finds it."""
+
+
+_OUT_OF_BOUNDS = re.compile(r"index (-?\d+) is out of bounds for dimension")
+
+
+def target_index_errors(fn: str, call: Callable[[], Any]) -> Any:
+    """``call()``, with a gather's out-of-range ``RuntimeError`` raised again as
+    `TargetIndexError` in torch's words. Traced code calls it plainly."""
+    if torch.compiler.is_compiling():
+        return call()
+    try:
+        return call()
+    except RuntimeError as e:
+        found = _OUT_OF_BOUNDS.search(str(e))
+        if found is None or isinstance(e, TargetIndexError):
+            raise
+        raise TargetIndexError(f"{fn}: Target {found.group(1)} is out of bounds.") from None

@@ -594,7 +594,7 @@ _X, _W, _B, _T = _data(n=4, h=3, v=5, dtype=torch.float32)
         (dict(chunk_size=2.0), TypeError, "chunk_size must be an int or None"),
         (dict(label_smoothing=1.5), RuntimeError, "label_smoothing must be between 0.0 and 1.0"),
         (dict(label_smoothing="x"), TypeError, "label_smoothing must be a float"),
-        (dict(target=torch.tensor([0, 1, 7, 2])), RuntimeError, "out of bounds"),
+        (dict(target=torch.tensor([0, 1, 7, 2])), IndexError, "Target 7 is out of bounds"),
     ],
 )
 def test_argument_errors(kwargs, exc, match):

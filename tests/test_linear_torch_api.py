@@ -543,3 +543,17 @@ def test_message_keeps_ours_and_says_torchs():
     with pytest.raises(RuntimeError, match=r"target must hold class indices.*\(torch: expected input with "
                                            r"dimensionality 1 or 2, got 3\)"):
         SF.linear_cross_entropy(x.reshape(3, 4, H), w, t.float().reshape(3, 4))
+
+
+@pytest.mark.parametrize("fn", [SF.linear_cross_entropy, SF.linear_focal_loss], ids=["ce", "focal"])
+@pytest.mark.parametrize("target, ignore_index", [([0, 1, 7], -100), ([0, -100, 1], 3), ([0, -1, 1], -100)])
+def test_a_target_out_of_range_is_torchs_index_error(fn, target, ignore_index):
+    x, w, t = torch.randn(3, 4), torch.randn(5, 4), torch.tensor(target)
+    bad = next(v for v in target if not 0 <= v < 5)
+    if HAS_TORCH_LCE:
+        with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+            F.linear_cross_entropy(x, w, t, ignore_index=ignore_index)
+    for reduction in ("mean", "none"):
+        with pytest.raises(IndexError, match=f"Target {bad} is out of bounds") as caught:
+            fn(x, w, t, ignore_index=ignore_index, reduction=reduction)
+        assert isinstance(caught.value, RuntimeError)  # the gather's type, as documented before

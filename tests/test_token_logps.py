@@ -360,7 +360,7 @@ def test_linear_out_of_range_label_raises_in_any_block(monkeypatch):
     x, w, b, labels = _linear(n_rows=(2, 5), v=11)
     for bad in (11, -3):
         labels[1, 2] = bad
-        with pytest.raises(RuntimeError, match="out of bounds"):
+        with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):  # as token_logps
             SF.linear_token_logps(x, w, labels, linear_bias=b)
 
 

@@ -36,6 +36,7 @@ from stablelosses._utils import (
     check_tensor,
     no_autocast,
     promote_types,
+    target_index_errors,
 )
 from stablelosses.functional._cross_entropy import _INDEX_DTYPES
 from stablelosses.functional._linear_options import reduce_rows, resolve_options
@@ -562,13 +563,14 @@ def linear_cross_entropy(
             `ignore_index`/`chunk_size`, non-number `label_smoothing`/`z_loss`/`softcap`,
             `options` of another type.
         RuntimeError: `linear_weight`/`linear_bias`/`weight` shape, `target` dtype,
-            `label_smoothing` outside $[0, 1]$, a target index out of range (raised by the
-            gather), a K-dimensional `linear_weight` without an $(N, H)$
+            `label_smoothing` outside $[0, 1]$, a K-dimensional `linear_weight` without an $(N, H)$
             input, `ignore_index` given with probability targets (as torch), a target of the
             logits' shape (probabilities, by torch's rule) that is not floating point. The
             checks run in torch's order and each shape/dtype message ends with torch's own
             words, `(torch: ...)`; an input of more than 2 dimensions (ours: torch takes 1-D or
             2-D input) that fails a check raises torch's `RuntimeError` for its dimensionality.
+        IndexError: a target index out of range (torch's "Target 7 is out of bounds."; also a
+            `RuntimeError`, the type of the gather that finds it).
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Shape:
@@ -612,10 +614,10 @@ def linear_cross_entropy(
     )
     eps = check_label_smoothing(fn, label_smoothing)  # cross_entropy's check
     norm = check_normalizer(fn, normalizer, reduction)
-    return _linear_loss(
+    return target_index_errors(fn, lambda: _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, None, chunk,
         mask, options, shapes, norm,
-    )
+    ))
 
 
 @_accepts_old_spelling
@@ -715,8 +717,8 @@ def linear_focal_loss(
     )
     g = check_finite_nonnegative(fn, "gamma", gamma)
     norm = check_normalizer(fn, normalizer, reduction)
-    return _linear_loss(
+    return target_index_errors(fn, lambda: _linear_loss(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, 0.0, z, cap, g, chunk, mask,
         options, shapes, norm,
-    )
+    ))
 

@@ -17,7 +17,7 @@ from stablelosses._autograd.cross_entropy import _ClassIndexCE
 from stablelosses._autograd.linear import compute_dtype, linear_chunks, stream_logits, whole_logits_needed
 from stablelosses._autograd.token_logps import token_logps_head
 from stablelosses._spec import check_chunk_size, check_flag, check_int, check_real, check_temperature
-from stablelosses._utils import check_floating, check_tensor, no_autocast, upcast
+from stablelosses._utils import check_floating, check_tensor, no_autocast, target_index_errors, upcast
 from stablelosses.functional._masked import entropy as entropy_of
 
 
@@ -262,8 +262,8 @@ def _linear_token_logps(
         with no_autocast(x.device.type):
             out = dense((stream_logits(x2, w, b, compute_dtype([x, w, b])),), rows)
     else:
-        out = linear_chunks(token_logps_head(entropy, scaled_t), [(x2, w, b)], rows, chunk_size=chunk_size,
-                            dense=dense)
+        out = target_index_errors(fn, lambda: linear_chunks(
+            token_logps_head(entropy, scaled_t), [(x2, w, b)], rows, chunk_size=chunk_size, dense=dense))
     logp = out[:, 0].view(lab.shape)
     return logp, (out[:, 1].view(lab.shape) if entropy else None), lab
 
@@ -318,8 +318,8 @@ def linear_token_logps(
     Raises:
         TypeError: a tensor has the wrong dtype, or a scalar argument the wrong type.
         ValueError: the shapes do not fit, or a scalar argument is out of range.
-        RuntimeError: a label that is not ``ignore_index`` is out of range (torch's gather error;
-            the logits forms raise ``nll_loss``'s IndexError).
+        IndexError: a label that is not ``ignore_index`` is out of range (as the logits forms;
+            also a ``RuntimeError``, the type of the gather that finds it).
 
     Example:
         >>> import torch
@@ -373,8 +373,8 @@ def linear_sequence_logps(
     Raises:
         TypeError: a tensor has the wrong dtype, or a scalar argument the wrong type.
         ValueError: the shapes do not fit, ``labels`` is 0-d, or a scalar argument is out of range.
-        RuntimeError: a label that is not ``ignore_index`` is out of range (torch's gather error;
-            the logits forms raise ``nll_loss``'s IndexError).
+        IndexError: a label that is not ``ignore_index`` is out of range (as the logits forms;
+            also a ``RuntimeError``, the type of the gather that finds it).
 
     Example:
         >>> import torch
