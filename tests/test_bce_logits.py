@@ -166,3 +166,28 @@ def test_bool_pos_weight_is_torchs_runtime_error():
         F.binary_cross_entropy_with_logits(x, t, pos_weight=pw)
     with pytest.raises(RuntimeError, match="pos_weight"):
         SF.binary_cross_entropy_with_logits(x, t, pos_weight=pw)
+
+
+@pytest.mark.parametrize("shape, weight, pos_weight", [
+    ((3, 4), (2, 3, 4), None),
+    ((3, 4), None, (2, 3, 4)),
+    ((3, 1), (3, 4), None),
+    ((), None, (1,)),
+], ids=["weight-adds-a-dimension", "pos_weight-adds-a-dimension", "weight-widens", "pos_weight-on-a-scalar"])
+def test_an_argument_that_would_enlarge_input_is_torchs_runtime_error(shape, weight, pos_weight):
+    # torch's kernel multiplies in place into input's shape
+    x, t = torch.randn(shape), torch.rand(shape)
+    w = None if weight is None else torch.ones(weight)
+    pw = None if pos_weight is None else torch.full(pos_weight, 2.0)
+    name = "weight" if weight is not None else "pos_weight"
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        F.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction="none")
+    with pytest.raises(RuntimeError, match=f"binary_cross_entropy_with_logits: {name} of shape"):
+        SF.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction="none")
+
+
+def test_weight_and_pos_weight_that_fit_input_broadcast_as_torch():
+    x, t = torch.randn(2, 3, 4), torch.rand(2, 3, 4)
+    w, pw = torch.rand(3, 1), torch.rand(4)
+    torch.testing.assert_close(SF.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction="none"),
+                               F.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction="none"))

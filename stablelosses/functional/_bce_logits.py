@@ -22,6 +22,7 @@ from stablelosses._utils import reduce as _reduce
 from stablelosses.functional._torch_losses import (
     NOT_IMPLEMENTED,
     call_torch,
+    check_fits_input,
     check_floating_input,
     check_reduction,
     check_tensors,
@@ -117,7 +118,7 @@ def binary_cross_entropy_with_logits(
             ``input``'s (torch's check).
         TypeError: an argument is not a tensor.
         RuntimeError: ``target`` is not floating-point; ``weight`` or ``pos_weight`` does not
-            broadcast.
+            broadcast to ``input``'s shape (also where it would enlarge it, as torch).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -155,6 +156,8 @@ def binary_cross_entropy_with_logits(
         raise RuntimeError(
             f"{fn}: target must be a floating-point tensor of probabilities, got {target.dtype}"
         )
+    # torch's kernel multiplies in place into input's shape (pos_weight meets target, input's shape)
+    check_fits_input(fn, input, weight=weight, pos_weight=pos_weight)
     dtype = out_dtype(target)  # torch's kernel writes in target's dtype
     x, t, w, pw = up(input), up(target), up(weight), up(pos_weight)
     loss = call_torch(fn, weighted_bce_terms, ("input", "target", "pos_weight", "weight"), x, t, pw, w)

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from stablelosses._compat import forward_ad_active, functorch_transforms_active, is_transform_wrapped
 from stablelosses._spec import TORCH_INVALID, check_torch_reduction
-from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, cast, legacy_reduction
+from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, broadcast_shapes, cast, legacy_reduction
 from stablelosses._utils import reduce as _reduce
 
 __all__ = [
@@ -130,6 +130,25 @@ def call_torch(
         except Exception:  # noqa: BLE001 - an exception class with another constructor: keep torch's
             raise e from None
         raise renamed from None
+
+
+def check_fits_input(fn: str, input: Tensor, **others: Tensor | None) -> None:
+    """torch's kernels that write the loss into ``input``'s shape (an in-place step, or an output
+    made like ``input``): an argument that broadcasts ``input`` to a larger shape is their
+    RuntimeError, here naming the argument. Shapes that do not broadcast at all are left to
+    torch's own error (its words name the sizes)."""
+    for name, other in others.items():
+        if other is None or other.shape == input.shape:
+            continue
+        try:
+            shape = broadcast_shapes(input.shape, other.shape)
+        except RuntimeError:
+            continue
+        if shape != input.shape:
+            raise RuntimeError(
+                f"{fn}: {name} of shape {list(other.shape)} would broadcast input to a larger shape "
+                f"(output with shape {list(input.shape)} doesn't match the broadcast shape {list(shape)})"
+            )
 
 
 def scalar_type(dtype: torch.dtype) -> str:
