@@ -147,3 +147,18 @@ def test_integer_or_bool_input_is_refused_as_torch(x):
         F.multilabel_soft_margin_loss(x[None], y[None])
     with pytest.raises(type(theirs.value), match="multilabel_soft_margin_loss"):
         SF.multilabel_soft_margin_loss(x[None], y[None])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shapes", [((4,), (3, 4)), ((1, 4), (3, 4)), ((3, 1), (3, 4)), ((), (2,))], ids=str)
+def test_a_target_that_would_enlarge_input_is_torchs_runtime_error(shapes, reduction):
+    # torch's kernel writes the loss in input's shape; a target that broadcasts to it is fine
+    small, large = shapes
+    x, y = torch.randn(small), torch.ones(large)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        F.soft_margin_loss(x, y, reduction=reduction)
+    with pytest.raises(RuntimeError, match="soft_margin_loss: target of shape"):
+        SF.soft_margin_loss(x, y, reduction=reduction)
+    x, y = torch.randn(large), torch.ones(small)
+    torch.testing.assert_close(SF.soft_margin_loss(x, y, reduction=reduction),
+                               F.soft_margin_loss(x, y, reduction=reduction))

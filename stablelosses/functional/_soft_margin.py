@@ -45,20 +45,21 @@ def soft_margin_loss(
 
     Args:
         input: scores, any shape.
-        target: $\pm 1$ (or any real), broadcastable with ``input``.
+        target: $\pm 1$ (or any real), broadcastable to ``input``'s shape.
         size_average: deprecated (as in torch); with ``reduce`` it overrides ``reduction``:
             ``False`` sums the logistic terms.
         reduce: deprecated (as in torch); ``False`` keeps one logistic term per element.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over all elements. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the terms $\ell_i$ in the broadcast shape for ``'none'``; ``input``'s
+        A scalar, or the terms $\ell_i$ in ``input``'s shape for ``'none'``; ``input``'s
         dtype, as torch's kernel (float16/bfloat16 computed in float32 and rounded back).
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
         TypeError: ``input`` or ``target`` is not a tensor.
-        RuntimeError: the shapes do not broadcast (the message names both).
+        RuntimeError: the shapes do not broadcast (the message names both), or ``target``
+            would broadcast ``input`` to a larger shape (torch's kernel writes in ``input``'s).
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -78,6 +79,7 @@ def soft_margin_loss(
     tl.check_tensors(fn, input=input, target=target)
     # torch's kernel writes the loss in input's dtype: an integer or bool input is its RuntimeError
     tl.check_floating_input(fn, "input", input, RuntimeError, tl.CANNOT_CAST)
+    tl.check_fits_input(fn, input, target=target)  # torch's kernel writes in input's shape
     dtype = tl.out_dtype(input)  # torch's kernel writes in input's dtype
     loss = tl.call_torch(fn, _soft_margin_terms, ("input", "target"), tl.up(input), tl.up(target))
     res = _reduce(loss, red)
