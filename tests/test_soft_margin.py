@@ -162,3 +162,24 @@ def test_a_target_that_would_enlarge_input_is_torchs_runtime_error(shapes, reduc
     x, y = torch.randn(large), torch.ones(small)
     torch.testing.assert_close(SF.soft_margin_loss(x, y, reduction=reduction),
                                F.soft_margin_loss(x, y, reduction=reduction))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("x_shape, y_shape, w_shape", [
+    ((4,), (3, 4), None), ((3, 4), (2, 3, 4), None), ((4,), (1, 4), None), ((4,), (3, 1), None),
+    ((1,), (3, 4), None), ((3, 1), (2, 3, 4), None), ((3, 4), (3, 4), (2, 3, 4)), ((4,), (4,), (3, 4)),
+], ids=str)
+def test_multilabel_sums_over_torchs_class_dimension_of_the_broadcast_terms(x_shape, y_shape, w_shape, reduction):
+    # torch sums the broadcast terms over dim input.dim() - 1 and divides by input.size(-1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(x_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.rand(y_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    w = None if w_shape is None else torch.rand(w_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    inputs = (x, y) if w is None else (x, y, w)
+    got = SF.multilabel_soft_margin_loss(x, y, weight=w, reduction=reduction)
+    want = F.multilabel_soft_margin_loss(x, y, weight=w, reduction=reduction)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+    seed = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    for ours, theirs in zip(torch.autograd.grad(got, inputs, seed), torch.autograd.grad(want, inputs, seed)):
+        torch.testing.assert_close(ours, theirs)

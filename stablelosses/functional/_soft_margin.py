@@ -87,8 +87,11 @@ def soft_margin_loss(
 
 
 def _multilabel_terms(x: Tensor, y: Tensor, w: Tensor | None) -> Tensor:
-    classes = x.size(-1)  # torch's IndexError for a 0-dim input
-    return weighted_bce_terms(x, y, None, w).sum(-1) / classes
+    # torch's class dimension is input's last, counted from the front of the broadcast terms
+    # (a target or weight with more dimensions keeps its leading ones)
+    class_dim = x.dim() - 1
+    classes = x.size(class_dim)  # torch's IndexError for a 0-dim input
+    return weighted_bce_terms(x, y, None, w).sum(class_dim) / classes
 
 
 def multilabel_soft_margin_loss(
@@ -111,8 +114,12 @@ def multilabel_soft_margin_loss(
 
     Args:
         input: scores ``(N, C)`` or ``(C,)``.
-        target: labels in $[0, 1]$, ``input``'s shape.
-        weight: per-class weight ``(C,)`` (broadcast to ``input``), or ``None``. Default: ``None``.
+        target: labels in $[0, 1]$, ``input``'s shape. As in torch, any shape that broadcasts
+            with ``input`` is taken: the terms are computed in the broadcast shape and summed
+            over its dimension ``input.dim() - 1`` (counted from the front), divided by
+            ``input.size(-1)``.
+        weight: per-class weight ``(C,)`` (broadcast with the terms, as ``target``), or
+            ``None``. Default: ``None``.
         size_average: deprecated (as in torch); ``False`` sums the per-sample losses.
         reduce: deprecated (as in torch); ``False`` returns $\ell_n$, one per sample.
         reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the samples. Default: ``'mean'``.
