@@ -300,3 +300,23 @@ def test_poisson_nll_integer_input_dtype_is_torchs(dtypes):
         assert got.dtype == expected.dtype
         exact = F.poisson_nll_loss(x.double(), y.double(), **kw)
         torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3,)], ids=str)
+@pytest.mark.parametrize("p, swap", [(2.0, False), (2.0, True), (1.0, False), (3.0, True), (math.inf, False)])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_triplet_losses_on_one_triplet_are_torchs(shape, p, swap, reduction):
+    # a 0-dim triplet is one feature (torch's norm over dim -1 of a scalar), a 1-dim one one vector
+    g = torch.Generator().manual_seed(0)
+    ours = [torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    theirs = [t.detach().clone().requires_grad_(True) for t in ours]
+    calls = [(SF.triplet_margin_loss, F.triplet_margin_loss, {"p": p, "swap": swap, "margin": 2.0})]
+    if p == 2.0:
+        calls.append((SF.triplet_margin_with_distance_loss, F.triplet_margin_with_distance_loss,
+                      {"swap": swap, "margin": 2.0}))
+    for sf, tf, kw in calls:
+        got, want = sf(*ours, reduction=reduction, **kw), tf(*theirs, reduction=reduction, **kw)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+        for a, b in zip(torch.autograd.grad(got, ours), torch.autograd.grad(want, theirs)):
+            torch.testing.assert_close(a, b)

@@ -743,10 +743,11 @@ def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
     if p <= 0:
         return torch.pairwise_distance(x1, x2, p, eps)
     d = x1 - x2 + eps
-    if d.shape[-1] == 0:
+    if d.dim() > 0 and d.shape[-1] == 0:
         # no features: every distance is 0 (torch's value); amax has no identity for an empty
         # dimension (a size-0 dimension is specialised by torch.compile anyway: no extra guard)
         return torch.linalg.vector_norm(d, p, dim=-1)
+    # (a 0-dim difference is one feature: torch's norm over dim -1 of a scalar is |d|)
     s = d.detach().abs().amax(-1, keepdim=True)
     # a zero or an infinite row: no scaling (‖0‖ = 0 with torch's zero gradient; ‖inf‖ = inf)
     s = torch.where((s == 0) | (s == float("inf")), 1.0, s)
@@ -781,7 +782,7 @@ def triplet_margin_loss(
     with $r = x - y + \epsilon$ (0 where the distance is 0).
 
     Args:
-        anchor: ``(N, D)`` or ``(D,)``.
+        anchor: ``(N, D)``, ``(D,)`` or ``()`` (one feature, as torch).
         positive: as ``anchor``.
         negative: as ``anchor``.
         margin: $\Delta$. Default: ``1.0``.
