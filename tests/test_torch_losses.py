@@ -320,3 +320,37 @@ def test_triplet_losses_on_one_triplet_are_torchs(shape, p, swap, reduction):
         torch.testing.assert_close(got, want)
         for a, b in zip(torch.autograd.grad(got, ours), torch.autograd.grad(want, theirs)):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf])
+@pytest.mark.parametrize("shape", [(2, 3), (3,), ()], ids=str)
+def test_triplet_double_backward_is_finite_at_a_zero_distance(p, shape):
+    # vector_norm's second derivative at 0 is NaN; the distance's is defined (0 there), while
+    # the value and first gradient stay torch's (0 at the zero distance)
+    a = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    pos, neg = torch.zeros(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.float64)
+    margins = {"inactive": 0.5, "active": 3.0}
+    for margin in margins.values():
+        calls = [(SF.triplet_margin_loss, F.triplet_margin_loss, (a, pos, neg),
+                  {"eps": 0.0, "p": p, "margin": margin})]
+        if p == 2.0:  # the default distance adds eps = 1e-6: a positive 1e-6 below a is at 0
+            calls.append((SF.triplet_margin_with_distance_loss, F.triplet_margin_with_distance_loss,
+                          (a, pos - 1e-6, neg), {"margin": margin}))
+        for sf, tf, args, kw in calls:
+            loss = sf(*args, **kw)
+            torch.testing.assert_close(loss, tf(*args, **kw))
+            (g,) = torch.autograd.grad(loss, a, create_graph=True)
+            torch.testing.assert_close(g, torch.autograd.grad(tf(*args, **kw), a)[0])
+            (h,) = torch.autograd.grad(g.sum(), a)
+            assert torch.isfinite(h).all()
+            if margin == margins["inactive"] or p in (1.0, math.inf):
+                assert torch.equal(h, torch.zeros_like(h))  # no curvature: a flat hinge, or a piecewise-linear norm
+
+
+def test_triplet_double_backward_is_torchs_away_from_zero():
+    g = torch.Generator().manual_seed(3)
+    a, pos, neg = (torch.randn(4, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    torch.autograd.gradgradcheck(lambda x: SF.triplet_margin_loss(x, pos, neg, margin=3.0), (a.requires_grad_(),))
+    ours = torch.autograd.functional.hessian(lambda x: SF.triplet_margin_loss(x, pos, neg, margin=3.0), a)
+    theirs = torch.autograd.functional.hessian(lambda x: F.triplet_margin_loss(x, pos, neg, margin=3.0), a)
+    torch.testing.assert_close(ours, theirs)

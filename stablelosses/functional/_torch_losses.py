@@ -749,9 +749,14 @@ def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
         return torch.linalg.vector_norm(d, p, dim=-1)
     # (a 0-dim difference is one feature: torch's norm over dim -1 of a scalar is |d|)
     s = d.detach().abs().amax(-1, keepdim=True)
-    # a zero or an infinite row: no scaling (‖0‖ = 0 with torch's zero gradient; ‖inf‖ = inf)
-    s = torch.where((s == 0) | (s == float("inf")), 1.0, s)
-    return torch.linalg.vector_norm(d / s, p, dim=-1) * s.squeeze(-1)
+    zero = s == 0
+    # an infinite row: no scaling (‖inf‖ = inf)
+    s = torch.where(zero | (s == float("inf")), 1.0, s)
+    # a zero row: double where, the norm of a row of ones, then the defined 0 (torch's value and
+    # zero gradient; vector_norm's second derivative at 0 is NaN, this one is 0). The row is made
+    # safe by adding 1 (d is 0 there; + 0 elsewhere is exact), whose backward is no pass
+    v = (d + zero) / s
+    return torch.where(zero.squeeze(-1), 0.0, torch.linalg.vector_norm(v, p, dim=-1) * s.squeeze(-1))
 
 
 def _triplet_terms(
@@ -779,7 +784,8 @@ def triplet_margin_loss(
     NaN where the exact one is finite). Elsewhere the value is torch's, to rounding.
 
     **Gradient.** torch's: $\partial d/\partial x = \operatorname{sign}(r)\,|r|^{p-1}/d^{p-1}$
-    with $r = x - y + \epsilon$ (0 where the distance is 0).
+    with $r = x - y + \epsilon$ (0 where the distance is 0, with a second derivative of 0 there:
+    torch's double backward is NaN at a zero distance, also where the hinge is inactive).
 
     Args:
         anchor: ``(N, D)``, ``(D,)`` or ``()`` (one feature, as torch).
@@ -847,7 +853,8 @@ def triplet_margin_with_distance_loss(
     computed scaled, as in [`triplet_margin_loss`][stablelosses.functional.triplet_margin_loss]:
     no overflow for entries of 1e30 in float32.
 
-    **Gradient.** torch's, through ``distance_function`` (a custom one's hazards are its own).
+    **Gradient.** torch's, through ``distance_function`` (a custom one's hazards are its own);
+    the default distance's second derivative at a zero distance is 0 (torch's: NaN).
 
     Args:
         anchor: any shape ``distance_function`` takes.
