@@ -97,3 +97,22 @@ def test_large_vectors_do_not_overflow(scale):
     if scale > 1:  # torch's own float32 result is not
         theirs = F.cosine_embedding_loss(x1, x2, y, margin=-0.5, reduction="none").double()
         assert not torch.allclose(theirs, ref, rtol=1e-3, equal_nan=False)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_nan_target_gives_nan(reduction):
+    # torch reads a NaN target as neither 1 nor -1: a loss of 0
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(3, 4, generator=g, requires_grad=True)
+    x2 = torch.randn(3, 4, generator=g)
+    y = torch.tensor([float("nan"), 1.0, -1.0])
+    assert torch.isfinite(F.cosine_embedding_loss(x1, x2, y, reduction=reduction)).all()
+    out = SF.cosine_embedding_loss(x1, x2, y, reduction=reduction)
+    if reduction == "none":
+        assert torch.isnan(out[0])
+        assert torch.equal(out[1:], SF.cosine_embedding_loss(x1[1:], x2[1:], y[1:], reduction="none"))
+    else:
+        assert torch.isnan(out)
+    (grad,) = torch.autograd.grad(out.nansum(), x1)
+    assert torch.isfinite(grad[1:]).all()
+    assert torch.isnan(SF.cosine_embedding_loss(x1[0], x2[0], y[0]))  # a 0-dim target too

@@ -354,3 +354,20 @@ def test_triplet_double_backward_is_torchs_away_from_zero():
     ours = torch.autograd.functional.hessian(lambda x: SF.triplet_margin_loss(x, pos, neg, margin=3.0), a)
     theirs = torch.autograd.functional.hessian(lambda x: F.triplet_margin_loss(x, pos, neg, margin=3.0), a)
     torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_hinge_embedding_nan_target_gives_nan(reduction):
+    # torch reads a NaN target as neither 1 nor -1 and adds both terms: 1.0 for input 0.5
+    x = torch.tensor([[0.5, 2.0, 0.3]], requires_grad=True)
+    y = torch.tensor([[float("nan"), 1.0, -1.0], [1.0, -1.0, 1.0]])
+    assert torch.isfinite(F.hinge_embedding_loss(x, y, reduction=reduction)).all()
+    out = SF.hinge_embedding_loss(x, y, reduction=reduction)
+    if reduction == "none":
+        assert torch.isnan(out[0, 0]) and torch.isfinite(out.flatten()[1:]).all()
+        ordinary = F.hinge_embedding_loss(x, y.nan_to_num(1.0), reduction="none")
+        assert torch.equal(out.flatten()[1:], ordinary.flatten()[1:])
+    else:
+        assert torch.isnan(out)
+    (g,) = torch.autograd.grad(out.nansum(), x)
+    assert torch.isfinite(g[0, 1:]).all()

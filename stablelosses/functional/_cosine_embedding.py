@@ -63,7 +63,9 @@ def _terms(x1: Tensor, x2: Tensor, target: Tensor, margin: float, dim: int) -> T
     cos = torch.where(zero, 0.0, prod / denom)
     pos = 1 - cos
     neg = (cos - margin).clamp_min(0)
-    return torch.where(target == 1, pos, 0.0) + torch.where(target == -1, neg, 0.0)
+    loss = torch.where(target == 1, pos, 0.0) + torch.where(target == -1, neg, 0.0)
+    # NaN in, NaN out: torch's formula reads a NaN target as neither 1 nor -1 (a loss of 0)
+    return torch.where(torch.isnan(target), float("nan"), loss)
 
 
 def cosine_embedding_loss(
@@ -77,7 +79,8 @@ def cosine_embedding_loss(
        \qquad \cos = \frac{\langle x_1, x_2\rangle}{\sqrt{(\lVert x_1\rVert^2 + 10^{-12})
        (\lVert x_2\rVert^2 + 10^{-12})}} $$
 
-    torch's formula and value. Reductions: none ``(N,)``; sum; mean.
+    torch's formula and value. A NaN target makes its pair's loss NaN (torch's formula reads it
+    as neither 1 nor -1 and gives 0). Reductions: none ``(N,)``; sum; mean.
 
     **Gradient.** torch's where both vectors are nonzero. Where $x_1$ or $x_2$ is the zero
     vector (every entry 0) the cosine is 0, as torch's, and both gradients are defined as

@@ -13,7 +13,8 @@ adds only what the contract asks of every stablelosses function:
 ``tests/test_torch_losses.py`` says why nothing else is needed: over extreme finite inputs
 (±1e4, ±1e30, 0, subnormals) no value or gradient is non-finite where the exact one is finite.
 ``multi_margin_loss`` and ``multilabel_margin_loss`` add one rule to torch's: a NaN score makes
-that sample's loss NaN (torch's kernels drop it and return a finite number).
+that sample's loss NaN (torch's kernels drop it and return a finite number); so does a NaN target
+in ``hinge_embedding_loss`` (torch's reads it as neither 1 nor -1).
 ``triplet_margin_loss`` (and the default distance of ``triplet_margin_with_distance_loss``) scales
 its distance: torch's overflows for entries of 1e30 in float32 (found by that test), the one
 formula of this file that is not torch's.
@@ -534,6 +535,9 @@ def hinge_embedding_loss(
 
     $$ \ell_i = \begin{cases} x_i & y_i = 1 \\ \max(0, \Delta - x_i) & y_i = -1 \end{cases} $$
 
+    A NaN target makes its element's loss NaN (torch's kernel reads it as neither 1 nor -1 and
+    returns a finite number). Elsewhere the value is torch's.
+
     **Gradient.** torch's. No hazard.
 
     Args:
@@ -562,9 +566,12 @@ def hinge_embedding_loss(
     red = check_reduction(fn, reduction, size_average, reduce)
     check_tensors(fn, input=input, target=target)
     dtype = out_dtype(input)  # torch's kernel writes in input's dtype
-    res = call_torch(
-        fn, F.hinge_embedding_loss, ("input", "target"), up(input), up(target), margin=margin, reduction=red
+    y = up(target)
+    loss = call_torch(
+        fn, F.hinge_embedding_loss, ("input", "target"), up(input), y, margin=margin, reduction="none"
     )
+    # NaN in, NaN out: torch's kernel reads a NaN target as neither 1 nor -1 (both terms)
+    res = _reduce(torch.where(torch.isnan(y), float("nan"), loss), red)
     return res if dtype is None else cast(res, dtype)
 
 
