@@ -782,3 +782,22 @@ def test_normalizer_errors(kwargs, exc, match):
     for fn in (SF.linear_cross_entropy, SF.linear_focal_loss):
         with pytest.raises(exc, match=f"{fn.__name__}: {match}"):
             fn(x, w, t, **kwargs)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_label_smoothing_sum_does_not_overflow_where_cross_entropy_does_not(weighted, reduction):
+    # 1000 classes at ±1e36 (a 50k vocabulary at ±1e34 alike): the smoothing terms sum past
+    # float32's max unscaled (it gave inf); scaled exactly by 2^-64 as the row core's sum, the
+    # fused value is cross_entropy's
+    g = torch.Generator().manual_seed(0)
+    v = 1000
+    x, t = torch.randn(2, v, generator=g) * 1e36, torch.tensor([0, 1])
+    w = torch.rand(v, generator=g) if weighted else None
+    got = SF.linear_cross_entropy(x, torch.eye(v), t, weight=w, label_smoothing=0.1, reduction=reduction)
+    want = SF.cross_entropy(x, t, weight=w, label_smoothing=0.1, reduction=reduction)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    x = torch.tensor([[1.5e38, -1.5e38, 0.0]])  # each difference from the max fits, their sum not
+    got = SF.linear_cross_entropy(x, torch.eye(3), torch.tensor([0]), label_smoothing=0.1, reduction=reduction)
+    torch.testing.assert_close(got.reshape(()), torch.tensor(1.5e37))

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from stablelosses import _backend
 from stablelosses._autograd.linear import Head
-from stablelosses._autograd.rows import focal_rows, target_nll
+from stablelosses._autograd.rows import SUM_SCALE, focal_rows, target_nll
 
 _NEG_INF = float("-inf")
 
@@ -57,7 +57,7 @@ class LocalRows(NamedTuple):
     d: Tensor  # D = Σ_{j ≠ t} e_j
     masked: Tensor | None  # (n, V_k) the -inf logits (softcap or label smoothing)
     th: Tensor | None  # (n, V_k) tanh(u / c) (softcap)
-    smooth: Tensor | None  # Σ_{c ∈ U} w_c (m_safe - l_c) (label smoothing)
+    smooth: Tensor | None  # Σ_{c ∈ U} w_c (m_safe - l_c) · SUM_SCALE (label smoothing)
     k: Tensor | None  # |U| in the compute dtype, not clamped (label smoothing)
     wu: Tensor | None  # Σ_{c ∈ U} w_c (label smoothing)
 
@@ -85,8 +85,10 @@ def local_rows(
     if eps > 0.0:
         assert masked is not None
         k = (v - masked.sum(1, keepdim=True)).to(logits.dtype)
-        # Σ_{unmasked c} w_c (m - l_c): non-negative terms, no cancellation, no inf - inf.
-        diff = (m_safe - logits).masked_fill_(masked, 0.0)
+        # Σ_{unmasked c} w_c (m - l_c) · 2^-64: non-negative terms, no cancellation, no inf - inf;
+        # scaled exactly as the row core's smoothing sum (rows.SUM_SCALE), so that no partial sum
+        # overflows where the mean does not (a 50k vocabulary at ±1e34 summed to inf unscaled)
+        diff = torch.sub(m_safe * SUM_SCALE, logits, alpha=SUM_SCALE).masked_fill_(masked, 0.0)
         if cw is None:
             smooth, wu = diff.sum(1, keepdim=True), k
         else:
@@ -136,7 +138,9 @@ def row_terms(
         else:
             assert smooth is not None and k is not None and wu is not None
             k = k.clamp(min=1.0)
-            loss = eps * (smooth / k + (wu / k) * log_s)
+            # smooth is scaled by SUM_SCALE (local_rows): ε before the unscaling, so that it
+            # overflows only where the term itself does
+            loss = (smooth / k) * (eps / SUM_SCALE) + eps * (wu / k) * log_s
             if eps < 1.0:
                 loss = loss + (1.0 - eps) * nlpt
     else:

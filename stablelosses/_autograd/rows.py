@@ -365,7 +365,7 @@ def class_dot(t: Tensor, v: Tensor, cdim: int) -> Tensor:
         return (v @ t.flatten(cdim + 1)).view(t.shape[:cdim] + t.shape[cdim + 1 :])
 
 
-_SUM_SCALE = 2.0**-64  # smoothing_sum's exact scale of a row's terms before their sum
+SUM_SCALE = 2.0**-64  # the exact scale of a row's smoothing terms before their sum (every head)
 
 
 def smoothing_sum(
@@ -393,10 +393,10 @@ def smoothing_sum(
     t = torch.where(masked, 0.0, lsm)
     thr = -torch.finfo(t.dtype).max * torch.finfo(t.dtype).eps / 4
     if weight is None:
-        v = torch.full((t.shape[cdim],), _SUM_SCALE, dtype=t.dtype, device=t.device)
+        v = torch.full((t.shape[cdim],), SUM_SCALE, dtype=t.dtype, device=t.device)
         plain = class_dot(t, v, cdim)  # the row sum · 2^-64, exactly scaled
-        out = plain * (eps / _SUM_SCALE / k.squeeze(cdim))
-        return torch.where(pinf_row & (plain < thr * _SUM_SCALE), -_INF, out)
+        out = plain * (eps / SUM_SCALE / k.squeeze(cdim))
+        return torch.where(pinf_row & (plain < thr * SUM_SCALE), -_INF, out)
     # weighted (w·log p may overflow where the weighted mean does not): the zero-probability
     # classes of +inf rows as -inf entries (a zero weight there gives NaN, 0·inf), each term
     # scaled before the class weight and the sum

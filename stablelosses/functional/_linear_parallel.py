@@ -45,6 +45,7 @@ from stablelosses._autograd.linear_index import (
     row_scales,
     row_terms,
 )
+from stablelosses._autograd.rows import SUM_SCALE
 from stablelosses._utils import cast, check_floating, check_tensor, promote_types
 from stablelosses.functional._linear_options import reduce_rows, resolve_options
 
@@ -104,8 +105,10 @@ def _combine(
         stats.append(torch.where(owned, wt_r, 0.0).unsqueeze(1))
     eps = head.label_smoothing
     if eps > 0.0:
-        # Σ_{c ∈ U_r} w_c (M - l_c) = A_r + W_r (M - m_r); W_r = 0 on a fully masked shard
-        stats += [k_r, smooth_r + wu_r * (m_safe - torch.where(m_r == _NEG_INF, 0.0, m_r)), wu_r]
+        # Σ_{c ∈ U_r} w_c (M - l_c) = A_r + W_r (M - m_r); W_r = 0 on a fully masked shard; A_r is
+        # scaled by SUM_SCALE (local_rows), and so is the shift, exactly (no overflow of M - m_r)
+        shift = m_safe * SUM_SCALE - torch.where(m_r == _NEG_INF, 0.0, m_r) * SUM_SCALE
+        stats += [k_r, smooth_r + wu_r * shift, wu_r]
     summed = torch.cat(stats, 1)
     dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
     cols = summed.split(1, dim=1)
