@@ -125,6 +125,48 @@ def test_a_pure_value_used_once_is_moved_with_no_dead_line():
     assert "mse = F.mse_loss(a, b)" in new2
 
 
+@pytest.mark.parametrize("body, fix", [
+    ("    p = torch.softmax(z, -1)\n    return -(p * torch.log(p)).sum(-1)\n", "SF.xlogy(p, p)"),
+    ("    logp = F.log_softmax(z, -1)\n    return -(torch.exp(logp) * logp).sum(-1)\n",
+     "SF.xlogy(logp.exp(), logp.exp())"),
+], ids=["p-log-p", "exp-logp-logp"])
+def test_a_binding_the_rewrite_still_reads_stays(body, fix):
+    src = f"import torch\nimport torch.nn.functional as F\ndef f(z):\n{body}"
+    new = _same_meaning(src, "f", _x(3, 4))
+    assert body.splitlines()[0] in new and fix in new
+
+
+def test_a_binding_read_in_a_nested_function_stays():
+    src = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        def f(a, b):
+            mse = F.mse_loss(a, b)
+            def half():
+                return mse / 2
+            return torch.sqrt(mse) + half()
+        """)
+    new = _same_meaning(src, "f", _x(5), _x(5, seed=1))
+    assert "mse = F.mse_loss(a, b)" in new and "SF.rmse_loss(a, b)" in new
+
+
+def test_a_module_level_binding_stays():
+    src = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        a, b = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+        mse = F.mse_loss(a, b)
+        rmse = torch.sqrt(mse)
+        def f():
+            return mse
+        """)
+    new = _fix(src)
+    assert "mse = F.mse_loss(a, b)" in new and "rmse = SF.rmse_loss(a, b)" in new
+    env: dict = {"SF": SF}
+    exec(new, env)
+    assert env["f"]() == 1
+
+
 # ------------------------------------------------------------------ 2. F is not torch's F there
 
 def test_a_local_F_is_not_torch_functional():

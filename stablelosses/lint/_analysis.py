@@ -352,11 +352,19 @@ class Module:
         scope = self.scope(at)
         return not any(isinstance(n, ast.Name) and n.id in scope.mutated for n in ast.walk(value))
 
-    def uses(self, name: str, at: ast.AST) -> int:
-        """How many times ``name`` is read in the scope (function) that holds ``at``."""
-        scope = self.scope(at)
-        return sum(1 for n in ast.walk(scope.node) if isinstance(n, ast.Name) and n.id == name
-                   and isinstance(n.ctx, ast.Load) and self.scope_of.get(id(n)) is scope)
+    def reads(self, name: str, scope: Scope) -> list[ast.Name]:
+        """Every read (or ``del``) of ``name`` that reaches its binding in ``scope``: in the scope
+        itself and in the functions nested in it that do not bind ``name`` (a closure)."""
+        out = []
+        for n in ast.walk(scope.node):
+            if not (isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Store)):
+                continue
+            s = self.scope_of.get(id(n))
+            while s is not None and s is not scope and not s.bindings.get(name):
+                s = s.parent
+            if s is scope:
+                out.append(n)
+        return out
 
     def seg(self, node: ast.AST) -> str:
         """The node's source text (ast's columns are UTF-8 byte offsets)."""

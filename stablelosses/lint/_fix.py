@@ -84,7 +84,11 @@ def apply_fixes(source: str, findings: Sequence[Finding]) -> tuple[str, int]:
     positions = wrapper.resolve(PositionProvider)
     done: list[Finding] = []
 
-    drop_lines = {st.lineno for f in chosen for st in f.drop}
+    # a binding goes only with the rewrite that stops reading it: never when that rewrite finds
+    # no expression at its span
+    spans = {(r.start.line, r.start.column, r.end.line, r.end.column)
+             for node, r in positions.items() if isinstance(node, cst.BaseExpression)}
+    drop_lines = {st.lineno for key, f in by_span.items() if key in spans for st in f.drop}
 
     class _Replace(cst.CSTTransformer):
         def on_leave(self, original, updated):

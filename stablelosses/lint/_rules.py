@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from stablelosses.lint._analysis import Call, Module, is_neg_inf
+from stablelosses.lint._analysis import Call, Module, Scope, is_neg_inf
 
 __all__ = ["RULES", "Finding", "Rule", "check_tree"]
 
@@ -1419,10 +1419,13 @@ def _through_names(m: Module, f: Finding) -> None:
     """A rewrite that saw through ``p = value`` pastes (part of) ``value`` where ``p`` was used:
     it keeps the meaning only if ``value`` gives the same tensor when evaluated again (no module
     call, no dropout, no sampling) and nothing changed ``p`` or the names in ``value`` in place.
-    Otherwise the finding stays, without its rewrite. Where every use of ``p`` is inside the
-    rewritten expression, the binding goes with it (no dead ``mse = ...`` line)."""
+    Otherwise the finding stays, without its rewrite. Where the rewrite no longer reads ``p``
+    and every other read of ``p`` was inside the rewritten expression, the binding in the same
+    function goes with it (no dead ``mse = ...`` line); a module-level binding stays (another
+    module may import it)."""
     drop: list[ast.stmt] = []
     pending: list[tuple[str, ast.expr, ast.stmt]] = []
+    fix_reads = _fix_reads(f.fix)
     for use, value in m.crossed:
         parent = m.parent(use)
         if isinstance(parent, ast.Call) and parent.func is use:
@@ -1438,7 +1441,9 @@ def _through_names(m: Module, f: Finding) -> None:
         stmt = m.parent(value)
         if (name is not None and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
                 and isinstance(stmt.targets[0], ast.Name)
-                and isinstance(m.parent(stmt), (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef))):
+                and isinstance(m.parent(stmt), (ast.FunctionDef, ast.AsyncFunctionDef))
+                and m.scope(stmt) is m.scope(use) and fix_reads is not None and name not in fix_reads
+                and not _declared_elsewhere(m.scope(use), name)):
             pending.append((name, use, stmt))
     # a binding goes when every read of its name is inside the rewrite or inside a binding that
     # goes (``sx = x - x.max()``, ``ex = sx.exp()``, ``ex / ex.sum()``: both lines go)
@@ -1448,12 +1453,33 @@ def _through_names(m: Module, f: Finding) -> None:
         for name, use, stmt in pending:
             if stmt in drop:
                 continue
-            inside = sum(1 for root in [f.node, *drop] for n in ast.walk(root)
-                         if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load))
-            if inside and m.uses(name, use) == inside:
+            inside = {id(n) for root in [f.node, *drop] for n in ast.walk(root)}
+            reads = m.reads(name, m.scope(use))
+            if reads and all(id(n) in inside for n in reads):
                 drop.append(stmt)
                 changed = True
     f.drop = drop
+
+
+def _fix_reads(fix: str | None) -> set[str] | None:
+    """The names the replacement text reads; None when it does not parse (then nothing goes)."""
+    try:
+        tree = ast.parse(fix or "", mode="eval")
+    except SyntaxError:
+        return None
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _declared_elsewhere(scope: Scope, name: str) -> bool:
+    """``global name`` / ``nonlocal name`` in the function or one nested in it, or a call of
+    ``locals``/``vars``/``eval``/``exec``: the binding may be read where the resolver cannot see."""
+    for n in ast.walk(scope.node):
+        if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in (
+                "locals", "vars", "eval", "exec"):
+            return True
+    return False
 
 
 def check_tree(m: Module) -> Iterator[Finding]:
