@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -380,3 +381,43 @@ def test_a_rewrite_in_two_steps_counts_once(tmp_path, capsys):
     assert run([str(p)], fix=True) == 0
     assert "fixed 1, 0 remaining" in capsys.readouterr().err
     assert "SF.log_softmax(x, -1)" in p.read_text()
+
+
+def test_fixed_log1mexp_lints_clean_and_counts_as_fixed(tmp_path, capsys):
+    p = tmp_path / "o.py"
+    p.write_text("import torch\ndef odds(x):\n    return torch.log1p(-torch.exp(x))\n")
+    assert run([str(p)], fix=True) == 0
+    assert "fixed 1, 0 remaining" in capsys.readouterr().err
+    assert run([str(p)]) == 0  # a pre-commit hook that fixed passes on its next run
+    x = torch.tensor([-0.3, -0.7, -5.0, float("-inf")], dtype=torch.float64)  # both branches
+    _same_meaning("import torch\ndef odds(x):\n    return torch.log1p(-torch.exp(x))\n", "odds", x)
+
+
+# ------------------------------------------------------------------ 8. the output of --fix lints clean
+
+def _corpus() -> list[tuple[str, str]]:
+    """Every hazardous example of the test suite with a rewrite (and the fetched real snippets of
+    ``tests/lint_corpus/hazardous/`` where they are present)."""
+    from test_lint import CASES, _src
+    from test_lint_rules_2026 import CASES as POST_TRAINING
+    from test_lint_rules_2026 import HEAD
+
+    out = [(f"{c}-{i}", _src(bad)) for i, (c, bad, _) in enumerate(CASES)]
+    out += [(f"{c}-post-{i}", HEAD + textwrap.dedent(bad)) for i, (c, bad, _, _) in enumerate(POST_TRAINING)]
+    out += [(p.stem, p.read_text()) for p in sorted((ROOT / "tests/lint_corpus/hazardous").glob("*.py"))]
+    return [(name, src) for name, src in out if any(f.fix for f in lint_source(src))]
+
+
+CORPUS = _corpus()
+
+
+@pytest.mark.parametrize("src", [s for _, s in CORPUS], ids=[n for n, _ in CORPUS])
+def test_fixed_code_lints_clean_and_fixing_again_changes_nothing(src):
+    before = lint_source(src)
+    new = _fix(src)
+    after = lint_source(new)
+    report_only = Counter(f.code for f in before if f.fix is None)
+    # what is left was there before and had no rewrite: no rule fires on a rewrite's output
+    assert not Counter(f.code for f in after) - report_only, [(f.code, f.line) for f in after]
+    assert all(f.fix is None for f in after)
+    assert _fix(new) == new

@@ -1067,10 +1067,11 @@ def _log1mexp(m: Module, node: ast.Call) -> Finding | None:
     t = names.torch()
     fix = None
     if t and m.pure(x):
-        xs, xa = m.seg(x), m.atom(x)
-        # log(-expm1(x)) near 0, log1p(-exp(x)) below -log 2; the clamp keeps the branch that is
-        # not selected finite, so its gradient is 0, not 0 * inf
-        fix = (f"{t}.where({xa} > -{_LN2}, {t}.log(-{t}.expm1({xs})), "
+        xa = m.atom(x)
+        # log(-expm1(x)) near 0, log1p(-exp(x)) below -log 2; each branch sees its own half only
+        # (a clamp), so the one not selected is finite with gradient 0, not 0 * inf, and SL118
+        # sees the guard
+        fix = (f"{t}.where({xa} > -{_LN2}, {t}.log(-{t}.expm1({xa}.clamp(min=-{_LN2}))), "
                f"{t}.log1p(-{t}.exp({xa}.clamp(max=-{_LN2}))))")
     return _finding("SL115", node, "log(1 - exp(x)) for a log-probability x: as x -> 0- exp(x) rounds "
                     "to 1, the value is -inf and the gradient inf (ORPO's log-odds at a sure token); "
@@ -1233,6 +1234,13 @@ def _tested_zero(m: Module, name: str, at: ast.AST) -> bool:
     return False
 
 
+def _through_exp(m: Module, x: ast.expr) -> ast.expr:
+    """``-torch.expm1(v)``, ``torch.exp(v)`` -> ``v`` (else ``x``): a clamp of ``v`` bounds the
+    op's input too (log1mexp's ``log(-expm1(x.clamp(min=-log 2)))``)."""
+    c = m.call(_unneg(x), "expm1", "exp")
+    return c.args[0] if c is not None and len(c.args) == 1 and not c.kwargs else x
+
+
 def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: int) -> Finding | None:
     """``torch.where(cond, op(x), other)`` where ``cond`` tests ``x``: the guard after the op."""
     c = m.call(br, "domain")
@@ -1243,7 +1251,8 @@ def _where_branch(m: Module, node: ast.Call, cond: ast.expr, br: ast.expr, i: in
         x = c.args[0]
     else:
         return None
-    if x is None or isinstance(x, ast.Constant) or _guarded(m, x, node) or _plus_eps(m, x) is not None:
+    if (x is None or isinstance(x, ast.Constant) or _guarded(m, _through_exp(m, x), node)
+            or _plus_eps(m, x) is not None):
         return None
     if not (_names_in(x) & _names_in(cond)) or _no_grad(m, node) or _count(m, x, node):
         return None
