@@ -4,6 +4,7 @@ the same value and gradient as before, or it is not rewritten."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -14,8 +15,8 @@ import pytest
 import torch
 
 import stablelosses.functional as SF
-from stablelosses.lint import lint_source, main
-from stablelosses.lint._runner import run
+from stablelosses.lint import Finding, lint_source, main
+from stablelosses.lint._runner import fixed_count, run
 
 libcst = pytest.importorskip("libcst")
 from stablelosses.lint._fix import apply_fixes  # noqa: E402
@@ -391,6 +392,15 @@ def test_fixed_log1mexp_lints_clean_and_counts_as_fixed(tmp_path, capsys):
     assert run([str(p)]) == 0  # a pre-commit hook that fixed passes on its next run
     x = torch.tensor([-0.3, -0.7, -5.0, float("-inf")], dtype=torch.float64)  # both branches
     _same_meaning("import torch\ndef odds(x):\n    return torch.log1p(-torch.exp(x))\n", "odds", x)
+
+
+def test_fixed_counts_the_findings_gone_not_the_ones_a_rewrite_made():
+    def at(code: str) -> Finding:
+        return Finding(code, ast.parse("x").body[0], "")
+
+    assert fixed_count([at("SL115")], [at("SL118")]) == 1
+    assert fixed_count([at("SL117"), at("SL102")], [at("SL117")]) == 1
+    assert fixed_count([at("SL102")], [at("SL102")]) == 0
 
 
 # ------------------------------------------------------------------ 8. the output of --fix lints clean
