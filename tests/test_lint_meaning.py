@@ -5,6 +5,7 @@ the same value and gradient as before, or it is not rewritten."""
 from __future__ import annotations
 
 import ast
+import builtins
 import subprocess
 import sys
 import textwrap
@@ -421,10 +422,34 @@ def _corpus() -> list[tuple[str, str]]:
 CORPUS = _corpus()
 
 
+def _unbound_reads(src: str) -> set[tuple[str, str]]:
+    """(function, name) for each name a function reads that neither it nor the module binds."""
+    tree = ast.parse(src)
+
+    def bound(node: ast.AST) -> set[str]:
+        out = set(dir(builtins))
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+                out.add(n.id)
+            elif isinstance(n, ast.arg):
+                out.add(n.arg)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                out |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        return out
+
+    module = bound(tree)
+    return {(fn.name, n.id) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and n.id not in module | bound(fn)}
+
+
 @pytest.mark.parametrize("src", [s for _, s in CORPUS], ids=[n for n, _ in CORPUS])
 def test_fixed_code_lints_clean_and_fixing_again_changes_nothing(src):
     before = lint_source(src)
     new = _fix(src)
+    assert _unbound_reads(new) <= _unbound_reads(src)  # no binding deleted that is still read
     after = lint_source(new)
     report_only = Counter(f.code for f in before if f.fix is None)
     # what is left was there before and had no rewrite: no rule fires on a rewrite's output
