@@ -21,6 +21,8 @@ EXPECTED_HAZARDS = [
     "logaddexp(-inf, -inf)", "empty mask", "entropy", "Dice", "InfoNCE",
     # every torch.nn loss (0.4)
     "BCE with logits", "Gaussian NLL", "CTC", "cosine embedding", "soft margin",
+    # post-training and distillation (0.4)
+    "GRPO ratio", "ORPO log-odds", "forward KL distillation", "token log-probs", "DPO",
 ]
 
 # A fresh install: torch and stablelosses, no numpy. The finder makes `import numpy` fail as it
@@ -261,3 +263,4 @@ def test_demo_explains_the_two_rows_that_differ_by_definition():
     assert evaluate(smooth, "naive").value_text == "inf"
     text = render()
     assert masked.note.split(":")[0] in text.replace("\n  ", " ")
+
