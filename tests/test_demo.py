@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 
@@ -264,3 +265,62 @@ def test_demo_explains_the_two_rows_that_differ_by_definition():
     text = render()
     assert masked.note.split(":")[0] in text.replace("\n  ", " ")
 
+
+def _in_float64(hazard, pick=lambda *xs: xs):
+    """The row's naive formula on float64 copies of (a part of) its inputs: exp(200),
+    1 - exp(-1e-9) and sigmoid(-200) do not round there, so it is a reference that does not share
+    the float32 failure (nor our code)."""
+    def inputs():
+        return pick(*(x.double() if x.is_floating_point() else x for x in hazard.inputs()))
+    return _demo.evaluate(replace(hazard, inputs=inputs), "naive")
+
+
+def _post_training_row(prefix):
+    (h,) = [h for h in _demo.HAZARDS if h.name.startswith(prefix)]
+    return h, _demo.evaluate(h, "stable")
+
+
+@pytest.mark.parametrize("prefix", ["GRPO ratio", "ORPO log-odds", "DPO"])
+def test_demo_post_training_row_matches_its_formula_in_float64(prefix):
+    import torch
+
+    h, ours = _post_training_row(prefix)
+    ref = _in_float64(h)
+    assert ref.ok, (ref.value_text, ref.grad_text)
+    torch.testing.assert_close(ours.value.double(), ref.value, rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-5, atol=1e-12)
+
+
+def test_demo_grpo_row_gives_the_masked_position_an_exact_zero_gradient():
+    h, ours = _post_training_row("GRPO ratio")
+    mask = h.inputs()[3]
+    assert not mask[0, 1] and ours.grad[0, 1] == 0  # not exp(200) · 0
+    assert _demo.evaluate(h, "naive").grad[0, 1].isnan()
+
+
+def test_demo_distillation_row_matches_the_forward_kl_over_the_finite_vocabulary():
+    import torch
+
+    h, ours = _post_training_row("forward KL distillation")
+    student, teacher = h.inputs()
+    assert student[0, 2] == teacher[0, 2] == -math.inf  # the masked entry: no mass on either side
+    ref = _in_float64(h, pick=lambda s, t: (s[..., :2], t[..., :2]))
+    assert ref.ok
+    torch.testing.assert_close(ours.value.double(), ref.value, rtol=1e-5, atol=0)
+    torch.testing.assert_close(ours.grad[..., :2].double(), ref.grad, rtol=1e-5, atol=0)
+    assert ours.grad[0, 2] == 0
+    assert _demo.evaluate(h, "naive").value.isnan()  # 0 · (-inf - (-inf))
+
+
+def test_demo_token_logps_row_gives_the_ignored_row_zero_with_gradient_zero():
+    import torch
+
+    h, ours = _post_training_row("token log-probs")
+    logits, labels = h.inputs()
+    assert labels[1] == -100 and (logits[1] == -math.inf).all() and logits[0, 2] == -math.inf
+    ref = _in_float64(h, pick=lambda x, t: (x[:1], t[:1]))
+    assert ref.ok
+    torch.testing.assert_close(ours.value[:1].double(), ref.value, rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours.grad[:1].double(), ref.grad, rtol=1e-6, atol=0)
+    assert ours.value[1] == 0 and (ours.grad[1] == 0).all()
+    assert _demo.evaluate(h, "naive").grad[1].isnan().all()
