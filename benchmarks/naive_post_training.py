@@ -3,7 +3,9 @@ they are posted, **not** as they should be. The hazard matrix (``hazard_matrix.p
 distillation tests import them from here, so every comparison is made against the same code.
 
 Each is a reference spelling of public code (the sources are named per function), reduced to
-the loss itself; none of them is used by stablelosses.
+the loss itself; none of them is used by stablelosses' losses. ``sequence_mean``,
+``grpo_policy_loss`` and ``orpo_odds_ratio`` live in ``stablelosses.naive`` (the demo shows them)
+and are imported from there.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from stablelosses.naive import grpo_policy_loss, orpo_odds_ratio, sequence_mean
 
 __all__ = [
     "trl_generalized_jsd_loss",
@@ -91,33 +95,8 @@ def token_mean(loss: Tensor, mask: Tensor) -> Tensor:
     return (loss * m).sum() / m.sum()
 
 
-def sequence_mean(loss: Tensor, mask: Tensor) -> Tensor:
-    """TRL GRPO's per-sequence mean: ``((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()``
-    (the clamp makes an empty completion 0; a masked ``inf`` still gives ``inf·0`` = NaN)."""
-    m = mask.to(loss.dtype)
-    return ((loss * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
-
-
-def grpo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
-                     clip_eps: float = 0.2) -> Tensor:
-    """TRL GRPOTrainer's clipped surrogate (``loss_type='grpo'``): ``ratio = exp(logp − old)``
-    at every position, padding included, then the per-sequence masked mean (`sequence_mean`)."""
-    ratio = torch.exp(logps - old_logps)
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    per_token = -torch.min(ratio * adv, clipped * adv)
-    return sequence_mean(per_token, mask)
-
-
 def k3_kl(logps: Tensor, ref_logps: Tensor) -> Tensor:
     """TRL's k3 estimator: ``exp(ref − logp) − (ref − logp) − 1`` (cancels at small ``d``)."""
     d = ref_logps - logps
     return torch.exp(d) - d - 1
 
-
-def orpo_odds_ratio(chosen_logps: Tensor, rejected_logps: Tensor, beta: float = 0.1) -> Tensor:
-    """TRL ORPOTrainer's odds-ratio term: ``log_odds = (c − r) − (log1p(−e^c) − log1p(−e^r))``,
-    ``−β·logsigmoid(log_odds)`` averaged; ``log1p(−e^0) = −inf`` at a log-prob of 0."""
-    log_odds = (chosen_logps - rejected_logps) - (
-        torch.log1p(-torch.exp(chosen_logps)) - torch.log1p(-torch.exp(rejected_logps)))
-    return -(beta * F.logsigmoid(log_odds)).mean()

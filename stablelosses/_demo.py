@@ -300,73 +300,38 @@ HAZARDS = (
 )
 
 
-# Post-training and distillation (0.4): the spellings of TRL-style trainer code. Their home is
-# stablelosses.naive (one home per formula); they sit beside their rows until it has them.
-
-def _grpo_formula(logps, old_logps, advantages, mask, eps=0.2):
-    """TRL's GRPO loss: ratio ``exp(logp - old)``, clip, min, then the mask multiply."""
-    ratio = torch.exp(logps - old_logps)
-    adv = advantages[:, None]
-    per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
-    return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-
-
-def _orpo_formula(chosen_logps, rejected_logps, beta=0.1):
-    """ORPO's odds-ratio term with ``log(1 - p) = log1p(-exp(logp))`` (TRL before #4763)."""
-    log_odds = (chosen_logps - rejected_logps) - (
-        torch.log1p(-torch.exp(chosen_logps)) - torch.log1p(-torch.exp(rejected_logps)))
-    return -beta * F.logsigmoid(log_odds)
-
-
-def _forward_kl_formula(student_logits, teacher_logits):
-    """KL(teacher ‖ student) as ``(p * (log p - log q)).sum(-1)``, the token mean."""
-    p, log_p = teacher_logits.softmax(-1), teacher_logits.log_softmax(-1)
-    return (p * (log_p - student_logits.log_softmax(-1))).sum(-1).mean()
-
-
-def _gather_token_logps(logits, labels):
-    """``log_softmax(...).gather(...)`` with ``-100`` labels clamped to 0, then the mask multiply."""
-    logps = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
-    return logps * (labels != -100)
-
-
-def _dpo_formula(chosen, rejected, ref_chosen, ref_rejected, beta=0.1):
-    """DPO as ``-log(sigmoid(β·margin))``, not ``-logsigmoid``."""
-    margin = (chosen - rejected) - (ref_chosen - ref_rejected)
-    return -torch.log(torch.sigmoid(beta * margin)).mean()
-
-
+# Post-training and distillation (0.4): TRL-style trainer code (stablelosses.naive).
 HAZARDS = (
     *HAZARDS,
     Hazard(
         "GRPO ratio exp(logp - old), masked log-ratio 200",
         lambda: (torch.tensor([[-1.0, 0.0]]), torch.tensor([[-1.0, -200.0]]), _t(1.0),
                  torch.tensor([[True, False]])),
-        _grpo_formula,
+        naive.grpo_policy_loss,
         SF.policy_loss,
     ),
     Hazard(
         "ORPO log-odds log1p(-exp(logp)) at logp = -1e-9",
         lambda: (_t(-1e-9, -0.5), _t(-1.0, -1.0)),
-        _orpo_formula,
-        lambda c, r: SF.orpo_loss(c, r, reduction="none"),
+        naive.orpo_odds_ratio,
+        SF.orpo_loss,
     ),
     Hazard(
         "forward KL distillation, -inf (masked) vocabulary",
         lambda: (torch.tensor([[1.0, 0.0, -_INF]]), torch.tensor([[2.0, 0.0, -_INF]])),
-        _forward_kl_formula,
+        naive.forward_kl_formula,
         SF.distillation_loss,
     ),
     Hazard(
         "token log-probs, ignored (-100) row of -inf",
         lambda: (torch.tensor([[2.0, 0.5, -_INF], [-_INF] * 3]), _long(0, -100)),
-        _gather_token_logps,
+        naive.gather_token_logps,
         SF.token_logps,
     ),
     Hazard(
         "DPO -log(sigmoid(β·margin)) at margin -2000",
         lambda: (_t(-2050.0, -10.0), _t(-50.0, -12.0), _t(0.0, 0.0), _t(0.0, 0.0)),
-        _dpo_formula,
+        naive.dpo_formula,
         SF.dpo_loss,
     ),
 )

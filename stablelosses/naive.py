@@ -27,6 +27,11 @@ the points listed in its docstring.
 | `softmax_entropy` | `-(softmax(x) * log_softmax(x)).sum(dim)` | `entropy` |
 | `dice_formula` | `1 - 2 Σpt / (Σp + Σt)` per sample | `dice_loss` |
 | `info_nce_formula` | `F.cross_entropy(q̂ @ k̂.T / τ, arange(N))` with `x / x.norm()` | `info_nce_loss` |
+| `grpo_policy_loss` | TRL's GRPO surrogate: `exp(logp − old)`, clip, min, masked mean | `policy_loss` |
+| `orpo_odds_ratio` | TRL's ORPO term with `log1p(−exp(logp))` | `orpo_loss` |
+| `dpo_formula` | `−log(sigmoid(β·margin))` | `dpo_loss` |
+| `forward_kl_formula` | `(p * (log p − log q)).sum(-1).mean()` | `distillation_loss` |
+| `gather_token_logps` | `log_softmax(x).gather(labels.clamp(min=0))` times the mask | `token_logps` |
 
 Example:
     >>> import torch
@@ -64,6 +69,12 @@ __all__ = [
     "softmax_entropy",
     "dice_formula",
     "info_nce_formula",
+    "sequence_mean",
+    "grpo_policy_loss",
+    "orpo_odds_ratio",
+    "dpo_formula",
+    "forward_kl_formula",
+    "gather_token_logps",
 ]
 
 
@@ -231,3 +242,56 @@ def info_nce_formula(query: Tensor, key: Tensor, temperature: float = 0.07) -> T
     q = unit_vector(query, 1)
     k = unit_vector(key, 1)
     return F.cross_entropy(q @ k.T / temperature, torch.arange(query.shape[0], device=query.device))
+
+
+# --- post-training and distillation (0.4): TRL-style trainer code ------------------------------
+
+
+def sequence_mean(loss: Tensor, mask: Tensor) -> Tensor:
+    """TRL GRPO's per-sequence mean: ``((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()``
+    (the clamp makes an empty completion 0; a masked ``inf`` still gives ``inf·0`` = NaN)."""
+    m = mask.to(loss.dtype)
+    return ((loss * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+
+
+def grpo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor,
+                     clip_eps: float = 0.2) -> Tensor:
+    """TRL GRPOTrainer's clipped surrogate (``loss_type='grpo'``): ``ratio = exp(logp − old)``
+    at every position, padding included, then the per-sequence masked mean (`sequence_mean`):
+    a masked log-ratio of 200 gives ``exp(200) · 0`` = NaN in the gradient."""
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    return sequence_mean(per_token, mask)
+
+
+def orpo_odds_ratio(chosen_logps: Tensor, rejected_logps: Tensor, beta: float = 0.1) -> Tensor:
+    """TRL ORPOTrainer's odds-ratio term (before trl#4763): ``log_odds = (c − r) − (log1p(−e^c) −
+    log1p(−e^r))``, ``−β·logsigmoid(log_odds)`` averaged; ``log1p(−e^c)`` is ``−inf`` (NaN
+    gradient) for a log-prob that rounds ``e^c`` to 1 (``c = −1e-9``)."""
+    log_odds = (chosen_logps - rejected_logps) - (
+        torch.log1p(-torch.exp(chosen_logps)) - torch.log1p(-torch.exp(rejected_logps)))
+    return -(beta * F.logsigmoid(log_odds)).mean()
+
+
+def dpo_formula(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor,
+                beta: float = 0.1) -> Tensor:
+    """DPO as ``−log(sigmoid(β·margin))``, not ``−logsigmoid``: ``inf`` with a NaN gradient once
+    ``sigmoid`` rounds to 0 (a margin of −2000 at β = 0.1)."""
+    margin = (chosen - rejected) - (ref_chosen - ref_rejected)
+    return -torch.log(torch.sigmoid(beta * margin)).mean()
+
+
+def forward_kl_formula(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """KL(teacher ‖ student) as ``(p * (log p − log q)).sum(-1)``, the token mean: a ``-inf``
+    (masked) vocabulary entry gives ``0 · (−inf − (−inf))`` = NaN."""
+    p, log_p = teacher_logits.softmax(-1), teacher_logits.log_softmax(-1)
+    return (p * (log_p - student_logits.log_softmax(-1))).sum(-1).mean()
+
+
+def gather_token_logps(logits: Tensor, labels: Tensor) -> Tensor:
+    """``log_softmax(x).gather(...)`` with ``-100`` labels clamped to 0, then the mask multiply: an
+    ignored row of ``-inf`` logits gives ``NaN · 0`` = NaN."""
+    logps = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
+    return logps * (labels != -100)
