@@ -91,6 +91,11 @@ CASES = [
     ("float16 square", lambda: torch.tensor([300.0], dtype=torch.float16) ** 2, "aten::pow", "forward",
      "overflow", "half-precision-overflow"),
     ("where(b != 0, a / b)", _where_div, "aten::div", "forward", "division by zero", "division-by-zero"),
+    ("x.div_(0)", lambda: torch.ones(3).div_(0), "aten::div_", "forward", "division by zero",
+     "division-by-zero"),
+    ("x.div_(zeros)", lambda: torch.zeros(3).div_(torch.zeros(3)), "aten::div_", "forward", "0/0",
+     "division-by-zero"),
+    ("zeros.log_()", lambda: torch.zeros(3).log_(), "aten::log_", "forward", "log of zero", None),
 ]
 
 
@@ -115,6 +120,22 @@ def test_every_hinted_page_exists():
     for *_, page in CASES:
         if page is not None:
             assert os.path.isfile(os.path.join(docs, f"{page}.md")), page
+
+
+@pytest.mark.parametrize("op", ["div_", "log_", "mul_"])
+def test_in_place_operator_is_judged_by_the_input_it_read(op):
+    x = torch.full((3,), 1e30) if op == "mul_" else torch.zeros(3) if op == "log_" else torch.ones(3)
+    read = x.clone()
+    err = raised(lambda: getattr(x, op)(*{"div_": (0,), "log_": (), "mul_": (1e30,)}[op]))
+    assert (err.inputs[0].min, err.inputs[0].max) == (read.min().item(), read.max().item())
+    assert err.inputs[0].finite and not err.outputs[0].finite
+    assert "inputs already as large as inf" not in str(err)
+
+
+def test_in_place_operator_on_a_non_finite_input_is_not_blamed():
+    with detect_nonfinite():
+        torch.tensor([INF, 1.0]).mul_(2.0)
+        torch.tensor([math.nan, 1.0]).div_(0.0)
 
 
 def test_kind_is_unchanged_for_compatibility():

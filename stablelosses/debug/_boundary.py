@@ -254,7 +254,7 @@ def _diagnose(det: Any, fn: Any, name: str, args: tuple, kwargs: dict, outs: lis
     if any(a is _NO_VALUES for a in flat):
         return None  # an input holds no values: nothing can be said about it
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-    in_finite, in_nan = _judge_inputs(args, flat, tensors, (), None)
+    in_finite, in_nan = _judge_inputs(flat, tensors)
     kind = _kind(det, outs, in_finite, in_nan)
     if kind is None:
         return None

@@ -77,6 +77,17 @@ def _all_finite(t) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+def _snapshot(written) -> dict[int, torch.Tensor]:
+    """Copies of the floating tensors an in-place operator is about to overwrite, by ``id``."""
+    copies: dict[int, torch.Tensor] = {}
+    for t in written:
+        for x in (t if isinstance(t, (list, tuple)) else (t,)):
+            if (isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+                    and x.numel() and not _unreadable(x)):
+                copies[id(x)] = x.detach().clone()
+    return copies
+
+
 def _has_nan(t) -> bool:
     if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
         return False

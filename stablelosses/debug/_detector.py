@@ -13,7 +13,7 @@ import torch
 
 from stablelosses._compat import TorchDispatchMode, current_autograd_node
 from stablelosses.debug import _boundary
-from stablelosses.debug._checks import _all_finite, _info, _normalize_op
+from stablelosses.debug._checks import _all_finite, _info, _normalize_op, _snapshot
 from stablelosses.debug._errors import NonFiniteError, NonFiniteWarning
 from stablelosses.debug._frames import _child_name, _root_name, _user_frame
 from stablelosses.debug._report import _SELECTORS, FWD_KEY, diagnose
@@ -69,8 +69,9 @@ class _Mode(TorchDispatchMode):
         skip, writes, _ = _info(func)
         before = None
         if writes and not skip:
-            # an in-place operator overwrites its input: look at it before
-            before = [_all_finite(args[i]) if i < len(args) else True for i in writes]
+            # an in-place operator overwrites its input: keep its values from before (a copy, no
+            # host sync) for the report, which judges and names the operator by its inputs
+            before = _snapshot([args[i] for i in writes if i < len(args)])
         out = func(*args, **kwargs)
         if owner._suspended:
             return out
@@ -102,7 +103,7 @@ class _Mode(TorchDispatchMode):
         else:
             ok = True
         if not ok:
-            owner._found(func, args, kwargs, checked, node, writes, before)
+            owner._found(func, args, kwargs, checked, node, before)
         return out
 
     def _record(self, func, args, out, where: bool = True) -> None:
@@ -175,10 +176,11 @@ class detect_nonfinite:
 
     **Cost.** One reduction per floating output (a sum: a finite sum proves every element
     finite; ``isfinite().all()`` runs only when it is not) and one read of the result; inputs
-    are examined only when an output is not finite; in-place operators also check the tensor
-    they overwrite, before. The Python dispatch costs some microseconds per operator, so steps
-    of many small operators slow down most: a training step of a 3-layer MLP (batch 256,
-    width 256, one CPU thread) takes about 1.6–1.9× the plain step, against 2.0–2.2× for
+    are examined only when an output is not finite; an in-place operator first copies the tensor
+    it overwrites (no host read), so that a report judges it by the values it read. The Python
+    dispatch costs some microseconds per operator, so steps of many small operators slow down
+    most: a training step of a 3-layer MLP (batch 256, width 256, one CPU thread) takes about
+    1.6–1.9× the plain step, against 2.0–2.2× for
     ``torch.autograd.detect_anomaly`` (``benchmarks/test_bench_debug.py``), which moreover
     misses NaN in the forward and Inf gradients.
 
@@ -342,9 +344,9 @@ class detect_nonfinite:
         finally:
             self._suspended = False
 
-    def _found(self, func, args, kwargs, out, node, writes, before) -> None:
+    def _found(self, func, args, kwargs, out, node, before) -> None:
         with self.suspended():  # summaries below run torch ops
-            err = diagnose(self, func, args, kwargs, out, node, writes, before, sys._getframe())
+            err = diagnose(self, func, args, kwargs, out, node, before, sys._getframe())
         if err is not None:
             self._emit(err)
 

@@ -6,7 +6,7 @@ import linecache
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from stablelosses.debug._causes import DIVERGENCE_HINT, detail_of, diverging_inputs, hint_for, name_cause
 from stablelosses.debug._checks import _all_finite, _finite_number, _has_inf, _has_nan
@@ -16,19 +16,13 @@ from stablelosses.debug._frames import _nearest_is_trusted, _user_line
 FWD_KEY = "stablelosses.debug.forward"
 
 
-def _judge_inputs(args, flat_args, tensors, writes, before) -> tuple[bool, bool]:
-    """(every input finite, some input NaN); tensors written in place count from before the call."""
-    written = {id(t) for t in tree_flatten([args[i] for i in writes if i < len(args)])[0]}
+def _judge_inputs(flat_args, tensors) -> tuple[bool, bool]:
+    """(every input finite, some input NaN)."""
     in_finite, in_nan = True, False
     for t in tensors:
-        if id(t) in written:
-            continue
         if not _all_finite(t):
             in_finite = False
             in_nan = in_nan or _has_nan(t)
-    if before is not None and not all(before):
-        in_finite = False
-        in_nan = True  # unknown which: be conservative, only a clean input is blamed
     for a in flat_args:
         if isinstance(a, (float, complex)) and not _finite_number(a):
             in_finite = False
@@ -64,17 +58,24 @@ def _locate(det, node, frame) -> tuple[Any, ...] | None:
     return None, *_user_line(frame), node.name(), None
 
 
-def diagnose(det, func, args, kwargs, out, node, writes, before, frame) -> NonFiniteError | None:
-    """The report for an operator whose output is not finite, or None when it is not to blame."""
+def diagnose(det, func, args, kwargs, out, node, before, frame) -> NonFiniteError | None:
+    """The report for an operator whose output is not finite, or None when it is not to blame.
+
+    ``before`` maps ``id`` of each tensor an in-place operator overwrote to a copy taken before
+    the call: the operator is judged, named and summarised by the values it read.
+    """
     name = func._schema.name
     overload = func._schema.overload_name or "default"
     if name in det.allow or f"{name}.{overload}" in det.allow:
         return None
+    if before:
+        args, kwargs = tree_map(lambda a: before.get(id(a), a) if isinstance(a, torch.Tensor) else a,
+                                (args, kwargs))
     flat_args, _ = tree_flatten((args, kwargs))
     tensors = [a for a in flat_args if isinstance(a, torch.Tensor)]
     if not tensors and node is None:
         return None  # a factory: its value comes from its arguments
-    in_finite, in_nan = _judge_inputs(args, flat_args, tensors, writes, before)
+    in_finite, in_nan = _judge_inputs(flat_args, tensors)
     outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
     kind = _kind(det, outs, in_finite, in_nan)
     if kind is None:
