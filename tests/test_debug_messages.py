@@ -138,6 +138,34 @@ def test_in_place_operator_on_a_non_finite_input_is_not_blamed():
         torch.tensor([math.nan, 1.0]).div_(0.0)
 
 
+MEAN_OVER_NOTHING = [
+    ("mean of empty", lambda: torch.zeros(0).mean(), "aten::mean"),
+    ("cross_entropy, every target ignored",
+     lambda: F.cross_entropy(torch.randn(2, 3), torch.tensor([-100, -100])), "aten::nll_loss_forward"),
+    ("var of one value", lambda: torch.randn(1).var(), "aten::var"),
+    ("LayerNorm eps=0, constant row", lambda: torch.nn.LayerNorm(3, eps=0)(torch.ones(2, 3)),
+     "aten::native_layer_norm"),
+    ("float64 LayerNorm eps=0",
+     lambda: torch.nn.LayerNorm(3, eps=0).double()(torch.ones(2, 3, dtype=torch.float64)),
+     "aten::native_layer_norm"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")
+@pytest.mark.parametrize("case", MEAN_OVER_NOTHING, ids=[c[0] for c in MEAN_OVER_NOTHING])
+def test_nan_from_a_mean_over_nothing_is_zero_over_zero(case):
+    _, fn, op = case
+    err = raised(fn)
+    assert (err.op, err.kind, err.cause) == (op, "nan", "0/0")
+    assert ": 0/0 (" in str(err).splitlines()[0]
+
+
+def test_nan_from_an_overflowed_intermediate_is_still_overflow():
+    # 3e38 * 10 = inf, then inf - inf = NaN; in float64 the product is exact: the dtype is to blame
+    err = raised(lambda: torch.dot(torch.tensor([3e38, -3e38]), torch.full((2,), 10.0)))
+    assert (err.op, err.kind, err.cause) == ("aten::dot", "nan", "overflow")
+
+
 def test_kind_is_unchanged_for_compatibility():
     # kind stays 'overflow' (an Inf) or 'nan'; cause carries the finer name
     assert raised(lambda: torch.ones(1) / torch.zeros(1)).kind == "overflow"

@@ -5,7 +5,9 @@ A report says *what happened* with one of five phrases people can search for:
 | phrase | when |
 |---|---|
 | ``division by zero`` | a finite non-zero numerator over 0 (also ``0 ** negative``, ``rsqrt(0)``) |
-| ``0/0`` | zero over zero, and a softmax over a slice that is entirely ``-inf`` |
+| ``0/0`` | zero over zero, a softmax over a slice that is entirely ``-inf``, and any other NaN
+  from finite inputs that the operator also gives with every value exact (a mean over nothing,
+  the variance of one value, a LayerNorm with ``eps=0`` over a constant row) |
 | ``log of zero`` | ``log(0)``, ``log1p(-1)``, ``xlogy(x != 0, 0)`` |
 | ``overflow`` | a finite result too large (``exp(100.)``), or NaN from finite operands whose
   intermediate overflowed (a matmul of ``±1e30``) |
@@ -17,12 +19,13 @@ may look at values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["name_cause", "hint_for", "diverging_inputs", "DIVERGENCE_HINT"]
+__all__ = ["name_cause", "nan_without_overflow", "hint_for", "diverging_inputs", "DIVERGENCE_HINT"]
 
 _DIV = {"div", "div_", "true_divide", "true_divide_", "floor_divide", "remainder", "fmod"}
 _RECIP = {"reciprocal", "reciprocal_", "rsqrt", "rsqrt_"}
@@ -58,7 +61,13 @@ def _division(num: torch.Tensor, den: torch.Tensor, out_nan: bool) -> str | None
     return None
 
 
-def name_cause(op: str, args: Sequence[Any], outs: Sequence[torch.Tensor], in_finite: bool) -> str:
+def name_cause(
+    op: str,
+    args: Sequence[Any],
+    outs: Sequence[torch.Tensor],
+    in_finite: bool,
+    exact_nan: Callable[[], bool | None] | None = None,
+) -> str:
     """One of the five phrases for an ATen operator ``op`` whose outputs ``outs`` are not finite.
 
     Args:
@@ -66,6 +75,8 @@ def name_cause(op: str, args: Sequence[Any], outs: Sequence[torch.Tensor], in_fi
         args: its positional arguments (tensors or Python numbers).
         outs: its tensor outputs.
         in_finite: whether every input was finite.
+        exact_nan: for a NaN from finite inputs: whether the operator gives NaN there with no
+            rounding or overflow to blame (see `nan_without_overflow`); None when unknown.
     """
     name = _short(op)
     out_nan = any(bool(torch.isnan(o).any()) for o in outs if o.is_floating_point())
@@ -101,8 +112,49 @@ def name_cause(op: str, args: Sequence[Any], outs: Sequence[torch.Tensor], in_fi
     if in_finite:
         if out_nan and name in _DOMAIN:
             return "invalid"
+        if out_nan and exact_nan is not None and exact_nan():
+            return "0/0"  # no value overflowed: a mean over nothing, the variance of one value
         return "overflow"
     return "invalid"
+
+
+def nan_without_overflow(func: Any, args: Sequence[Any], kwargs: dict) -> bool | None:
+    """Whether ATen operator ``func``, which made NaN from finite inputs, makes it with no value
+    overflowing: run again in float64, it still does (from float64 inputs: none of them is past
+    the square root of the largest float64). None when it cannot be run again (a collective, a
+    random operator) or fails.
+
+    Runs only on the reporting path; every tensor is copied first, so an in-place operator
+    writes to its copies.
+    """
+    if not str(getattr(func, "name", lambda: "")()).startswith("aten::"):
+        return None
+    if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+        return None
+    narrow = False
+
+    def wide(a: Any) -> Any:
+        nonlocal narrow
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            narrow = narrow or a.dtype != torch.float64
+            return a.detach().to(torch.float64, copy=True)
+        return a
+
+    try:
+        args64, kwargs64 = tree_map(wide, (tuple(args), dict(kwargs)))
+        if not narrow:  # float64 already: judge by the inputs' size
+            flat = tree_flatten((args64, kwargs64))[0]
+            big = torch.finfo(torch.float64).max ** 0.5
+            return all(float(t.abs().amax()) <= big for t in flat
+                       if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel())
+        with torch.no_grad():
+            out = func(*args64, **kwargs64)
+        if out is None:  # in place, returns nothing (_foreach_*_): the copies hold the result
+            out = args64
+    except Exception:  # noqa: BLE001 - an operator that cannot be run on float64 copies
+        return None
+    return any(bool(torch.isnan(o).any()) for o in tree_flatten(out)[0]
+               if isinstance(o, torch.Tensor) and o.is_floating_point())
 
 
 _DETAIL = {

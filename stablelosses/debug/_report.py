@@ -8,7 +8,14 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from stablelosses.debug._causes import DIVERGENCE_HINT, detail_of, diverging_inputs, hint_for, name_cause
+from stablelosses.debug._causes import (
+    DIVERGENCE_HINT,
+    detail_of,
+    diverging_inputs,
+    hint_for,
+    name_cause,
+    nan_without_overflow,
+)
 from stablelosses.debug._checks import _all_finite, _finite_number, _has_inf, _has_nan
 from stablelosses.debug._errors import NonFiniteError, TensorSummary
 from stablelosses.debug._frames import _nearest_is_trusted, _user_line
@@ -84,7 +91,7 @@ def diagnose(det, func, args, kwargs, out, node, before, frame) -> NonFiniteErro
     if where is None:
         return None
     module_path, filename, lineno, node_name, forward_op = where
-    cause = name_cause(name, args, outs, in_finite)
+    cause = name_cause(name, args, outs, in_finite, lambda: nan_without_overflow(func, args, kwargs))
     hint = hint_for(name, cause, args, node_name, forward_op)
     detail = None
     huge = diverging_inputs(cause, tensors)
