@@ -53,6 +53,22 @@ def test_safe_div_overflow_is_reported():
     assert ": overflow (" in str(err)
 
 
+def test_xlogy_of_a_negative_at_zero_is_a_log_of_zero():
+    # -1 * log 0 = +inf: infinite exactly (in float64 too), not a finite value too large
+    err = raised(lambda: sl.xlogy(torch.tensor([-1.0]), torch.tensor([0.0])))
+    assert (err.op, err.kind, err.cause) == ("stablelosses.xlogy", "overflow", "log of zero")
+    assert ": log of zero (" in str(err).splitlines()[0]
+
+
+def test_ctc_loss_of_an_impossible_alignment_is_a_log_of_zero_with_its_page():
+    log_probs = torch.randn(2, 1, 5).log_softmax(-1)  # 2 frames for a 3-label target
+    err = raised(lambda: SF.ctc_loss(log_probs, torch.tensor([[1, 2, 3]]), torch.tensor([2]),
+                                     torch.tensor([3]), reduction="sum"))
+    assert (err.op, err.cause) == ("stablelosses.functional.ctc_loss", "log of zero")
+    assert err.hint.endswith("docs: hazards/ctc-impossible-alignment") and "zero_infinity=True" in err.hint
+    assert str(err).splitlines()[-1].strip() == err.hint
+
+
 @pytest.mark.parametrize("weight", [None, "zero"])
 def test_cross_entropy_with_nothing_counted_is_0_over_0(weight):
     logits = torch.randn(3, 4, requires_grad=True)

@@ -263,17 +263,48 @@ def _diagnose(det: Any, fn: Any, name: str, args: tuple, kwargs: dict, outs: lis
             and not any(_has_nan(o) or bool((o == float("inf")).any()) for o in outs)):
         return None  # a defined -inf: a masked entry or a zero probability
     cause, detail = _cause(fn, short, kind, args, kwargs, in_finite)
+    hint = _HINTS.get((short, cause))
     filename, lineno = _user_line(sys._getframe())
     return make_error(
-        op=name, phase="forward", kind=kind, cause=cause, detail=detail, hint=None,
+        op=name, phase="forward", kind=kind, cause=cause, detail=detail, hint=hint,
         module_path=det._module_path(), filename=filename, lineno=lineno, node=None, forward_op=None,
         inputs=[TensorSummary.of(t) for t in tensors], outputs=[TensorSummary.of(o) for o in outs],
     )
 
 
+# (function, cause) → the catalogued hazard behind a result the contract gives on purpose
+_HINTS = {
+    ("ctc_loss", "log of zero"): (
+        "hint: use zero_infinity=True, or give every input at least the length its target needs "
+        "— docs: hazards/ctc-impossible-alignment"),
+}
+
+
+def _infinite_in_float64(fn: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``fn`` gives an infinite value on float64 copies of its inputs too: then the
+    value is infinite exactly, not a finite one too large for the dtype."""
+    def wide(a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a.detach().to(torch.float64, copy=True)
+        return a
+
+    try:
+        a64, k64 = tree_map(wide, (args, kwargs))
+        with torch.no_grad():
+            out = fn(*a64, **k64)
+    except Exception:  # noqa: BLE001 - a function that does not take float64: say overflow
+        return False
+    return any(bool(torch.isinf(o).any()) for o in tree_flatten(out)[0]
+               if isinstance(o, torch.Tensor) and o.is_floating_point())
+
+
 def _cause(fn: Any, short: str, kind: str, args: tuple, kwargs: dict, in_finite: bool) -> tuple[str, str]:
     """The phrase and a few words for a public function's non-finite result."""
     if kind == "overflow":
+        if _infinite_in_float64(fn, args, kwargs):
+            # every exact infinity a stablelosses function returns from finite inputs is a log of
+            # a zero probability: xlogy(x < 0, 0), an impossible CTC alignment
+            return "log of zero", f"{short} returned an infinite value: the log of a zero probability"
         return "overflow", f"{short} returned a value too large for the dtype from finite inputs"
     if not in_finite:
         return "invalid", "inf - inf or 0 * inf on infinite inputs"
