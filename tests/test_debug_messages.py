@@ -57,6 +57,11 @@ def _where_div():
     torch.where(b != 0, torch.ones(2) / b, torch.zeros(2)).sum().backward()
 
 
+def _div_by_norm_of_zero():
+    v = torch.zeros(3, requires_grad=True)
+    v / v.norm()
+
+
 CASES = [
     # (id, fn, op, phase, cause, hint page or None)
     ("1/0", lambda: torch.ones(2) / torch.zeros(2), "aten::div", "forward", "division by zero",
@@ -95,6 +100,7 @@ CASES = [
      "division-by-zero"),
     ("x.div_(zeros)", lambda: torch.zeros(3).div_(torch.zeros(3)), "aten::div_", "forward", "0/0",
      "division-by-zero"),
+    ("v / v.norm() at 0", _div_by_norm_of_zero, "aten::div", "forward", "0/0", "zero-vector"),
     ("zeros.log_()", lambda: torch.zeros(3).log_(), "aten::log_", "forward", "log of zero", None),
 ]
 

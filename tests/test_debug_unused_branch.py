@@ -111,6 +111,35 @@ def test_a_nan_gradient_without_a_dropped_value_keeps_its_old_report():
     assert err.discarded_by == [] and "sqrt-at-zero" in err.hint
 
 
+ZERO_NORM = [
+    ("norm", lambda v: v.norm(), "LinalgVectorNormBackward0", "zero-vector"),
+    ("v / (sqrt(sum v**2) + eps)", lambda v: (v / (torch.sqrt((v**2).sum()) + 1e-8)).sum(), "SqrtBackward0",
+     "sqrt-at-zero"),
+    ("pairwise_distance(x, x, eps=0)", lambda v: F.pairwise_distance(v[None], v[None], eps=0).sum(),
+     "NormBackward1", "zero-vector"),
+]
+
+
+@pytest.mark.parametrize("case", ZERO_NORM, ids=[c[0] for c in ZERO_NORM])
+def test_a_zero_over_zero_at_a_norm_or_sqrt_of_zero_is_not_an_unused_branch(case):
+    # the incoming gradient is not 0 because of a where, and the forward value (0) is finite:
+    # the backward's own 0/0 at the singular point
+    _, fn, node, page = case
+    err = _report(fn, torch.zeros(3, requires_grad=True), forward=False)
+    assert (err.node, err.cause) == (node, "0/0")
+    assert err.discarded_by == [] and "where the forward value" not in str(err)
+    assert ": 0/0 (zero over zero)" in str(err).splitlines()[0]
+    assert err.hint.endswith(f"docs: hazards/{page}") and "finite-loss-nan-gradient" not in err.hint
+
+
+def test_a_norm_that_a_clamp_drops_is_still_an_unused_branch():
+    v = torch.zeros(3, requires_grad=True)
+    err = _report(lambda v: (v / v.norm().clamp_min(1e-8)).sum(), v, forward=False)
+    assert err.node == "LinalgVectorNormBackward0" and "finite-loss-nan-gradient" in err.hint
+    assert [d[0] for d in err.discarded_by] == ["aten::clamp_min"]
+    assert "0/0 in LinalgVectorNormBackward0" in str(err) and "not finite" not in str(err)
+
+
 SQRT_SCRIPT = '''\
 import torch
 x = torch.tensor([0.0, 4.0], requires_grad=True)

@@ -230,6 +230,12 @@ def _both_neg_inf(args: Sequence[Any]) -> bool:
     return _any((a == float("-inf")) & (b == float("-inf")))
 
 
+def _is_norm(node: str | None, fwd: str) -> bool:
+    """An autograd node (or forward operator) that is a vector norm."""
+    return bool(node) and (str(node).startswith(("NormBackward", "LinalgVectorNormBackward"))) or fwd in (
+        "norm", "linalg_vector_norm")
+
+
 def _hint(use: str, page: str) -> str:
     return f"hint: use {use} — docs: hazards/{page}"
 
@@ -277,6 +283,10 @@ def hint_for(
         return _hint("sl.LogCoshLoss", "log-cosh-overflow")
     if half and cause == "overflow" and name in _POW | {"mul", "mul_", "square", "mse_loss"}:
         return _hint("sl.RMSELoss", "half-precision-overflow")
+    if _is_norm(node, fwd) or (name in _DIV and cause == "0/0" and len(args) > 1
+                               and _is_norm(_source_node(args[1]), "")):
+        # the norm of a zero vector: its backward x / ‖x‖ at 0, or x / x.norm() itself
+        return _hint("sl.normalize / sl.cosine_similarity, or sl.safe_sqrt of a squared norm", "zero-vector")
     if name in _DIV and cause in ("division by zero", "0/0") or node == "DivBackward0":
         return _hint("sl.safe_div", "division-by-zero")
     return None

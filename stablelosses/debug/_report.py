@@ -131,33 +131,41 @@ UNUSED_BRANCH_HINT = (
 )
 
 
-def _zero_times_nonfinite(tensors, outs) -> bool:
-    """At some NaN output, one input is 0 and another ±inf (0 * inf), or both are 0 (0 / 0)."""
+def _zero_times_nonfinite(tensors, outs) -> str | None:
+    """At some NaN output, one input is 0 and another ±inf (``'0 * inf'``), or both are 0
+    (``'0/0'``); None otherwise."""
     nan = None
     for o in outs:
         if o.is_floating_point():
             nan = torch.isnan(o)
             break
     if nan is None or len(tensors) < 2:
-        return False
+        return None
     try:
         vals = torch.broadcast_tensors(*[t.detach() for t in tensors[:2]], nan)
     except RuntimeError:
-        return False
+        return None
     a, b, at = vals
-    zero_inf = ((a == 0) & torch.isinf(b)) | ((b == 0) & torch.isinf(a)) | ((a == 0) & (b == 0))
-    return bool((zero_inf & at).any())
+    if bool((((a == 0) & torch.isinf(b)) | ((b == 0) & torch.isinf(a)))[at].any()):
+        return "0 * inf"
+    if bool(((a == 0) & (b == 0))[at].any()):
+        return "0/0"
+    return None
 
 
 def unused_branch(node, name: str, tensors, outs) -> tuple[str, list] | None:
     """When a backward NaN is 0 times the inf (or 0 / 0) of a forward value that later
     where/min/clamp operators did not select: the words for it, and (op, file, line, source) of
-    each such selector downstream of the node's forward operator (three at most, nearest first)."""
+    each such selector downstream of the node's forward operator (three at most, nearest first).
+
+    A 0/0 with no such selector is the operator's own singular point (the backward of a norm or
+    a sqrt at 0), not an unused branch: None.
+    """
     rec = node.metadata.get(FWD_KEY)
     if rec is None:
         return None
-    zero_inf = _zero_times_nonfinite(tensors, outs)
-    if not zero_inf and not any(t.is_floating_point() and bool(torch.isinf(t).any()) for t in tensors):
+    zero = _zero_times_nonfinite(tensors, outs)
+    if zero is None and not any(t.is_floating_point() and bool(torch.isinf(t).any()) for t in tensors):
         return None
     seen: set[int] = set()
     todo: list = list(rec.consumers)
@@ -172,13 +180,15 @@ def unused_branch(node, name: str, tensors, outs) -> tuple[str, list] | None:
                 found.append(r)
             continue
         todo.extend(r.consumers)
-    if zero_inf:
+    if zero == "0 * inf":
         what = (f"0 * inf in {node.name()}: its incoming gradient is 0 where the forward value of {rec.op} "
                 "is not finite")
+    elif zero == "0/0":
+        what = f"0/0 in {node.name()}: its incoming gradient is 0 at a singular point of {rec.op}"
     else:
         what = f"inf - inf or 0 * inf in {node.name()} on the non-finite forward values of {rec.op}"
     if not found:
-        return (what, []) if zero_inf else None
+        return (what, []) if zero == "0 * inf" else None
     first = found[0]
     where = f"{first.filename}:{first.lineno}" if first.filename else "(unknown)"
     sel = [(f.op, f.filename, f.lineno,
