@@ -62,6 +62,43 @@ def _div_by_norm_of_zero():
     v / v.norm()
 
 
+def _focal_sqrt_of_softmax():
+    logits = torch.tensor([[30.0, -30.0]], requires_grad=True)
+    p = torch.softmax(logits, 1)
+    ((1 - p[:, 0]) ** 0.5).sum().backward()  # the README's focal term, gamma = 0.5
+
+
+def _logaddexp_neg_inf():
+    a = torch.full((1,), -INF, requires_grad=True)
+    torch.logaddexp(a, a).sum().backward()
+
+
+def _entropy_of_masked_logits():
+    z = torch.tensor([[1.0, 2.0, -INF]], requires_grad=True)
+    p, logp = torch.softmax(z, -1), torch.log_softmax(z, -1)
+    -(p * logp).sum()
+
+
+def _kl_div_zero_target():
+    z = torch.tensor([[1.0, 2.0, -INF]], requires_grad=True)
+    F.kl_div(torch.log_softmax(z, -1), torch.tensor([[0.5, 0.5, 0.0]]), reduction="batchmean")
+
+
+def _gaussian_nll_float16_below_floor():
+    var = torch.full((3,), 1e-8, dtype=torch.float16, requires_grad=True)
+    F.gaussian_nll_loss(torch.zeros(3, dtype=torch.float16), torch.ones(3, dtype=torch.float16), var)
+
+
+def _ctc_impossible():
+    log_probs = torch.randn(2, 1, 5).log_softmax(-1)  # 2 frames for a 3-label target
+    F.ctc_loss(log_probs, torch.tensor([[1, 2, 3]]), torch.tensor([2]), torch.tensor([3]), reduction="sum")
+
+
+def _cosine_embedding_float16_zero():
+    a, b = torch.zeros(2, 3, dtype=torch.float16), torch.ones(2, 3, dtype=torch.float16)
+    F.cosine_embedding_loss(a, b, torch.tensor([1, 1]))
+
+
 CASES = [
     # (id, fn, op, phase, cause, hint page or None)
     ("1/0", lambda: torch.ones(2) / torch.zeros(2), "aten::div", "forward", "division by zero",
@@ -101,6 +138,23 @@ CASES = [
     ("x.div_(zeros)", lambda: torch.zeros(3).div_(torch.zeros(3)), "aten::div_", "forward", "0/0",
      "division-by-zero"),
     ("v / v.norm() at 0", _div_by_norm_of_zero, "aten::div", "forward", "0/0", "zero-vector"),
+    ("(1 - p[:, 0]) ** 0.5", _focal_sqrt_of_softmax, "aten::pow", "backward", "division by zero",
+     "focal-gamma-below-one"),
+    ("logaddexp(-inf, -inf) backward", _logaddexp_neg_inf, "aten::sub", "backward", "invalid",
+     "logaddexp-neg-inf"),
+    ("-(p * logp) masked", _entropy_of_masked_logits, "aten::mul", "forward", "invalid", "masked-entropy"),
+    ("kl_div zero target", _kl_div_zero_target, "aten::mul", "forward", "invalid", "kl-zero-targets"),
+    ("bce_with_logits(±inf)", lambda: F.binary_cross_entropy_with_logits(
+        torch.tensor([INF, -INF]), torch.tensor([1.0, 0.0])), "aten::binary_cross_entropy_with_logits",
+     "forward", "invalid", "bce-with-logits-inf"),
+    ("soft_margin_loss(-100, 1)", lambda: F.soft_margin_loss(torch.tensor([-100.0]), torch.tensor([1.0])),
+     "aten::soft_margin_loss", "forward", "overflow", "soft-margin-overflow"),
+    ("float16 gaussian_nll_loss", _gaussian_nll_float16_below_floor, "aten::div", "forward", "overflow",
+     "gaussian-nll-variance-floor"),
+    ("ctc_loss impossible", _ctc_impossible, "aten::_ctc_loss", "forward", "log of zero",
+     "ctc-impossible-alignment"),
+    ("float16 cosine_embedding_loss zero", _cosine_embedding_float16_zero, "aten::div", "forward", "0/0",
+     "cosine-embedding-zero-vector"),
     ("zeros.log_()", lambda: torch.zeros(3).log_(), "aten::log_", "forward", "log of zero", None),
 ]
 

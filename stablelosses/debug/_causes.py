@@ -8,7 +8,7 @@ A report says *what happened* with one of five phrases people can search for:
 | ``0/0`` | zero over zero, a softmax over a slice that is entirely ``-inf``, and any other NaN
   from finite inputs that the operator also gives with every value exact (a mean over nothing,
   the variance of one value, a LayerNorm with ``eps=0`` over a constant row) |
-| ``log of zero`` | ``log(0)``, ``log1p(-1)``, ``xlogy(x != 0, 0)`` |
+| ``log of zero`` | ``log(0)``, ``log1p(-1)``, ``xlogy(x != 0, 0)``, a CTC loss with no alignment |
 | ``overflow`` | a finite result too large (``exp(100.)``), or NaN from finite operands whose
   intermediate overflowed (a matmul of ``±1e30``) |
 | ``invalid`` | outside the domain (``sqrt``/``log`` of a negative), ``inf - inf``, ``0 * inf`` |
@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["name_cause", "nan_without_overflow", "hint_for", "diverging_inputs", "DIVERGENCE_HINT"]
+__all__ = ["name_cause", "nan_without_overflow", "hint_for", "torch_function_of", "diverging_inputs",
+           "DIVERGENCE_HINT"]
 
 _DIV = {"div", "div_", "true_divide", "true_divide_", "floor_divide", "remainder", "fmod"}
 _RECIP = {"reciprocal", "reciprocal_", "rsqrt", "rsqrt_"}
@@ -33,6 +34,7 @@ _LOG = {"log", "log_", "log2", "log10", "log1p", "log1p_", "xlogy", "xlogy_", "s
 _POW = {"pow", "pow_", "float_power"}
 _DOMAIN = {"sqrt", "sqrt_", "acos", "asin", "acosh", "atanh", "lgamma", "digamma", "polygamma",
            "erfinv", "special_erfinv"} | _LOG | _POW
+_CTC = {"ctc_loss", "_ctc_loss"}
 _SOFTMAX = {"_softmax", "_log_softmax", "softmax", "log_softmax", "logsumexp", "_safe_softmax"}
 
 
@@ -104,6 +106,8 @@ def name_cause(
             zero = a0 == 0
         if _any(zero):
             return "log of zero"
+    if name in _CTC and in_finite and not out_nan:
+        return "log of zero"  # -log of a zero likelihood: no alignment exists
     if name in _SOFTMAX and out_nan and a0 is not None and a0.is_floating_point():
         dim = args[1] if len(args) > 1 and isinstance(args[1], int) else -1
         if a0.dim() and _any((a0 == float("-inf")).all(dim)):
@@ -236,6 +240,30 @@ def _is_norm(node: str | None, fwd: str) -> bool:
         "norm", "linalg_vector_norm")
 
 
+# torch.nn.functional losses whose hazards have a page of their own: (replacement, page)
+_TORCH_FUNCTION_HINTS = {
+    "binary_cross_entropy_with_logits": ("sl.BCEWithLogitsLoss", "bce-with-logits-inf"),
+    "soft_margin_loss": ("sl.SoftMarginLoss", "soft-margin-overflow"),
+    "gaussian_nll_loss": ("sl.GaussianNLLLoss", "gaussian-nll-variance-floor"),
+    "ctc_loss": ("sl.CTCLoss (zero_infinity=True for a zero loss)", "ctc-impossible-alignment"),
+    "cosine_embedding_loss": ("sl.CosineEmbeddingLoss", "cosine-embedding-zero-vector"),
+    "kl_div": ("sl.KLDivLoss", "kl-zero-targets"),
+}
+
+
+def torch_function_of(frame: Any) -> str | None:
+    """The name of the outermost ``torch.nn.functional`` function on the stack of ``frame``
+    (the one user code called), or None."""
+    found = None
+    while frame is not None:
+        if frame.f_code.co_filename.replace("\\", "/").endswith("torch/nn/functional.py"):
+            found = frame.f_code.co_name
+        elif found is not None:
+            break
+        frame = frame.f_back
+    return found
+
+
 def _hint(use: str, page: str) -> str:
     return f"hint: use {use} — docs: hazards/{page}"
 
@@ -246,19 +274,35 @@ def hint_for(
     args: Sequence[Any],
     node: str | None = None,
     forward_op: str | None = None,
+    torch_function: str | None = None,
 ) -> str | None:
-    """The stablelosses replacement and docs page when the report is a catalogued hazard."""
+    """The stablelosses replacement and docs page when the report is a catalogued hazard.
+
+    ``torch_function`` is the ``torch.nn.functional`` function the operator ran inside, if any
+    (see `torch_function_of`).
+    """
     name = _short(op)
     fwd = _short(forward_op) if forward_op else ""
     a0 = args[0] if args else None
     half = isinstance(a0, torch.Tensor) and a0.dtype in (torch.float16, torch.bfloat16)
+    if torch_function in _TORCH_FUNCTION_HINTS:
+        # inside a torch loss whose hazards have a page: that page, whatever operator inside it
+        return _hint(*_TORCH_FUNCTION_HINTS[torch_function])
     if node == "SqrtBackward0" or fwd == "sqrt" or (name == "sqrt" and cause == "invalid"):
         return _hint("sl.safe_sqrt / sl.RMSELoss", "sqrt-at-zero")
     if node == "PowBackward0" or (name in _POW and cause == "division by zero"):
         expo = args[1] if len(args) > 1 else None
-        if isinstance(expo, (int, float)) and expo in (-0.5, 0.5):
+        if isinstance(expo, (int, float)) and expo in (-0.5, 0.5) and not _source_node(a0).startswith("Rsub"):
             return _hint("sl.safe_sqrt / sl.RMSELoss", "sqrt-at-zero")
+        # (1 - p) ** gamma, whatever gamma: the focal modulating factor
         return _hint("sl.FocalLoss / sl.SigmoidFocalLoss for (1 - p) ** gamma", "focal-gamma-below-one")
+    if node == "LogaddexpBackward0" or fwd == "logaddexp":
+        return _hint("sl.logaddexp", "logaddexp-neg-inf")
+    if name in ("mul", "mul_") and cause == "invalid" and len(args) > 1:
+        srcs = {_source_node(args[0]), _source_node(args[1])}
+        if "LogSoftmaxBackward0" in srcs and srcs & {"SoftmaxBackward0", "ExpBackward0"}:
+            # p * log p with p = 0 at a -inf logit
+            return _hint("sl.entropy(logits, mask=)", "masked-entropy")
     if node == "LogBackward0" or fwd == "log" or (name in ("log", "log_") and cause == "log of zero"):
         src = _source_node(a0)
         if node == "LogBackward0" or fwd == "log" or "Softmax" in src:

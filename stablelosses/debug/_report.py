@@ -15,6 +15,7 @@ from stablelosses.debug._causes import (
     hint_for,
     name_cause,
     nan_without_overflow,
+    torch_function_of,
 )
 from stablelosses.debug._checks import _all_finite, _finite_number, _has_inf, _has_nan
 from stablelosses.debug._errors import NonFiniteError, TensorSummary
@@ -92,7 +93,8 @@ def diagnose(det, func, args, kwargs, out, node, before, frame) -> NonFiniteErro
         return None
     module_path, filename, lineno, node_name, forward_op = where
     cause = name_cause(name, args, outs, in_finite, lambda: nan_without_overflow(func, args, kwargs))
-    hint = hint_for(name, cause, args, node_name, forward_op)
+    torch_fn = torch_function_of(frame) if node is None else None
+    hint = hint_for(name, cause, args, node_name, forward_op, torch_fn)
     detail = None
     huge = diverging_inputs(cause, tensors)
     if huge is not None:
