@@ -1,4 +1,4 @@
-"""DivergenceMonitor: fires before inf on the BatchNorm seed, never on healthy runs or one bad batch."""
+"""DivergenceMonitor: fires at the first finite step past `growth`, never on healthy runs."""
 
 from __future__ import annotations
 
@@ -100,17 +100,32 @@ def test_healthy_mlp_300_steps_never_fires(opt_cls):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_one_bad_batch_that_recovers_does_not_fire(seed):
-    losses, monitor = train_mlp(seed, bad_step=100)
-    assert losses[100] / min(losses[95:100]) > 1e3  # the jump alone exceeds `growth`
-    assert losses[101] / min(losses[95:100]) < 1e3  # and the next step is back down
+def test_one_bad_batch_whose_loss_grows_past_growth_fires_at_that_step(seed):
+    # the contract: the loss grew by more than `growth` within `window` steps while still finite;
+    # one step is enough (the next may already be inf)
+    with pytest.raises(DivergenceError) as info:
+        train_mlp(seed, bad_step=100)
+    assert (info.value.step, info.value.quantity) == (100, "loss")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_bad_batch_below_growth_does_not_fire(seed):
+    losses, monitor = train_mlp(seed, bad_step=100, bad_scale=10.0)
+    assert losses[100] > 10 * min(losses[95:100])  # a visible jump, well below `growth`
     assert monitor.steps == 300
+
+
+@pytest.mark.parametrize("losses", [[1, 1, 1, 1, 1e4], [1, 1, 1, 1, 1e4, math.inf]], ids=["finite", "then-inf"])
+def test_a_single_step_past_growth_fires(losses):
+    err = feed_losses(losses, window=5)
+    assert err is not None and (err.step, err.quantity) == (4, "loss")
+    assert "within 4 steps (1 -> 1e+04), while still finite" in str(err).splitlines()[0]
 
 
 def test_warn_mode_warns_once_and_continues():
     net, opt, x = seed_net()
     monitor = DivergenceMonitor(net, mode="warn")
-    with pytest.warns(DivergenceWarning, match="at step 3") as record:
+    with pytest.warns(DivergenceWarning, match="at step 2") as record:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             train_seed(net, opt, x, monitor, steps=5)
@@ -150,18 +165,18 @@ def test_batchnorm_in_eval_or_on_32_values_is_no_precursor(bn_mode):
 def test_state_dict_round_trip_and_reset():
     net, opt, x = seed_net()
     monitor = DivergenceMonitor(net, optimizer=opt)
-    train_seed(net, opt, x, monitor, steps=3)  # 0.83 -> 74 -> 1.1e7: one step short of firing
+    train_seed(net, opt, x, monitor, steps=2)  # 0.83 -> 74: one step short of firing (1.1e7)
     state = pickle.loads(pickle.dumps(monitor.state_dict()))
-    assert state["steps"] == 3 and len(state["values"]["loss"]) == 3
+    assert state["steps"] == 2 and len(state["values"]["loss"]) == 2
     fresh = DivergenceMonitor(net, optimizer=opt, window=2, growth=10.0, mode="warn")
     fresh.load_state_dict(state)
-    assert (fresh.window, fresh.growth, fresh.mode, fresh.steps) == (5, 1e3, "raise", 3)
-    with pytest.raises(DivergenceError, match="at step 3"):
+    assert (fresh.window, fresh.growth, fresh.mode, fresh.steps) == (5, 1e3, "raise", 2)
+    with pytest.raises(DivergenceError, match="at step 2"):
         train_seed(net, opt, x, fresh, steps=1)
     # reset forgets the window: the same step no longer has a baseline to grow from
     net, opt, x = seed_net()
     monitor = DivergenceMonitor(net)
-    train_seed(net, opt, x, monitor, steps=3)
+    train_seed(net, opt, x, monitor, steps=2)
     monitor.reset()
     assert monitor.steps == 0
     train_seed(net, opt, x, monitor, steps=1)

@@ -67,8 +67,8 @@ class DivergenceMonitor:
 
     Call `check` once per step, after ``loss.backward()`` and before ``optimizer.step()``. It
     keeps the loss and the global gradient norm $\|g\|_2$ of the last ``window`` steps and
-    fires when either has grown by more than ``growth`` **and is still that high on the next
-    step** (a single bad batch that recovers is not divergence). The gradient norm grows by
+    fires at the first finite step where either has grown by more than ``growth`` against
+    them (one such step is enough: the next may already be ``inf``). The gradient norm grows by
     ``growth`` when it exceeds ``growth`` times the smallest norm in the window. The loss, which
     may be negative (a negative log-likelihood, an ELBO), grows by ``growth`` when it rises above
     the smallest loss in the window $m$ by more than ``growth`` $\cdot\max(|m|, \text{loss\_floor})$:
@@ -89,8 +89,9 @@ class DivergenceMonitor:
 
     **Limits.** A loss whose healthy scale is far below ``loss_floor`` (say ``1e-6``) is judged
     against ``loss_floor``: lower it for such losses. The gradient norm's growth is relative, so
-    a norm that falls near zero and jumps back up can count. A run that jumps
-    from healthy to ``inf`` in fewer than two steps cannot be confirmed while finite.
+    a norm that falls near zero and jumps back up can count, and so does a single corrupted batch
+    whose loss jumps by more than ``growth`` (raise ``growth`` or use ``'warn'`` if such batches
+    are expected). A run that jumps from healthy to ``inf`` in one step is not seen while finite.
 
     Args:
         model: the ``nn.Module`` being trained.
@@ -126,7 +127,7 @@ class DivergenceMonitor:
         ...         opt.step()
         ... except DivergenceError as err:
         ...     print(err.step, err.quantity, err.module_type, all(map(math.isfinite, losses)))
-        3 loss BatchNorm2d True
+        2 loss BatchNorm2d True
     """
 
     def __init__(
@@ -184,10 +185,8 @@ class DivergenceMonitor:
     def reset(self) -> None:
         """Forget the history (after lowering the learning rate, or a planned jump in the loss)."""
         self.steps = 0
-        self._values: dict[str, deque[float]] = {q: deque(maxlen=self.window + 2) for q in _QUANTITIES}
+        self._values: dict[str, deque[float]] = {q: deque(maxlen=self.window + 1) for q in _QUANTITIES}
         self._per_param: deque[list[float]] = deque(maxlen=self.window + 1)
-        # per quantity, after a step that grew: (reference, steps since it, the scale it is judged by)
-        self._pending: dict[str, tuple[float, int, float] | None] = dict.fromkeys(_QUANTITIES)
 
     def close(self) -> None:
         """Remove the BatchNorm hooks this monitor put on the model."""
@@ -219,14 +218,11 @@ class DivergenceMonitor:
         step, self.steps = self.steps, self.steps + 1
         values = {"loss": value_loss, "gradient norm": value_norm}
         if not all(math.isfinite(v) for v in values.values()):
-            self._pending = dict.fromkeys(_QUANTITIES)
             return False  # non-finite: not this monitor's job
         self._per_param.append(per)
         fired = None
         for q in _QUANTITIES:
-            v, pending = values[q], self._pending[q]
-            if fired is None and pending is not None and self._grew(q, v, pending[0], pending[2]):
-                fired = (q, v, pending)
+            v = values[q]
             window = [*self._values[q]][-self.window:]
             if q == "loss":
                 ref = min(window, default=None)
@@ -234,9 +230,8 @@ class DivergenceMonitor:
             else:
                 ref = min((x for x in window if x > 0), default=None)
                 scale = ref if ref is not None else 0.0
-            self._pending[q] = None
-            if ref is not None and self._grew(q, v, ref, scale):
-                self._pending[q] = (ref, len(window) - window.index(ref), scale)
+            if fired is None and ref is not None and self._grew(q, v, ref, scale):
+                fired = (q, v, (ref, len(window) - window.index(ref), scale))
             self._values[q].append(v)
         if fired is None:
             return False
@@ -249,11 +244,11 @@ class DivergenceMonitor:
             return value - ref > self.growth * scale
         return value > self.growth * ref
 
-    def _fire(self, step: int, quantity: str, value: float, pending: tuple[float, int, float]) -> None:
-        ref, span, scale = pending
+    def _fire(self, step: int, quantity: str, value: float, against: tuple[float, int, float]) -> None:
+        ref, span, scale = against  # the window's reference, steps since it, the scale judged by
         growth = (value - ref) / scale if quantity == "loss" else value / ref
         info: dict[str, Any] = dict(
-            step=step, quantity=quantity, growth=growth, value=value, ref=ref, span=span + 1,
+            step=step, quantity=quantity, growth=growth, value=value, ref=ref, span=span,
             losses=list(self._values["loss"]), norms=list(self._values["gradient norm"]),
         )
         top = fastest_module(list(self._per_param), self._owners, self.model)
@@ -285,7 +280,6 @@ class DivergenceMonitor:
             "window": self.window, "growth": self.growth, "mode": self.mode, "steps": self.steps,
             "loss_floor": self.loss_floor,
             "values": {q: list(v) for q, v in self._values.items()},
-            "pending": dict(self._pending),
             "per_param": [list(v) for v in self._per_param],
         }
 
@@ -295,10 +289,8 @@ class DivergenceMonitor:
         self.loss_floor = float(state.get("loss_floor", self.loss_floor))
         self.reset()
         self.steps = int(state["steps"])
-        for q in _QUANTITIES:
+        for q in _QUANTITIES:  # an older state's "pending" entry is not needed: a step fires at once
             self._values[q].extend(float(v) for v in state["values"][q])
-            p = state["pending"][q]
-            self._pending[q] = (float(p[0]), int(p[1]), float(p[2])) if p is not None else None
         self._per_param.extend([float(x) for x in v] for v in state["per_param"])
 
     def __repr__(self) -> str:

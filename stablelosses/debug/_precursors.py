@@ -95,8 +95,7 @@ def format_divergence(info: dict[str, Any]) -> str:
         f"DivergenceMonitor: at step {info['step']} the {info['quantity']} "
         f"{'rose by' if info['quantity'] == 'loss' else 'grew'} {info['growth']:.3g}x "
         f"{'its scale ' if info['quantity'] == 'loss' else ''}"
-        f"within {info['span']} steps ({info['ref']:.3g} -> {info['value']:.3g}) and stayed that high "
-        "for 2 steps, while still finite",
+        f"within {info['span']} steps ({info['ref']:.3g} -> {info['value']:.3g}), while still finite",
         f"  loss: {' -> '.join(f'{v:.3g}' for v in info['losses'])}",
         f"  gradient norm: {' -> '.join(f'{v:.3g}' for v in info['norms'])}",
     ]
