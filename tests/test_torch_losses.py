@@ -5,6 +5,7 @@ is finite. Also here: weight= on l1/mse/huber, and NaN in → NaN out for the ma
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -371,3 +372,21 @@ def test_hinge_embedding_nan_target_gives_nan(reduction):
         assert torch.isnan(out)
     (g,) = torch.autograd.grad(out.nansum(), x)
     assert torch.isfinite(g[0, 1:]).all()
+
+
+@pytest.mark.slow
+def test_weighted_l1_loss_compiled_keeps_its_weight():
+    # compiled, torch 2.13's F.l1_loss drops weight= (the unweighted value, no weight gradient);
+    # ours writes torch's eager formula, so compiled equals eager, gradient included
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    w = (torch.rand(4, 3, generator=g) + 0.5).requires_grad_()
+    for reduction in ("none", "mean", "sum"):
+        def f(a, b, w, reduction=reduction):
+            return SF.l1_loss(a, b, weight=w, reduction=reduction)
+        torch._dynamo.reset()
+        got, want = torch.compile(f, fullgraph=True)(a, b, w), f(a, b, w)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), w)[0], torch.autograd.grad(want.sum(), w)[0])
+    if "weight" in inspect.signature(F.l1_loss).parameters:  # torch >= 2.13: eager parity
+        torch.testing.assert_close(SF.l1_loss(a, b, weight=w), F.l1_loss(a, b, weight=w))

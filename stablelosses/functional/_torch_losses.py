@@ -205,8 +205,10 @@ def _has_parameter(torch_fn: Callable[..., Any], name: str) -> bool:
         return False
 
 
-# torch 2.13 added ``weight=`` to l1/mse/huber; before it the same formula is written here
-_TORCH_WEIGHT = {f: _has_parameter(f, "weight") for f in (F.l1_loss, F.mse_loss, F.huber_loss)}
+# torch 2.13 added ``weight=`` to l1/mse/huber; before it the same formula is written here. l1
+# always takes the written formula (torch's own eager one): compiled, torch 2.13's F.l1_loss
+# drops its weight (the unweighted value, no weight gradient; aot_eager alike)
+_TORCH_WEIGHT = {f: _has_parameter(f, "weight") for f in (F.mse_loss, F.huber_loss)}
 
 
 def _weighted(
