@@ -557,3 +557,15 @@ def test_a_target_out_of_range_is_torchs_index_error(fn, target, ignore_index):
         with pytest.raises(IndexError, match=f"Target {bad} is out of bounds") as caught:
             fn(x, w, t, ignore_index=ignore_index, reduction=reduction)
         assert isinstance(caught.value, RuntimeError)  # the gather's type, as documented before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", [SF.linear_cross_entropy, SF.linear_focal_loss], ids=["ce", "focal"])
+def test_the_old_positional_bias_compiles(fn):
+    # the deprecation warning is skipped while compiling (Dynamo cannot trace warnings.warn)
+    h, w, b, t = torch.randn(4, 5), torch.randn(3, 5), torch.randn(3), torch.tensor([0, 2, 1, 2])
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        got = torch.compile(lambda h, w, b: fn(h, w, t, b), fullgraph=True)(h, w, b)
+    torch.testing.assert_close(got, fn(h, w, t, linear_bias=b))

@@ -395,7 +395,7 @@ def _translate_old_spelling(fn: str, args: tuple[Any, ...], kwargs: dict[str, An
         kwargs["linear_bias"], old = kwargs.pop("bias"), True
     if len(args) < 2 and "linear_weight" not in kwargs and "weight" in kwargs:
         kwargs["linear_weight"], old = kwargs.pop("weight"), True
-    if old:
+    if old and not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
         warnings.warn(_OLD_SPELLING.format(fn=fn), DeprecationWarning, stacklevel=3)
     return args
 
