@@ -343,3 +343,22 @@ def test_nan_log_prob_at_an_unmasked_zero_advantage_gives_nan():
     out = SF.policy_loss(torch.tensor([[float("nan")]]), torch.zeros(1, 1), torch.zeros(1),
                          torch.ones(1, 1, dtype=torch.bool))
     assert torch.isnan(out)
+
+
+def test_ref_logps_at_beta_zero_gets_a_zero_gradient_not_none():
+    # the design: every tensor argument that can require grad gets its gradient, never a silent
+    # None; at beta = 0 the reference does not enter the loss, so its gradient is 0, and the value
+    # is the one without ref_logps, bit for bit (inf and NaN references at masked positions too)
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(2, 3, generator=g, requires_grad=True)
+    old, adv = torch.randn(2, 3, generator=g), torch.randn(2, generator=g)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    ref = torch.randn(2, 3, generator=g)
+    ref[0, 2], ref[1, 1] = float("inf"), float("nan")
+    ref.requires_grad_()
+    out = SF.policy_loss(lp, old, adv, mask, ref_logps=ref)
+    want = SF.policy_loss(lp, old, adv, mask)
+    assert torch.equal(out, want)
+    g_lp, g_ref = torch.autograd.grad(out, (lp, ref))
+    assert torch.equal(g_lp, torch.autograd.grad(want, lp)[0])
+    assert torch.equal(g_ref, torch.zeros_like(ref))
