@@ -39,6 +39,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from stablelosses import _compat
 from stablelosses._public import closed, is_public, opened
+from stablelosses.debug._causes import float64_copies
 from stablelosses.debug._checks import _all_finite, _has_nan
 from stablelosses.debug._errors import NonFiniteError, TensorSummary
 from stablelosses.debug._frames import _user_line
@@ -283,13 +284,8 @@ _HINTS = {
 def _infinite_in_float64(fn: Any, args: tuple, kwargs: dict) -> bool:
     """Whether ``fn`` gives an infinite value on float64 copies of its inputs too: then the
     value is infinite exactly, not a finite one too large for the dtype."""
-    def wide(a: Any) -> Any:
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            return a.detach().to(torch.float64, copy=True)
-        return a
-
     try:
-        a64, k64 = tree_map(wide, (args, kwargs))
+        a64, k64, _ = float64_copies(args, kwargs)
         with torch.no_grad():
             out = fn(*a64, **k64)
     except Exception:  # noqa: BLE001 - a function that does not take float64: say overflow

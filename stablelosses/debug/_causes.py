@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["name_cause", "nan_without_overflow", "hint_for", "torch_function_of", "diverging_inputs",
-           "DIVERGENCE_HINT"]
+__all__ = ["name_cause", "float64_copies", "nan_without_overflow", "hint_for", "torch_function_of",
+           "diverging_inputs", "DIVERGENCE_HINT"]
 
 _DIV = {"div", "div_", "true_divide", "true_divide_", "floor_divide", "remainder", "fmod"}
 _RECIP = {"reciprocal", "reciprocal_", "rsqrt", "rsqrt_"}
@@ -122,6 +122,23 @@ def name_cause(
     return "invalid"
 
 
+def float64_copies(args: Sequence[Any], kwargs: dict) -> tuple[tuple, dict, bool]:
+    """``args`` and ``kwargs`` with every floating tensor a detached float64 copy, and whether
+    any of them was narrower than float64: the inputs of an operator run again, on the reporting
+    path, with no rounding or overflow of the original dtype (an in-place one writes its copies)."""
+    narrow = False
+
+    def wide(a: Any) -> Any:
+        nonlocal narrow
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            narrow = narrow or a.dtype != torch.float64
+            return a.detach().to(torch.float64, copy=True)
+        return a
+
+    args64, kwargs64 = tree_map(wide, (tuple(args), dict(kwargs)))
+    return args64, kwargs64, narrow
+
+
 def nan_without_overflow(func: Any, args: Sequence[Any], kwargs: dict) -> bool | None:
     """Whether ATen operator ``func``, which made NaN from finite inputs, makes it with no value
     overflowing: run again in float64, it still does (from float64 inputs: none of them is past
@@ -135,17 +152,8 @@ def nan_without_overflow(func: Any, args: Sequence[Any], kwargs: dict) -> bool |
         return None
     if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
         return None
-    narrow = False
-
-    def wide(a: Any) -> Any:
-        nonlocal narrow
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            narrow = narrow or a.dtype != torch.float64
-            return a.detach().to(torch.float64, copy=True)
-        return a
-
     try:
-        args64, kwargs64 = tree_map(wide, (tuple(args), dict(kwargs)))
+        args64, kwargs64, narrow = float64_copies(args, kwargs)
         if not narrow:  # float64 already: judge by the inputs' size
             flat = tree_flatten((args64, kwargs64))[0]
             big = torch.finfo(torch.float64).max ** 0.5
