@@ -264,13 +264,12 @@ def policy_loss(
         ref = ops[3]
         per_token = per_token + beta * _kl_terms(torch.where(mask, lp, 0.0), torch.where(mask, ref, 0.0),
                                                  kl_estimator)
-        per_token = torch.where(mask, per_token, 0.0)
-    elif len(ops) > 3:
-        # beta = 0: the reference does not enter the loss; a select that never takes it gives it
-        # its gradient, 0, instead of a silent None (the values are per_token's, bit for bit)
-        per_token = torch.where(mask, per_token, torch.where(mask & ~mask, ops[3], 0.0))
-    else:
-        per_token = torch.where(mask, per_token, 0.0)
+    masked_out: Tensor | float = 0.0
+    if beta == 0 and len(ops) > 3:
+        # the reference does not enter the loss: a select that never takes it gives it its
+        # gradient, 0, instead of a silent None (the values stay per_token's, bit for bit)
+        masked_out = torch.where(mask & ~mask, ops[3], 0.0)
+    per_token = torch.where(mask, per_token, masked_out)
 
     if loss_type == "grpo":
         seq = per_token.sum(-1) / count.squeeze(-1).clamp(min=1.0)
