@@ -452,13 +452,69 @@ def test_a_learnable_temperature_is_not_read_and_an_invalid_one_gives_nan(fn):
     torch.testing.assert_close(g, want.float())
 
 
-def test_a_plus_inf_logit_from_finite_hidden_states_as_documented():
-    # h @ w.T overflows to +inf in row 0: with return_entropy (whole rows) the limit, as
-    # token_logps gives; without it NaN (documented: a bounding pass per block would be needed)
+def test_a_plus_inf_logit_from_finite_hidden_states_gives_the_limit():
+    # h @ w.T overflows to +inf in row 0: the limit, as token_logps gives, with and without
+    # return_entropy (the blockwise head bounds each block before its log-softmax)
     h, w, lab = torch.tensor([[1e20], [1.0]]), torch.tensor([[1e20], [1.0], [-1.0]]), torch.tensor([0, 1])
     want = SF.token_logps(h @ w.T, lab)
     assert want[0] == 0 and want[1] == -1e20
     logp, _ = SF.linear_token_logps(h, w, lab, return_entropy=True)
     torch.testing.assert_close(logp, want)
-    blocked = SF.linear_token_logps(h, w, lab)
-    assert torch.isnan(blocked[0]) and blocked[1] == want[1]
+    torch.testing.assert_close(SF.linear_token_logps(h, w, lab), want)
+
+
+def _fused_and_unfused(h, w, b, lab, **kw):
+    """``linear_token_logps`` and ``token_logps`` of the same logits: values and the gradient
+    of their sum with respect to ``h`` (and ``b``)."""
+    out = []
+    for fused in (True, False):
+        hh = h.detach().clone().requires_grad_()
+        bb = None if b is None else b.detach().clone().requires_grad_()
+        if fused:
+            v = SF.linear_token_logps(hh, w, lab, linear_bias=bb, chunk_size=2, **kw)
+        else:
+            v = SF.token_logps(torch.nn.functional.linear(hh, w, bb), lab, **kw)
+        grads = torch.autograd.grad(v.sum(), [t for t in (hh, bb) if t is not None])
+        out.append((v.detach(), grads))
+    return out
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e8, 1e30])
+def test_blockwise_log_p_t_is_exact_at_large_logits(scale):
+    # log p_t = (u_t − M) − log S: the head kept lse = M + log S, which rounds to ulp(M)
+    # (0 for four equal 1e8 logits, where −log 4 is right; 2e-4 off at 1e4)
+    u = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, -1.0, -2.0, -3.0], [-1.0, 0.0, -0.5, -7.0]]) + scale
+    lab = torch.tensor([0, 1, 3])
+    (v, (g,)), (v_ref, (g_ref,)) = _fused_and_unfused(u, torch.eye(4), None, lab)
+    want = torch.log_softmax(u.double() - scale, 1).gather(1, lab[:, None]).squeeze(1).float()
+    torch.testing.assert_close(v, want)
+    torch.testing.assert_close(v, v_ref)
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(g.sum(1), torch.zeros(3))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_blockwise_plus_inf_logits_give_the_limit(temperature):
+    # an infinite bias, and a logit that overflows only once divided by T: uniform over the
+    # +inf entries, -inf (gradient finite) for a finite label in such a row, as token_logps
+    inf = float("inf")
+    h = torch.tensor([[1.0], [1.0], [1.0], [1.0]])
+    w = torch.tensor([[0.0], [0.0], [0.0], [3e38]])
+    b = torch.tensor([inf, 0.0, 1.0, 0.0])
+    lab = torch.tensor([0, 1, 3, 2])
+    (v, grads), (v_ref, grads_ref) = _fused_and_unfused(h, w, b, lab, temperature=temperature)
+    torch.testing.assert_close(v, v_ref)
+    n_inf = 2.0 if temperature == 0.5 else 1.0  # 3e38 / T overflows at T = 0.5
+    assert v[1] == -inf and v[0] == -torch.tensor(n_inf).log()
+    for g, g_ref in zip(grads, grads_ref):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, g_ref)
+
+
+def test_blockwise_nan_logit_gives_nan_for_its_row_only():
+    h = torch.tensor([[1.0], [1.0]])
+    w = torch.tensor([[0.0], [1.0], [2.0]])
+    b = torch.tensor([0.0, 0.0, 0.0])
+    h[0, 0] = float("nan")
+    v = SF.linear_token_logps(h, w, torch.tensor([0, 2]), linear_bias=b)
+    assert torch.isnan(v[0]) and torch.isfinite(v[1])

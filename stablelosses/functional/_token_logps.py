@@ -288,10 +288,9 @@ def linear_token_logps(
     ``-(p * log p)`` gives the right value with a NaN gradient, TRL #7221) and 0 at ignored
     positions.
 
-    A row with a ``+inf`` logit (a product past ``finfo.max``, or an infinite bias) gives NaN
-    here without ``return_entropy``, where `token_logps` gives the limit: the vocabulary-blocked
-    path would need a bounding pass over every block of logits in the forward and again in the
-    backward. ``return_entropy=True`` takes whole rows and gives the limit.
+    A row with a ``+inf`` logit (a product past ``finfo.max``, an infinite bias, or a logit that
+    overflows once divided by ``temperature``) gives the limit, as `token_logps`: uniform over
+    the ``+inf`` entries, ``-inf`` with a finite gradient for a finite label.
 
     **Gradient.** With respect to the logits
     $(g_\ell(\delta_{jt} - p_j) - g_H\,p_j(\log p_j + H))/T$, 0 where $p_j = 0$ and on ignored
