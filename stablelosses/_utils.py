@@ -69,6 +69,14 @@ def wrap_dims(
     return out
 
 
+def take(values: Tensor, index: Tensor) -> Tensor:
+    """``values[index]`` for a 1-D ``values`` and an integer ``index`` of any shape: an
+    ``index_select`` of the flattened index, where ``values[index]`` with a 0-d index reads it on
+    the host (``.item()``: a sync, no meta tensors, a graph break) and ``Tensor.take`` has no
+    ``vmap`` rule."""
+    return values.index_select(0, index.reshape(-1)).view(index.shape)
+
+
 def compute_dtype(t: Tensor) -> torch.dtype:
     """The dtype the math runs in: float32 for float16/bfloat16, else the input's."""
     return torch.float32 if t.dtype in _LOW_PRECISION else t.dtype

@@ -578,3 +578,28 @@ def test_label_smoothing_hazard_rows_compiled(weighted):
     (g_ref,) = torch.autograd.grad(want[rows].sum(), x2)
     assert torch.isfinite(want[rows]).all() and torch.isfinite(g_ref[rows]).all()
     torch.testing.assert_close(g, g_ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [SF.cross_entropy, SF.focal_loss])
+def test_class_weight_of_an_unbatched_target_reads_nothing_on_the_host(fn):
+    # torch's ModuleInfo samples "no_batch_dim_weights": weight[t] with a 0-d t called .item(),
+    # which fails on meta tensors and breaks a fullgraph compile
+    w, x, t = torch.tensor([0.2, 0.5, 0.3]), torch.tensor([0.1, -1.0, 2.0]), torch.tensor(1)
+    kw = {} if fn is SF.cross_entropy else {"gamma": 0.0}
+    out = fn(x.to("meta"), t.to("meta"), weight=w.to("meta"), **kw)
+    assert out.device.type == "meta" and out.shape == ()
+    want = F.cross_entropy(x, t, w)
+    torch.testing.assert_close(fn(x, t, weight=w, **kw), want)
+    for ls in ([0.0, 0.1] if fn is SF.cross_entropy else [0.0]):
+        extra = {"label_smoothing": ls} if ls else {}
+        xm = x.to("meta").requires_grad_()
+        fn(xm, t.to("meta"), weight=w.to("meta"), **kw, **extra).backward()
+        assert xm.grad is not None and xm.grad.device.type == "meta"
+        torch.testing.assert_close(fn(x, t, weight=w, **kw, **extra), F.cross_entropy(x, t, w, **extra))
+
+
+@pytest.mark.slow
+def test_class_weight_of_an_unbatched_target_compiles_fullgraph():
+    w, x, t = torch.tensor([0.2, 0.5, 0.3]), torch.tensor([0.1, -1.0, 2.0]), torch.tensor(1)
+    out = torch.compile(sl.CrossEntropyLoss(weight=w), fullgraph=True)(x, t)
+    torch.testing.assert_close(out, F.cross_entropy(x, t, w))

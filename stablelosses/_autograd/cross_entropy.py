@@ -45,7 +45,7 @@ from stablelosses._autograd.rows import (
 )
 from stablelosses._autograd.softmax import _LogSoftmax
 from stablelosses._compat import log_softmax_backward
-from stablelosses._utils import inplace_ok
+from stablelosses._utils import inplace_ok, take
 
 _INF = float("inf")
 _NAN = float("nan")
@@ -109,7 +109,7 @@ class _IndexLoss(StableFunction):
         lt = torch.where(masked_row | far, -_INF, lt)
         val = -lt
         if weight is not None:
-            w_t = weight[idx]
+            w_t = take(weight, idx)
             # 0 · inf = 0: a zero class weight removes the term.
             val = torch.where(w_t == 0, 0.0, w_t * val)
         masked, k = smoothing(x, cdim)
@@ -138,7 +138,7 @@ class _IndexLoss(StableFunction):
         gx = gw = a = ndense = None
         if grad_loss is not None:
             s = torch.where(valid, grad_loss, 0.0)
-            a = s if weight is None else s * weight[idx]
+            a = s if weight is None else s * take(weight, idx)
             a = (1.0 - eps) * a
             # −dense, the negated smoothing mass (N-sized until the weight or the select)
             smooth = s.unsqueeze(cdim) * (-eps / k)
@@ -181,9 +181,9 @@ class _IndexLoss(StableFunction):
         lt_t = lsm_t.gather(cdim, idx.unsqueeze(cdim)).squeeze(cdim)
         val_t = -lt_t
         if weight is not None:
-            val_t = weight[idx] * val_t
+            val_t = take(weight, idx) * val_t
             if w_t is not None:
-                wt = w_t[idx]
+                wt = take(w_t, idx)
                 val_t = val_t + torch.where(wt == 0, 0.0, wt * -lt)
         terms = lsm_t
         if weight is not None:
@@ -359,7 +359,7 @@ def class_index_rows(
         den = qs if scale is None else qs / scale
     out = val
     if weight is not None:
-        w_t = weight[idx]
+        w_t = take(weight, idx)
         out = torch.where(w_t == 0, 0.0, w_t * val)  # 0 · inf = 0
     invalid = ignored | (m == -_INF)
     return out.masked_fill(invalid, 0.0), invalid, p, den, val
@@ -419,7 +419,7 @@ class _ClassIndexCE(StableFunction):
         # the incoming gradient over the row divisor, 0 on invalid rows (also where the focal
         # scale is not finite there)
         a = (grad_loss / den).masked_fill(invalid, 0.0)
-        a = a if weight is None else a * weight[idx]
+        a = a if weight is None else a * take(weight, idx)
         gx = gw = None
         if ctx.needs_input_grad[0]:
             gx = p * a.unsqueeze(cdim)
@@ -441,9 +441,9 @@ class _ClassIndexCE(StableFunction):
         lt_t = x_t.gather(cdim, idx_u).squeeze(cdim) - (rows.p * x_t).sum(cdim)
         val_t = -lt_t if rows.scale is None else -rows.scale * lt_t
         if weight is not None:
-            val_t = weight[idx] * val_t
+            val_t = take(weight, idx) * val_t
             if w_t is not None:
-                wt = w_t[idx]
+                wt = take(w_t, idx)
                 val_t = val_t + torch.where(wt == 0, 0.0, wt * rows.val)
         return val_t.masked_fill(invalid, 0.0), None, None, None, None
 
@@ -489,7 +489,7 @@ def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
     s = grad_loss.masked_fill(invalid, 0.0)
     a = s if rows.scale is None else (s * rows.scale).masked_fill(invalid, 0.0)
     if weight is not None:
-        a = a * weight[idx]
+        a = a * take(weight, idx)
     gx = gw = None
     if ctx.needs_input_grad[0]:
         a_u = a.unsqueeze(cdim)

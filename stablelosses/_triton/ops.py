@@ -22,6 +22,7 @@ from torch import Tensor
 
 from stablelosses._autograd.rows import focal_terms
 from stablelosses._triton import _kernels
+from stablelosses._utils import take
 
 # The widest block one program reads at a time (a power of two). Rows wider than this take
 # several blocks; tests lower it to exercise multi-block rows at small widths.
@@ -114,7 +115,7 @@ def _index_rows(st: RowStats, target: Tensor, weight: Tensor | None, ignore_inde
         return IndexRows(st.loss, st.valid, st.den, st.loss.new_empty(0))
     val, scale = focal_terms(st.rest, st.lt, gamma)
     if weight is not None:
-        w_t = weight[torch.where(target != ignore_index, target, 0).clamp(0, weight.shape[0] - 1)]
+        w_t = take(weight, torch.where(target != ignore_index, target, 0).clamp(0, weight.shape[0] - 1))
         val = torch.where(w_t == 0, 0.0, w_t * val)
     return IndexRows(torch.where(st.valid, val, 0.0), st.valid, st.den, scale)
 

@@ -25,6 +25,7 @@ from stablelosses._utils import (
     legacy_reduction,
     loss_out_dtype,
     operand_dtypes,
+    take,
     upcast,
 )
 from stablelosses._utils import reduce as _reduce  # cross_entropy has a parameter named reduce
@@ -104,14 +105,14 @@ def _index_loss_reduced(
         loss, invalid = _ClassIndexCE.call(x, target, idx, ignored, w, ignore_index, gamma, cdim, False)[:2]
         if reduction != "mean":
             return _reduce(loss, reduction)
-        denom = ~invalid if w is None else w[idx].masked_fill(invalid, 0.0)
+        denom = ~invalid if w is None else take(w, idx).masked_fill(invalid, 0.0)
         return _reduce(loss, reduction, weight=denom, masked=mask is not None, normalizer=normalizer)
     idx = torch.where(target != ignore_index, target, 0)
     assert gamma == 0.0  # the focal loss has no smoothing
     res = IndexResult(*_IndexLoss.call(x, target, idx, w, ignore_index, eps, cdim))
     if reduction != "mean":
         return _reduce(res.loss, reduction)
-    denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, w[idx], 0.0)
+    denom = res.valid.to(x.dtype) if w is None else torch.where(res.valid, take(w, idx), 0.0)
     return _reduce(res.loss, reduction, weight=denom, masked=mask is not None, overflow_safe=True,
                    normalizer=normalizer)
 

@@ -34,7 +34,14 @@ from torch import Tensor
 
 from stablelosses._compat import forward_ad_active, functorch_transforms_active, is_transform_wrapped
 from stablelosses._spec import TORCH_INVALID, check_torch_reduction
-from stablelosses._utils import _LOW_PRECISION, autocast_to_float32, broadcast_shapes, cast, legacy_reduction
+from stablelosses._utils import (
+    _LOW_PRECISION,
+    autocast_to_float32,
+    broadcast_shapes,
+    cast,
+    legacy_reduction,
+    take,
+)
 from stablelosses._utils import reduce as _reduce
 
 __all__ = [
@@ -684,7 +691,7 @@ def multi_margin_loss(
         # torch's kernel gives weight no gradient: ∂ℓ_n/∂w_c = [t_n = c] · the unweighted loss
         with torch.no_grad():
             plain = F.multi_margin_loss(up(input), target, p=p, margin=margin, reduction="none")
-        res = res + cast(with_grad_only(_reduce(plain * w[target], red)), res.dtype)
+        res = res + cast(with_grad_only(_reduce(plain * take(w, target), red)), res.dtype)
     return res
 
 
