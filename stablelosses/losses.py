@@ -142,9 +142,10 @@ class CrossEntropyLoss(_WeightedLoss):
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
                  ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> None:
-        reduction, label_smoothing, ignore_index = check_cross_entropy_args(
-            "CrossEntropyLoss", legacy_reduction(size_average, reduce, reduction), label_smoothing,
-            ignore_index)
+        # label_smoothing is checked by forward, as torch's module does (its ModuleInfo error
+        # input builds CrossEntropyLoss(label_smoothing=1.5) and expects the forward to raise)
+        reduction, _, ignore_index = check_cross_entropy_args(
+            "CrossEntropyLoss", legacy_reduction(size_average, reduce, reduction), 0.0, ignore_index)
         super().__init__(
             weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
         )

@@ -68,15 +68,23 @@ def assert_error_inputs_match(op, ours) -> None:
 
 def assert_module_error_inputs_match(info, torch_cls, our_cls) -> None:
     """Each of the ModuleInfo ``info``'s error inputs (at least one) raises its error type, with a
-    message that its ``error_regex`` matches, from torch's module and from ours."""
+    message that its ``error_regex`` matches, from torch's module and from ours, where torch's
+    test_modules expects it: in the constructor (``CONSTRUCTION_ERROR``) or in the forward of a
+    module that was built (``FORWARD_ERROR``)."""
+    from torch.testing._internal.common_modules import ModuleErrorEnum
+
     errors = list(info.module_error_inputs_func(info, "cpu", torch.float32, False, training=True))
     assert errors
     for e in errors:
         c, f = e.module_error_input.constructor_input, e.module_error_input.forward_input
-        with pytest.raises(e.error_type, match=e.error_regex or None):
-            torch_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
-        with pytest.raises(e.error_type, match=e.error_regex or None):
-            our_cls(*c.args, **c.kwargs)(*f.args, **f.kwargs)
+        for cls in (torch_cls, our_cls):
+            if e.error_on == ModuleErrorEnum.CONSTRUCTION_ERROR:
+                with pytest.raises(e.error_type, match=e.error_regex or None):
+                    cls(*c.args, **c.kwargs)
+            else:
+                m = cls(*c.args, **c.kwargs)
+                with pytest.raises(e.error_type, match=e.error_regex or None):
+                    m(*f.args, **f.kwargs)
 
 
 def assert_gradients_match_where_finite(got, expected, inputs, w, rtol=1e-4, atol=1e-5):

@@ -155,8 +155,9 @@ INF, NAN = float("inf"), float("nan")
     (lambda: sl.DiceLoss(smooth=INF), ValueError, "DiceLoss: smooth must be finite and >= 0, got inf"),
     (lambda: sl.DiceLoss(smooth=NAN), ValueError, "DiceLoss: smooth must be >= 0, got nan"),
     (lambda: sl.KLDivLoss(log_target="False"), TypeError, "KLDivLoss: log_target must be a bool, got str"),
-    (lambda: sl.CrossEntropyLoss(label_smoothing=1.5), RuntimeError,
-     "CrossEntropyLoss: label_smoothing must be between 0.0 and 1.0"),
+    # torch's module checks label_smoothing in forward (its ModuleInfo error input), and so do we
+    (lambda: sl.CrossEntropyLoss(label_smoothing=1.5)(torch.zeros(1, 2), torch.tensor([0])), RuntimeError,
+     "cross_entropy: label_smoothing must be between 0.0 and 1.0"),
     (lambda: sl.LinearCrossEntropyLoss(4, 5, label_smoothing=-0.1), RuntimeError,
      "LinearCrossEntropyLoss: label_smoothing must be between"),
     (lambda: sl.LinearCrossEntropyLoss(4, 5, z_loss=INF), ValueError, "LinearCrossEntropyLoss: z_loss must be finite"),
