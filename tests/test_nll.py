@@ -159,3 +159,18 @@ def test_non_contiguous_image_inputs_give_torchs_contiguous_value_and_gradient(l
     (g_got,) = torch.autograd.grad(got, x)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(g_got, g_want, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", [SF.nll_loss, SF.cross_entropy])
+def test_unbatched_target_with_a_learnable_weight_compiles_fullgraph(fn):
+    # w[t] with a 0-d t read t on the host: a data-dependent graph break under fullgraph
+    x = torch.randn(8)
+    w = torch.rand(8, requires_grad=True)
+    t = torch.tensor(5)
+    want = fn(x, t, weight=w, reduction="sum")
+    (g_want,) = torch.autograd.grad(want, w)
+    got = torch.compile(lambda a: fn(a, t, weight=w, reduction="sum"), fullgraph=True)(x)
+    (g_got,) = torch.autograd.grad(got, w)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(g_got, g_want)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stablelosses._spec import check_int
-from stablelosses._utils import cast
+from stablelosses._utils import cast, take
 from stablelosses.functional._bce_logits import times
 from stablelosses.functional._torch_losses import (
     NOT_IMPLEMENTED,
@@ -156,7 +156,7 @@ def _weighted_nll(x: Tensor, target: Tensor, w: Tensor, ignore_index: int, red: 
     valid = target != ignore_index
     safe_t = torch.where(valid, target, 0)
     picked = x.gather(cdim, safe_t.unsqueeze(cdim)).squeeze(cdim)
-    wt = torch.where(valid, w[safe_t], 0.0)
+    wt = torch.where(valid, take(w, safe_t), 0.0)
     per = times(wt, -picked)  # 0 · (-inf) = 0 at a weightless entry
     if red == "mean":
         return per.sum() / wt.sum()
