@@ -390,3 +390,15 @@ def test_weighted_l1_loss_compiled_keeps_its_weight():
         torch.testing.assert_close(torch.autograd.grad(got.sum(), w)[0], torch.autograd.grad(want.sum(), w)[0])
     if "weight" in inspect.signature(F.l1_loss).parameters:  # torch >= 2.13: eager parity
         torch.testing.assert_close(SF.l1_loss(a, b, weight=w), F.l1_loss(a, b, weight=w))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [0, -1])
+def test_multilabel_margin_of_one_score_compiles(target):
+    # torch's OpInfo has 0-d samples: the traced formula indexed the class dim of a 0-d input
+    x, t = torch.tensor(5.16), torch.tensor(target)
+    for reduction in ("none", "mean", "sum"):
+        got = torch.compile(lambda a, b: SF.multilabel_margin_loss(a, b, reduction=reduction), fullgraph=True)(x, t)
+        want = F.multilabel_margin_loss(x, t, reduction=reduction)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)

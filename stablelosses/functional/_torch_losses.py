@@ -741,6 +741,8 @@ def multilabel_margin_loss(
 def _multilabel_margin_formula(x: Tensor, target: Tensor, reduction: str = "none") -> Tensor:
     """torch's kernel as tensor ops, per sample (``reduction='none'``): the targets are the
     entries before the first -1; Σ over target j and non-target i of relu(1 − x_j + x_i), over C."""
+    if x.dim() == 0:  # one score, as torch's kernel reads a 0-d input: a (1,) row, a 0-d loss
+        return _multilabel_margin_formula(x.reshape(1), target.reshape(1), reduction)
     classes = x.size(-1)
     counted = (target >= 0).long().cumprod(-1)  # 1 before the first -1
     safe_t = target * counted
