@@ -116,3 +116,21 @@ def test_nan_target_gives_nan(reduction):
     (grad,) = torch.autograd.grad(out.nansum(), x1)
     assert torch.isfinite(grad[1:]).all()
     assert torch.isnan(SF.cosine_embedding_loss(x1[0], x2[0], y[0]))  # a 0-dim target too
+
+
+@pytest.mark.parametrize("target", [1.0, -1.0])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_one_pair_forward_mode_tangent_keeps_the_input_dtype(target, reduction):
+    # (D,) vectors and a 0-d target: the 0-d intermediates with Python floats got a float64
+    # tangent under forward AD (torch 2.13), torch's own is float32
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, generator=g), torch.randn(5, generator=g)
+    y = torch.tensor(target)
+
+    def tangent(f):
+        return torch.func.jvp(lambda v: f(v, b, y, margin=0.5, reduction=reduction), (a,), (torch.ones(5),))
+
+    (v, t), (v_ref, t_ref) = tangent(SF.cosine_embedding_loss), tangent(F.cosine_embedding_loss)
+    assert t.dtype == t_ref.dtype == torch.float32 and v.dtype == torch.float32
+    torch.testing.assert_close(t, t_ref)
+    torch.testing.assert_close(v, v_ref)

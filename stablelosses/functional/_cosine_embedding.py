@@ -130,6 +130,15 @@ def cosine_embedding_loss(
     dim = _check_dims(fn, input1, input2, target)
     # torch's formula: an integer input's x·x + EPSILON is the default float dtype
     dtype = out_dtype(input1, float_of(input1), float_of(input2))
-    loss = call_torch(fn, _terms, ("input1", "input2", "target"), up(input1), up(input2), target, margin, dim)
+    names = ("input1", "input2", "target")
+    if dim == 0:
+        # one pair as a batch of one: every intermediate 0-d would get a float64 tangent under
+        # forward AD (torch 2.13: a 0-d float32 tensor with a Python float, e.g. sum + EPSILON)
+        def one_pair(x1: Tensor, x2: Tensor, y: Tensor) -> Tensor:
+            return _terms(x1[None], x2[None], y[None], margin, 1).squeeze(0)
+
+        loss = call_torch(fn, one_pair, names, up(input1), up(input2), target)
+    else:
+        loss = call_torch(fn, _terms, names, up(input1), up(input2), target, margin, dim)
     res = _reduce(loss, red)
     return res if dtype is None else cast(res, dtype)
