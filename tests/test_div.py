@@ -154,3 +154,17 @@ def test_gradient_of_a_alone_saves_no_output_and_copies_nothing():
     b = torch.rand(1000) + 0.5
     names = bytes_moved(lambda: SF.safe_div(a, b)).per_op
     assert "clone" not in names
+
+
+def test_forward_mode_with_one_tangent_has_no_nan_where_the_quotient_is_infinite():
+    # a Function's absent tangent arrives as zeros: 0 · (a / b) was NaN where a / b is infinite
+    # (a = inf; b subnormal), where torch's jvp gives the derivative of the operand it has
+    x = torch.tensor([float("inf"), 1.0, 2.0], dtype=torch.float64)
+    y = torch.tensor([1e308, 1e-320, 4.0], dtype=torch.float64)
+    ones = torch.ones(3, dtype=torch.float64)
+    _, t = torch.func.jvp(lambda v: SF.safe_div(v, y), (x,), (ones,))
+    _, t_ref = torch.func.jvp(lambda v: torch.div(v, y), (x,), (ones,))
+    torch.testing.assert_close(t, t_ref)
+    _, t = torch.func.jvp(lambda w: SF.safe_div(x[1:], w), (y[1:],), (ones[1:],))
+    _, t_ref = torch.func.jvp(lambda w: torch.div(x[1:], w), (y[1:],), (ones[1:],))
+    torch.testing.assert_close(t, t_ref)

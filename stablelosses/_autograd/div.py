@@ -94,4 +94,7 @@ class _SafeDiv(StableFunction):
         b_inf, zero = _inf_where_zero(b)
         d_a = _partials(b_inf, zero, out, ta, ctx.fill_finite, (True, False))[0]
         d_b = _partials(b_inf, zero, out, tb, ctx.fill_finite, (False, True), backward=False)[1]
+        # a Function's absent tangent arrives as zeros: a zero tangent adds 0, also where the
+        # quotient is infinite (0 · inf; torch's jvp skips an operand without a tangent)
+        d_b = torch.where(tb == 0, 0.0, d_b)  # type: ignore[arg-type]
         return d_a + d_b  # type: ignore[operator]
