@@ -229,6 +229,32 @@ def test_posinf_row_huge_finite_target_is_infinite(dtype):
     torch.testing.assert_close(x.grad, expect)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_posinf_row_smoothing_skips_zero_weight_classes(dtype):
+    # +inf rows with label smoothing and class weights [1, 1, 0, 0]: a finite class of weight 1
+    # has probability 0 and takes smoothing mass (+inf); a finite class of weight 0 adds
+    # 0·(−inf) = 0, never NaN. Reference: torch on the rows with +inf → 1e4 (float64: the same
+    # probabilities, exactly 0 and 1/2; the zero-weight terms vanish), where it is finite
+    x = torch.tensor([[INF, 0.0, 1.0, 2.0], [INF, INF, 1.0, 2.0], [INF, INF, 1.0, -INF],
+                      [INF, 3.0, 0.0, 0.0]], dtype=dtype)
+    t = torch.tensor([0, 0, 1, 0])
+    w = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=dtype)
+    xi = x.clone().requires_grad_(True)
+    loss = SF.cross_entropy(xi, t, weight=w, label_smoothing=0.1, reduction="none")
+    (g,) = torch.autograd.grad(loss.sum(), xi)
+    assert loss[0] == INF and loss[3] == INF
+    xs = torch.where(x == INF, 1e4, x).double().requires_grad_(True)
+    ref = F.cross_entropy(xs, t, weight=w.double(), label_smoothing=0.1, reduction="none")
+    # row 2: the masked class takes no mass (K = 3), which torch's finite stand-in cannot say
+    ref2 = 0.9 * math.log(2.0) + 0.1 / 3 * 2 * math.log(2.0)
+    torch.testing.assert_close(loss[1:3], torch.tensor([ref[1].item(), ref2], dtype=dtype))
+    # the gradient: the limit at every row (the value's +inf adds nothing to it), torch's on
+    # the stand-in where no class is masked (row 2: p − q with q's mass ε/3 on the K = 3 classes)
+    (gr,) = torch.autograd.grad(ref[[0, 1, 3]].sum(), xs)
+    torch.testing.assert_close(g[[0, 1, 3]], gr[[0, 1, 3]].to(dtype))
+    torch.testing.assert_close(g[2], torch.tensor([0.45, -0.45, 0.0, 0.0], dtype=dtype))
+
+
 @given(logits_with_masks(dtype=torch.float32, max_abs=float(torch.tensor(1e30))), st.floats(0.0, 1.0),
        st.booleans(), st.data())
 def test_property_no_nan_created(xm, eps, weighted, data):

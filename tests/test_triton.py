@@ -132,12 +132,13 @@ def test_label_smoothing_hazards(eps, weighted, monkeypatch):
     x[9, :10] = -INF  # masked classes: no smoothing mass (ε/K over the K unmasked ones)
     w = torch.rand(x.shape[1], generator=torch.Generator().manual_seed(7)) if weighted else None
     if weighted:
-        w[3] = 0.0  # a zero weight on a +inf row's finite class: NaN, as the torch path
+        w[3] = 0.0  # a zero weight on a +inf row's finite class: a term of 0, as the torch path
     (lk, gk), (lt, gt) = _both(SF.cross_entropy, x, t, weight=w, label_smoothing=eps, reduction="none")
     _close(lk, lt)
     _close(gk, gt, row_scale=True)  # p − q cancels where the target distribution matches p
     assert lk[0] == 0 and torch.equal(gk[0], torch.zeros_like(gk[0]))
     assert torch.isfinite(lk[9 if eps == 1.0 else 5]) and torch.isfinite(gk[1]).all()
+    assert lk[3] == INF  # +inf row, finite target: a finite unmasked class takes mass
     (mk, _), (mt, _) = _both(SF.cross_entropy, x[5:8], t[5:8], weight=w, label_smoothing=eps)
     _close(mk, mt)
 

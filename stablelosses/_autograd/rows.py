@@ -388,7 +388,9 @@ def smoothing_sum(
     ``+inf`` rows (``pinf_row``): the bounded log-softmax is ``-log k`` at the ``+inf``
     entries and at most ``-ulp(finfo.max)/2`` at every finite one (whose probability is 0), so
     a row sum below ``-finfo.max·eps/4`` means an unmasked class of probability 0 takes
-    smoothing mass: the term is ``-inf`` there, its limit.
+    smoothing mass: the term is ``-inf`` there, its limit. Weighted, per class: an entry below
+    ``-finfo.max·eps/4`` is ``-inf`` where its class weight is not 0 (a class of weight 0
+    takes no mass: its term is 0, as every 0·(−inf) term).
     """
     t = torch.where(masked, 0.0, lsm)
     thr = -torch.finfo(t.dtype).max * torch.finfo(t.dtype).eps / 4
@@ -398,9 +400,11 @@ def smoothing_sum(
         out = plain * (eps / SUM_SCALE / k.squeeze(cdim))
         return torch.where(pinf_row & (plain < thr * SUM_SCALE), -_INF, out)
     # weighted (w·log p may overflow where the weighted mean does not): the zero-probability
-    # classes of +inf rows as -inf entries (a zero weight there gives NaN, 0·inf), each term
-    # scaled before the class weight and the sum
-    t = torch.where(pinf_row.unsqueeze(cdim) & (t < thr), -_INF, t)
+    # classes of +inf rows as -inf entries, each term scaled before the class weight and the
+    # sum. A class of weight 0 keeps its finite entry (0·(−inf) terms are 0, never NaN): its
+    # threshold is -inf, a (C,) operand of the same compare
+    thr_c = torch.full_like(weight, thr, dtype=t.dtype).masked_fill_(weight == 0, -_INF)
+    t = torch.where(pinf_row.unsqueeze(cdim) & (t < thr_c.view(class_shape(t.dim(), cdim))), -_INF, t)
     t = t.mul_(eps / k)  # our own buffer (the select above)
     t = t * weight.view(class_shape(t.dim(), cdim))
     return t.sum(cdim)

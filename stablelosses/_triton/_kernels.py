@@ -104,7 +104,8 @@ def _ce_forward_kernel(
     ``A = Σ_c (ε/V) w_c (m − x_c)`` (every term ≥ 0 and scaled before the sum; rescaled by
     ``(m_new − m) (ε/V) Σ w`` when the max moves) and ``Σ_c w_c``, so that the smoothing term
     ``ε/K Σ_c w_c (−log p_c) = (V/K) (A + (ε/V) log S Σ_c w_c)`` costs no second pass. On ``+inf``
-    rows each finite unmasked class has ``−log p_c = +inf`` (the torch path's exact shift).
+    rows each finite unmasked class has ``−log p_c = +inf`` (the torch path's exact shift), a
+    term of 0 where ``w_c = 0`` (``0 · inf = 0``).
 
     Writes per row: ``LOSS`` (valid rows; 0 elsewhere; ``0 · inf = 0`` for a zero class
     weight); ``LT = log p_t``; ``M = m`` (``-inf`` on fully masked rows); ``S``; ``REST`` (0 on
@@ -132,8 +133,7 @@ def _ce_forward_kernel(
     acc = 0.0  # SMOOTH: (ε/V) Σ w_c (m − x_c) over the unmasked classes
     wsum = 0.0
     cnt = 0
-    fin_w = 0  # SMOOTH: finite classes with w_c ≠ 0, and with w_c = 0 (for +inf rows)
-    fin_w0 = 0
+    fin_w = 0  # SMOOTH: finite classes with w_c ≠ 0 (for +inf rows)
     winf = 0.0  # SMOOTH: Σ w_c over the +inf entries
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
@@ -159,7 +159,6 @@ def _ce_forward_kernel(
             cnt += _sum(um.to(tl.int32))
             fin = um & ~is_inf
             fin_w += _sum((fin & (wc != 0.0)).to(tl.int32))
-            fin_w0 += _sum((fin & (wc == 0.0)).to(tl.int32))
             winf += _sum(tl.where(is_inf, wc, 0.0))
         m = m_new
     x_t = tl.load(x_row + idx, mask=in_range & (idx < n_read), other=float("-inf")).to(tl.float32)
@@ -186,11 +185,9 @@ def _ce_forward_kernel(
     if SMOOTH:
         k = tl.maximum(cnt, 1).to(tl.float32)
         smooth = (acc + sm_scale * tl.log(total_safe) * wsum) * (n_cols / k)
-        # +inf rows: −log p_c = +inf on finite classes (NaN times a zero weight), log k on +inf ones
+        # +inf rows: −log p_c = +inf on finite classes (0 times a zero weight), log k on +inf ones
         log_k = tl.log(tl.maximum(kinf, 1).to(tl.float32))
         on_inf = tl.where(fin_w > 0, float("inf"), (eps / k) * winf * log_k)
-        if HAS_W:
-            on_inf = tl.where(fin_w0 > 0, float("nan"), on_inf)
         smooth = tl.where(pinf, on_inf, smooth)
         val = tl.where(eps < 1.0, (1.0 - eps) * val, 0.0) + smooth
         tl.store(CNT + row, k)
