@@ -285,6 +285,30 @@ def test_plus_inf_bias_gives_the_limit():
     assert all(torch.isfinite(g).all() for g in _grads(loss, a))
 
 
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1}, {"gamma": 2.0}, {"gamma": 0.5}], ids=str)
+def test_zero_weight_target_at_a_masked_logit_adds_zero(kw):
+    # -log p_t = +inf at a masked target; a class weight of 0 removes the term (0·inf = 0, as
+    # cross_entropy), never NaN
+    x, w, b, t = _data()
+    b[1] = -INF
+    t[:4] = 1
+    cw = torch.rand(V, dtype=torch.float64) + 0.5
+    cw[1] = 0.0
+    a, r = _leaves(x, w, b), _leaves(x, w, b)
+    gamma = kw.get("gamma")
+    if gamma is None:
+        la = SF.linear_cross_entropy(*a[:2], t, linear_bias=a[2], weight=cw, reduction="none", chunk_size=5, **kw)
+        lr = SF.cross_entropy(F.linear(*r), t, weight=cw, reduction="none", **kw)
+    else:
+        la = SF.linear_focal_loss(*a[:2], t, linear_bias=a[2], weight=cw, reduction="none", chunk_size=5, **kw)
+        lr = SF.focal_loss(F.linear(*r), t, gamma, weight=cw, reduction="none")
+    torch.testing.assert_close(la, lr, rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(la).all()
+    go = torch.linspace(0.5, 1.5, N, dtype=torch.float64)
+    for p, q in zip(_grads(la, a, go), _grads(lr, r, go)):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
 def test_nan_in_nan_out():
     x, w, b, t = _data()
     x[5, 1] = float("nan")

@@ -115,6 +115,14 @@ class RowTerms(NamedTuple):
     wu: Tensor | None
 
 
+def _weighted(v: Tensor, wt: Tensor | None, w0: Tensor | None) -> Tensor:
+    """``w_t v`` with ``0 · inf = 0`` (``w0``: ``w_t == 0``): a class weight of 0 removes the
+    term (``-log p_t = +inf`` at a masked target), as in ``cross_entropy``."""
+    if wt is None or w0 is None:
+        return v
+    return (wt * v).masked_fill(w0, 0.0)
+
+
 def row_terms(
     head: IndexHead, shift: Tensor, d: Tensor, m: Tensor, kept: Tensor, wt: Tensor | None,
     smooth: Tensor | None, k: Tensor | None, wu: Tensor | None, dead: Tensor | None = None,
@@ -131,8 +139,9 @@ def row_terms(
     sm1, log_s, nll = target_nll(shift.neg(), d, dead=dead)
     lse = m + log_s
     a_focal = None
+    w0 = None if wt is None else wt == 0
     if head.gamma is None:
-        nlpt = nll if wt is None else wt * nll
+        nlpt = _weighted(nll, wt, w0)
         if eps == 0.0:
             loss = nlpt
         else:
@@ -146,10 +155,10 @@ def row_terms(
     else:
         # the row core's focal term: 1 - p_t = D / S, p_t = e^{-nll}
         val, a_focal = focal_rows(d / (1.0 + sm1), torch.exp(nll.neg()), nll, head.gamma)
-        loss = val if wt is None else wt * val
+        loss = _weighted(val, wt, w0)
     if zl > 0.0:
         z_row = zl * lse.square()
-        loss = loss + (z_row if wt is None else wt * z_row)
+        loss = loss + _weighted(z_row, wt, w0)
     valid = kept & ~dead
     if out is None:
         loss = torch.where(valid, loss, 0.0)
