@@ -3,6 +3,7 @@ softcap, reductions, gradcheck, low precision, transforms, argument errors, no (
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mpmath
@@ -307,6 +308,104 @@ def test_zero_weight_target_at_a_masked_logit_adds_zero(kw):
     go = torch.linspace(0.5, 1.5, N, dtype=torch.float64)
     for p, q in zip(_grads(la, a, go), _grads(lr, r, go)):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+# Rows with +inf logits (the limit: uniform over the +inf entries, probability 0 elsewhere) and
+# rows with a genuine finfo.max logit (an ordinary row: torch's finite numbers), against the row
+# core on the materialized logits. "max" stands for the dtype's finfo.max.
+LIMIT_BIASES = {
+    "one +inf": [INF, 0.0, 1.0, -2.0, 0.5],
+    "two +inf": [INF, 0.0, INF, -2.0, 0.5],
+    "+inf, the rest masked": [INF, -INF, INF, -INF, -INF],
+    "finfo.max only": ["max", 0.0, 1.0, -2.0, 0.5],
+    "+inf beside finfo.max": [INF, "max", 1.0, -2.0, 0.5],
+}
+LIMIT_KWARGS = [
+    {}, {"label_smoothing": 0.1}, {"weight": True}, {"weight": True, "label_smoothing": 0.1},
+    {"ignore_index": 1, "label_smoothing": 1.0}, {"gamma": 2.0}, {"gamma": 0.5, "weight": True},
+]
+
+
+def _limit_problem(bias, dtype, weighted, ignore_index=-100):
+    g = torch.Generator().manual_seed(3)
+    fmax = torch.finfo(dtype).max
+    v = len(bias)
+    x = torch.randn(12, 4, generator=g, dtype=dtype)
+    w = torch.randn(v, 4, generator=g, dtype=dtype)
+    b = torch.tensor([fmax if c == "max" else c for c in bias], dtype=dtype)
+    t = torch.arange(12) % v  # every class a target, the +inf ones included
+    t[5] = ignore_index
+    cw = None
+    if weighted:  # class 1 weighs 0: its terms (+inf or not) are 0, never NaN
+        cw = torch.rand(v, generator=g, dtype=dtype) + 0.5
+        cw[1] = 0.0
+    return x, w, b, t, cw
+
+
+def _limit_call(x, w, b, t, cw, kw, fused):
+    kw = {k: v for k, v in kw.items() if k != "weight"}
+    gamma = kw.pop("gamma", None)
+    if fused:
+        fn = SF.linear_cross_entropy if gamma is None else functools.partial(SF.linear_focal_loss, gamma=gamma)
+        return fn(x, w, t, linear_bias=b, weight=cw, reduction="none", chunk_size=5, **kw)
+    u = F.linear(x, w, b)
+    if gamma is None:
+        return SF.cross_entropy(u, t, weight=cw, reduction="none", **kw)
+    return SF.focal_loss(u, t, gamma, weight=cw, reduction="none", **kw)
+
+
+def test_plus_inf_logit_at_another_class_gives_inf_not_finfo_max():
+    x, w, t = torch.ones(1, 1), torch.zeros(3, 1), torch.tensor([1])
+    fmax = torch.finfo(torch.float32).max
+    b = torch.tensor([INF, 0.0, 1.0])  # the target's probability is 0 in the limit
+    assert SF.linear_cross_entropy(x, w, t, linear_bias=b) == INF
+    assert SF.linear_focal_loss(x, w, t, linear_bias=b) == INF
+    assert SF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.1) == INF
+    b = torch.tensor([INF, INF, 1.0])  # a +inf target: log 2; with smoothing class 2 takes mass
+    torch.testing.assert_close(SF.linear_cross_entropy(x, w, t, linear_bias=b), torch.tensor(math.log(2.0)))
+    assert SF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.1) == INF
+    b = torch.tensor([INF, INF, -INF])  # ... unless every other class is masked: log 2
+    torch.testing.assert_close(SF.linear_cross_entropy(x, w, t, linear_bias=b, label_smoothing=0.1),
+                               torch.tensor(math.log(2.0)))
+    b = torch.tensor([fmax, 0.0, 1.0])  # finfo.max is a number: torch's finite value
+    got = SF.linear_cross_entropy(x, w, t, linear_bias=b)
+    assert torch.isfinite(got) and got == F.cross_entropy(b[None], t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kw", LIMIT_KWARGS, ids=str)
+@pytest.mark.parametrize("case", list(LIMIT_BIASES))
+def test_plus_inf_and_finfo_max_logits_match_the_row_core(case, kw, dtype):
+    x, w, b, t, cw = _limit_problem(LIMIT_BIASES[case], dtype, "weight" in kw, kw.get("ignore_index", -100))
+    if case == "+inf beside finfo.max" and kw.get("label_smoothing"):
+        # a finfo.max target on a +inf row: probability 0 here and in cross_entropy's
+        # class-index path, the limit; its smoothing path's gradient ties finfo.max with the
+        # +inf entries (rows.bounded: "all but finfo.max itself"), so that target is left out
+        t = torch.where(t == 1, 2, t)
+    a, r = _leaves(x, w, b), _leaves(x, w, b)
+    la, lr = _limit_call(*a, t, cw, kw, True), _limit_call(*r, t, cw, kw, False)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(la, lr, rtol=rtol, atol=rtol)
+    if case == "finfo.max only" and cw is None:  # an ordinary logit: torch's finite value
+        assert torch.isfinite(la).all()
+    go = torch.linspace(0.5, 1.5, 12, dtype=dtype)
+    for p, q in zip(_grads(la, a, go), _grads(lr, r, go)):
+        assert torch.isfinite(p).all()
+        torch.testing.assert_close(p, q, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", list(LIMIT_BIASES))
+def test_plus_inf_logits_with_z_loss(case, dtype):
+    # z-loss adds z·lse² per row: +inf on a +inf row (lse = +inf), else the finite row's value
+    x, w, b, t, _ = _limit_problem(LIMIT_BIASES[case], dtype, False)
+    z = 1e-3
+    got = SF.linear_cross_entropy(x, w, t, linear_bias=b, reduction="none", label_smoothing=0.1, z_loss=z,
+                                  chunk_size=5)
+    u = F.linear(x, w, b)
+    ref = SF.cross_entropy(u, t, reduction="none", label_smoothing=0.1) + z * torch.logsumexp(u, 1).square()
+    ref = torch.where(t == -100, 0.0, ref)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_nan_in_nan_out():

@@ -4,7 +4,8 @@ The multi-process tests run ``tests/scripts/dist_linear.py`` with 2 and 4 gloo p
 CPU (and 3 for torch's split (2, 2, 0) of 4 classes): loss and gradients equal the one-process
 call (float64 1e-12 relative, float32 a few ulp) on every rank, bit-identical across ranks, with
 z-loss, softcap, label smoothing, class weights (replicated and sharded), ignore_index, mask,
-focal, a fully masked shard, an all-masked batch, uneven shards (given and default
+focal, +inf logits (the limit, also against cross_entropy on the materialized logits) and a
+finfo.max logit, a fully masked shard, an all-masked batch, uneven shards (given and default
 ``vocab_start``), empty shards and the DTensor form; the forward makes 2 all-reduces and the
 backward 1, with no host read; a layout that does not cover the vocabulary once raises
 ValueError. The argument checks need no process group.
@@ -42,7 +43,9 @@ def _run(world: int) -> str:
 def test_two_ranks_equal_one_process():
     out = _run(2)
     assert "all cases passed on 2 ranks" in out
-    assert out.count(": ok") == 20  # every case ran, the DTensor ones included
+    assert out.count(": ok") == 23  # every case ran, the DTensor ones included
+    assert "+inf logits on both shards smoothing weight: ok" in out and "+inf logit focal weight: ok" in out
+    assert "finfo.max logit, no +inf, smoothing weight: ok" in out
     assert "dtensor none sharded-weight: ok" in out
     assert "uneven shards, default vocab_start: ok" in out
     assert "empty last shard, default vocab_start: ok" in out

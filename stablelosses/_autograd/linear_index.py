@@ -11,6 +11,14 @@ cross-entropy α = (1 - ε) w_t + ε W_U / K + 2 z w_t lse, β = (1 - ε) w_t, �
 focal α = w_t (A + 2 z lse), β = w_t A, A = (1 - p_t)^γ (1 + γ p_t r), r = -log p_t / (1 - p_t)
 (rows.focal_rows). Softcapping l = c tanh(u / c) multiplies it by 1 - tanh².
 
++inf logits (no softcap): the limit, uniform over the +inf entries. The logits are bounded
+(+inf → finfo.max, `capped`) for every shift, but the row max and the target's logit are read
+before the bound (the same two reads), so that a +inf row is told from one whose max is a
+genuine finfo.max (an ordinary row, torch's finite numbers): on a +inf row a target that is not
++inf has probability 0 (`target_shift`: w = +inf, -log p_t = +inf), and so has every finite
+unmasked class, whose smoothing mass makes the loss +inf (`row_terms`: the row core's rule in
+rows.smoothing_sum).
+
 One process, a chunk does it all in one (n, V) buffer (`IndexHead`). A vocabulary shard computes
 the per-row statistics of its logits (`ShardStats`), the ranks combine them (N-sized, in
 functional/_linear_parallel.py) and a second pass forms the gradient (`ShardGrad`); both use the
@@ -19,6 +27,7 @@ same three steps, `local_rows`, `row_terms` + `row_scales` and `logit_grad`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -29,6 +38,7 @@ from stablelosses import _backend
 from stablelosses._autograd.linear import Head
 from stablelosses._autograd.rows import SUM_SCALE, focal_rows, target_nll
 
+_INF = float("inf")
 _NEG_INF = float("-inf")
 
 
@@ -50,10 +60,10 @@ class LocalRows(NamedTuple):
     """What one pass over a chunk's logits reads off each row (every field ``(n, 1)`` but ``e``)."""
 
     e: Tensor  # e^{l - m_safe} (n, V_k), the owned target's entry zeroed (the logits buffer)
-    m: Tensor  # the row max, -inf on an all -inf row (and on an empty shard)
+    m: Tensor  # the row max before the bound (+inf: a +inf row; -inf: all -inf, or an empty shard)
     dead: Tensor  # m == -inf
-    m_safe: Tensor  # m, 0 where it is -inf
-    lt: Tensor  # the target's logit (0 where not owned)
+    m_safe: Tensor  # m bounded (+inf → finfo.max), 0 where it is -inf
+    lt: Tensor  # the target's logit before the bound (0 where not owned)
     d: Tensor  # D = Σ_{j ≠ t} e_j
     masked: Tensor | None  # (n, V_k) the -inf logits (softcap or label smoothing)
     th: Tensor | None  # (n, V_k) tanh(u / c) (softcap)
@@ -68,19 +78,24 @@ def local_rows(
     """The per-row statistics of one chunk's logits ``u`` (overwritten). ``t_safe`` ``(n, 1)``
     the target's column (0 where there is none), ``owned`` ``(n, 1)`` where the target is in
     this vocabulary (``None``: every row, one process)."""
+    n, v = u.shape
+    fmax = torch.finfo(u.dtype).max
+    # the max and the target's logit before capped's +inf → finfo.max (with softcap after
+    # tanh, which bounds every logit): a +inf row is then told from a finfo.max one
+    first = softcap is None and v > 0
+    if first:
+        # amax, not max with its index: torch's CPU index reduction is not vectorised
+        m, lt = u.amax(dim=1, keepdim=True), u.gather(1, t_safe)
     logits, th, masked = capped(u, softcap, eps > 0.0)
-    n, v = logits.shape
     if v == 0:  # an empty shard: no logit, no target (amax and gather need a class)
         m = logits.new_full((n, 1), _NEG_INF)
         lt = logits.new_zeros((n, 1))
-    else:
-        # amax, not max with its index: torch's CPU index reduction is not vectorised
-        m = logits.amax(dim=1, keepdim=True)
-        lt = logits.gather(1, t_safe)
-        if owned is not None:
-            lt = torch.where(owned, lt, 0.0)
+    elif not first:
+        m, lt = logits.amax(dim=1, keepdim=True), logits.gather(1, t_safe)
+    if owned is not None and v > 0:
+        lt = torch.where(owned, lt, 0.0)
     dead = m == _NEG_INF
-    m_safe = torch.where(dead, 0.0, m)
+    m_safe = torch.nan_to_num(m, nan=math.nan, posinf=fmax, neginf=0.0)
     smooth = k = wu = None
     if eps > 0.0:
         assert masked is not None
@@ -115,6 +130,15 @@ class RowTerms(NamedTuple):
     wu: Tensor | None
 
 
+def target_shift(lt: Tensor, m: Tensor) -> Tensor:
+    """``w = m − l_t`` negated, from the target's logit and the row max read before the bound:
+    ``-inf`` on a ``+inf`` row whose target is not ``+inf`` (probability 0, the limit:
+    ``-log p_t = +inf``); 0 where ``l_t = m = ±inf`` (a ``+inf`` target: the bounded logits
+    tie; an all ``-inf`` row, dropped) and on NaN rows (NaN through ``D``): the row core's ``w``
+    (rows.index_row)."""
+    return torch.nan_to_num(lt - m, nan=0.0, posinf=_INF, neginf=_NEG_INF)
+
+
 def _weighted(v: Tensor, wt: Tensor | None, w0: Tensor | None) -> Tensor:
     """``w_t v`` with ``0 · inf = 0`` (``w0``: ``w_t == 0``): a class weight of 0 removes the
     term (``-log p_t = +inf`` at a masked target), as in ``cross_entropy``."""
@@ -128,16 +152,16 @@ def row_terms(
     smooth: Tensor | None, k: Tensor | None, wu: Tensor | None, dead: Tensor | None = None,
     out: Tensor | None = None,
 ) -> RowTerms:
-    """The loss of each row from its (combined) statistics: ``shift = l_t - m_safe``, ``D``,
-    the max ``m`` (``-inf``: an all ``-inf`` row; ``dead``: ``m == -inf`` when known), ``kept``
-    (a target to score). ``out`` ``(n, 2)``: where to write the loss and the row weight (the
-    head's output, no concatenation)."""
+    """The loss of each row from its (combined) statistics: ``shift`` (`target_shift`), ``D``,
+    the max ``m`` before the bound (``-inf``: an all ``-inf`` row; ``dead``: ``m == -inf`` when
+    known; ``+inf``: a ``+inf`` row), ``kept`` (a target to score). ``out`` ``(n, 2)``: where to
+    write the loss and the row weight (the head's output, no concatenation)."""
     eps, zl = head.label_smoothing, head.z_loss
     dead = m == _NEG_INF if dead is None else dead
     # the row core's formula (rows.target_nll): S - 1 = D + expm1(-w), -log p_t = log S + w;
     # on all -inf rows z = -inf and D = 0: S = 1 there (log p_t = -inf, finite scales)
     sm1, log_s, nll = target_nll(shift.neg(), d, dead=dead)
-    lse = m + log_s
+    lse = m.clamp(max=torch.finfo(m.dtype).max) + log_s  # the bounded row's (finite scales)
     a_focal = None
     w0 = None if wt is None else wt == 0
     if head.gamma is None:
@@ -150,6 +174,10 @@ def row_terms(
             # smooth is scaled by SUM_SCALE (local_rows): ε before the unscaling, so that it
             # overflows only where the term itself does
             loss = (smooth / k) * (eps / SUM_SCALE) + eps * (wu / k) * log_s
+            # +inf rows: the +inf entries add 0 to smooth (m - l = 0 bounded), a finite unmasked
+            # class of nonzero weight adds at least ulp(finfo.max)·w_c·2^-64 > 0: it has
+            # probability 0 and its smoothing term is +inf, the limit (rows.smoothing_sum)
+            loss = loss.masked_fill((m == _INF) & (smooth != 0.0), _INF)
             if eps < 1.0:
                 loss = loss + (1.0 - eps) * nlpt
     else:
@@ -258,7 +286,7 @@ class IndexHead(Head):
         t_safe = torch.where(kept, t.unsqueeze(1), 0)
         loc = local_rows(u, t_safe, None, cw, self.label_smoothing, self.softcap)
         wt = None if cw is None else cw.gather(0, t_safe.squeeze(1)).unsqueeze(1)
-        shift = loc.lt - loc.m_safe
+        shift = target_shift(loc.lt, loc.m)
         out = u.new_empty((u.shape[0], 2))
         r = row_terms(self, shift, loc.d, loc.m, kept, wt, loc.smooth, loc.k, loc.wu, loc.dead, out)
         if grad_out is None:

@@ -4,7 +4,8 @@ the chunk engine (`_autograd/linear.py`) plus an N-sized combine.
 Each rank holds the rows ``[v_0, v_0 + V_r)`` of the output layer's matrix (its vocabulary
 shard, possibly empty), the same hidden states ``x`` and the same global class-index targets.
 
-1. The engine runs the shard's statistics head (`ShardStats`): per row the shard's max ``m_r``,
+1. The engine runs the shard's statistics head (`ShardStats`): per row the shard's max ``m_r``
+   (read before ``+inf → finfo.max``, so that a ``+inf`` row is known after the MAX),
    ``D_r = Σ_{j ≠ t} e^{l_j - m_r}`` (the target's term left out where the shard owns it), the
    target's logit where owned and, for label smoothing, ``A_r = Σ_{c ∈ U_r} w_c (m_r - l_c)``,
    ``K_r = |U_r|``, ``W_r = Σ_{c ∈ U_r} w_c``.
@@ -14,7 +15,8 @@ shard, possibly empty), the same hidden states ``x`` and the same global class-i
    with class weights, ``w_t`` (from the shard that owns the target, replicated or sharded
    weights alike).
 3. The row core's formula on the combined row (``linear.row_terms``, as one process: the same
-   ``w = M - l_t`` and ``D``), so every rank computes the same loss from the same numbers.
+   ``w = M - l_t`` (`target_shift`: ``+inf`` at a target of probability 0 on a ``+inf`` row)
+   and ``D``), so every rank computes the same loss from the same numbers.
 4. The backward runs the engine's gradient head (`ShardGrad`) with the row scales: one more
    pass over the logits; the input gradient is all-reduced (SUM), the weight and bias
    gradients stay local.
@@ -44,6 +46,7 @@ from stablelosses._autograd.linear_index import (
     ShardStats,
     row_scales,
     row_terms,
+    target_shift,
 )
 from stablelosses._autograd.rows import SUM_SCALE
 from stablelosses._utils import cast, check_floating, check_tensor, promote_types
@@ -94,10 +97,13 @@ def _combine(
     out, _ = run_chunks(ShardStats(head), [x], [w], [b], [tl, owned], chunk, cd, None, True, [False] * 3,
                         consts)
     assert out is not None
+    # m_r and lt_r before +inf → finfo.max (+inf on a +inf row), the shifts from the bounded ones
     m_r, d_r, lt_r, smooth_r, k_r, wu_r = out.split(1, dim=1)
     big_m = m_r.clone()
     dist.all_reduce(big_m, op=dist.ReduceOp.MAX, group=group)
-    m_safe = torch.where(big_m == _NEG_INF, 0.0, big_m)
+    fmax = torch.finfo(cd).max
+    m_safe = torch.nan_to_num(big_m, nan=math.nan, posinf=fmax, neginf=0.0)
+    m_r = m_r.clamp(max=fmax)
     # e^{m_r - M}: 1 on the shards at the max, 0 on an all -inf (or empty) shard
     stats = [d_r * torch.exp(m_r - m_safe), lt_r, owned.to(cd).unsqueeze(1)]
     if cw_local is not None:  # w_t from its owner (replicated or sharded weights alike: one layout)
@@ -120,7 +126,7 @@ def _combine(
     if eps > 0.0:
         k, smooth, wu = cols[-3], cols[-2], cols[-1]
     kcol = kept.unsqueeze(1)
-    terms = row_terms(head, lt - m_safe, d, big_m, kcol, wt, smooth, k, wu)
+    terms = row_terms(head, target_shift(lt, big_m), d, big_m, kcol, wt, smooth, k, wu)
     # a kept target that no shard (or several) holds: out of range, NaN (no host read to raise)
     loss = torch.where(kcol & (owners != 1), math.nan, terms.loss).squeeze(1)
     return loss, _Combined(terms, tl, owned, m_safe.squeeze(1))

@@ -13,6 +13,7 @@ case passes on every rank; prints one line per case on rank 0.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -70,7 +71,14 @@ def _problem(case: dict, dtype: torch.dtype):
         t = torch.where((t >= lo) & (t < hi), lo - 1 if lo > 0 else hi, t)
     if case.get("all_masked"):
         b[:] = -INF
-    return [a.to(dtype) if a.is_floating_point() else a for a in (x, w, b, t, cw)]
+    x, w, b, t, cw = (a.to(dtype) if a.is_floating_point() else a for a in (x, w, b, t, cw))
+    for c, val in case.get("big", {}).items():  # +inf logits (the limit), or "max": finfo.max
+        b[c] = torch.finfo(dtype).max if val == "max" else val
+        t[c + 4] = c  # a target at that class
+    if case.get("big"):
+        cw[4] = 0.0  # a zero class weight: its +inf terms are 0
+        t[5] = 4
+    return [x, w, b, t, cw]
 
 
 def _check(case: dict, rank: int, world: int, dtype: torch.dtype) -> str:
@@ -130,6 +138,10 @@ def _check(case: dict, rank: int, world: int, dtype: torch.dtype) -> str:
     ulp = torch.finfo(dtype).eps
     rtol, atol = (1e-12, 1e-14) if dtype == torch.float64 else (4 * ulp, 4 * ulp)
     torch.testing.assert_close(got, ref, equal_nan=True, rtol=rtol, atol=atol)
+    if case.get("big"):  # and the row core on the materialized logits (the limit on +inf rows)
+        core = (SF.focal_loss if "gamma" in case else SF.cross_entropy)(
+            torch.nn.functional.linear(x, w, b), t, weight=cw if cw_mode else None, **kw)
+        torch.testing.assert_close(got, core, rtol=rtol, atol=atol)
     grtol, gatol = (rtol, atol) if dtype == torch.float64 else (1e-5, 1e-6)
     for name, a, e in zip(("input", "weight", "bias"), grads, expected):
         torch.testing.assert_close(a, e, rtol=grtol, atol=gatol, msg=_prefixed(f"{case['name']}: grad {name}"))
@@ -138,7 +150,9 @@ def _check(case: dict, rank: int, world: int, dtype: torch.dtype) -> str:
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
     assert all(torch.equal(e, mine) or (e.isnan() & mine.isnan()).all() for e in every), case["name"]
-    err = ((got.double() - ref.double()).abs() / ref.double().abs().clamp(min=1e-300)).max().item()
+    fin = torch.isfinite(ref.reshape(-1))  # the error of the finite entries (+inf rows: equal above)
+    g64, r64 = got.reshape(-1)[fin].double(), ref.reshape(-1)[fin].double()
+    err = ((g64 - r64).abs() / r64.abs().clamp(min=1e-300)).max().item() if fin.any() else math.nan
     return f"{case['name']}: ok (max relative error {err:.2e})"
 
 
@@ -168,6 +182,12 @@ CASES += [
     dict(name="empty last shard, default vocab_start", v=9, uneven="empty_last", default_start=True,
          kw=dict(reduction="none", label_smoothing=0.1, z_loss=1e-2), class_weight="sharded"),
     dict(name="empty first shard focal softcap", v=9, uneven="empty_first", gamma=2.0, kw=dict(softcap=3.0)),
+    dict(name="+inf logits on both shards smoothing weight", v=11, big={2: INF, 8: INF},
+         kw=dict(reduction="none", label_smoothing=0.1), class_weight="replicated"),
+    dict(name="+inf logit focal weight", v=11, big={8: INF}, gamma=2.0, dtype=torch.float32,
+         kw=dict(reduction="none"), class_weight="sharded"),
+    dict(name="finfo.max logit, no +inf, smoothing weight", v=11, big={2: "max"},
+         kw=dict(reduction="none", label_smoothing=0.1), class_weight="replicated"),
 ]
 CASES_3 = [  # torch's even split of V = 4 over 3 ranks is (2, 2, 0)
     dict(name="3 ranks (2, 2, 0) default vocab_start", v=4, n=10, default_start=True,
