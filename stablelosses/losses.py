@@ -9,6 +9,7 @@ are documented once, on those functions. Every ``forward`` takes an optional ``m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -142,10 +143,13 @@ class CrossEntropyLoss(_WeightedLoss):
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
                  ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> None:
-        # label_smoothing is checked by forward, as torch's module does (its ModuleInfo error
-        # input builds CrossEntropyLoss(label_smoothing=1.5) and expects the forward to raise)
         reduction, _, ignore_index = check_cross_entropy_args(
             "CrossEntropyLoss", legacy_reduction(size_average, reduce, reduction), 0.0, ignore_index)
+        # a bad label_smoothing raises in forward, as torch's module does (its ModuleInfo error
+        # input builds CrossEntropyLoss(label_smoothing=1.5) and expects the forward to raise);
+        # a good one is kept as the checked float
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):
+            label_smoothing = check_label_smoothing("CrossEntropyLoss", label_smoothing)
         super().__init__(
             weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
         )
