@@ -144,3 +144,21 @@ def test_torch_still_zeroes_nested_forward_mode_through_a_custom_function():
     x = torch.tensor([3.0], dtype=D)
     second = jacfwd(jacfwd(lambda z: Square.apply(z).sum()))(x)
     assert second.item() == 0.0  # the true value is 2
+
+
+# A batched backward: vmap over the incoming gradient of torch.autograd.grad, as
+# gradcheck(check_batched_grad=True), jacobian(vectorize=True) and is_grads_batched=True run it.
+# name -> (function, float64 inputs); every one once wrote its gradient in place into an
+# unbatched buffer with a batched operand ("vmap: aten::mul_ ... is not possible").
+BATCHED_BACKWARD = {
+    "logsumexp-0d": (lambda v: SF.logsumexp(v, (0,), True), lambda: (torch.tensor(-4.83, dtype=D),)),
+    "logsumexp-5x5": (lambda v: SF.logsumexp(v, (1,), False), lambda: (torch.randn(5, 5, dtype=D, generator=torch.Generator().manual_seed(3)),)),
+}
+
+
+@pytest.mark.parametrize("name", list(BATCHED_BACKWARD))
+def test_batched_backward_passes_gradcheck(name):
+    f, inputs = BATCHED_BACKWARD[name]
+    args = tuple(t.requires_grad_() for t in inputs())
+    assert torch.autograd.gradcheck(f, args, check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(f, args, check_batched_grad=True)
