@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import hessian, jacfwd, jacrev
 
+import stablelosses as sl
 import stablelosses.functional as SF
 from stablelosses import naive
 
@@ -150,9 +151,29 @@ def test_torch_still_zeroes_nested_forward_mode_through_a_custom_function():
 # gradcheck(check_batched_grad=True), jacobian(vectorize=True) and is_grads_batched=True run it.
 # name -> (function, float64 inputs); every one once wrote its gradient in place into an
 # unbatched buffer with a batched operand ("vmap: aten::mul_ ... is not possible").
+def _rand(*shape, seed):
+    return torch.randn(*shape, dtype=D, generator=torch.Generator().manual_seed(seed))
+
+
 BATCHED_BACKWARD = {
     "logsumexp-0d": (lambda v: SF.logsumexp(v, (0,), True), lambda: (torch.tensor(-4.83, dtype=D),)),
-    "logsumexp-5x5": (lambda v: SF.logsumexp(v, (1,), False), lambda: (torch.randn(5, 5, dtype=D, generator=torch.Generator().manual_seed(3)),)),
+    "logsumexp-5x5": (lambda v: SF.logsumexp(v, (1,), False), lambda: (_rand(5, 5, seed=3),)),
+    # the fused linear losses' per-row outputs: the chunk loop writes into unbatched buffers
+    "linear_cross_entropy-none": (
+        lambda x, w: SF.linear_cross_entropy(x, w, _T, reduction="none", chunk_size=2),
+        lambda: (_rand(3, 4, seed=4), _rand(5, 4, seed=5))),
+    "linear_cross_entropy-none-1d": (
+        lambda x, w: SF.linear_cross_entropy(x, w, torch.tensor(2), reduction="none"),
+        lambda: (_rand(4, seed=4), _rand(5, 4, seed=5))),
+    "linear_focal_loss-none": (
+        lambda x, w: SF.linear_focal_loss(x, w, _T, reduction="none", weight=_W),
+        lambda: (_rand(3, 4, seed=4), _rand(5, 4, seed=5))),
+    "linear_token_logps": (  # out= matmuls: "Batching rule not implemented for aten::alias"
+        lambda x, w: SF.linear_token_logps(x, w, _T),
+        lambda: (_rand(3, 4, seed=4), _rand(5, 4, seed=5))),
+    "linear_distillation_loss-none": (
+        lambda x, w, xt: SF.linear_distillation_loss(x, w, xt, _rand(5, 2, seed=6), kind="jsd", reduction="none"),
+        lambda: (_rand(3, 4, seed=4), _rand(5, 4, seed=5), _rand(3, 2, seed=7))),
 }
 
 
@@ -162,3 +183,25 @@ def test_batched_backward_passes_gradcheck(name):
     args = tuple(t.requires_grad_() for t in inputs())
     assert torch.autograd.gradcheck(f, args, check_batched_grad=True)
     assert torch.autograd.gradgradcheck(f, args, check_batched_grad=True)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_linear_cross_entropy_module_gradients_batched_over_outputs(reduction):
+    m = sl.LinearCrossEntropyLoss(5, 4, reduction=reduction, dtype=D)
+    ref = torch.nn.LinearCrossEntropyLoss(5, 4, reduction=reduction, dtype=D)
+    ref.load_state_dict(m.state_dict())
+    x, t = _rand(8, 5, seed=8).requires_grad_(), torch.tensor([0, 3, 1, 2, 2, 0, 1, 3])
+    go = torch.eye(8, dtype=D) if reduction == "none" else torch.arange(1.0, 4.0, dtype=D)
+    # create_graph: the batched gradient is differentiable again
+    (got,) = torch.autograd.grad(m(x, t), x, go, is_grads_batched=True, create_graph=True)
+    (want,) = torch.autograd.grad(ref(x, t), x, go, is_grads_batched=True, create_graph=True)
+    torch.testing.assert_close(got, want)
+    second = torch.autograd.grad(got.sin().sum(), m.linear.weight)[0]
+    torch.testing.assert_close(second, torch.autograd.grad(want.sin().sum(), ref.linear.weight)[0])
+
+
+def test_jacrev_of_linear_cross_entropy_per_row_equals_torch():
+    x, w = _rand(3, 4, seed=4), _rand(5, 4, seed=5)
+    got = jacrev(lambda a, b: SF.linear_cross_entropy(a, b, _T, reduction="none"), (0, 1))(x, w)
+    want = jacrev(lambda a, b: F.linear_cross_entropy(a, b, _T, reduction="none"), (0, 1))(x, w)
+    torch.testing.assert_close(got, want)

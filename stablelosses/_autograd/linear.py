@@ -35,8 +35,10 @@ chunk's logits, where ``grad_out`` is known; :func:`linear_chunks_reduced` (the 
 there (one pass over the logits instead of two) and its backward scales them by the incoming
 scalar. The chunked gradient is not differentiable again: given the head's *dense* form (its
 outputs as differentiable ops of the whole logits), a backward run with ``create_graph=True``
-returns the gradient as a graph of that form; without one, the gradient they return raises on a
-second backward instead of giving a wrong second derivative.
+returns the gradient as a graph of that form, and a backward whose incoming gradient is batched
+(a vmap over it: gradcheck's batched grad, ``jacobian(vectorize=True)``) computes it from that
+form too; without one, the gradient they return raises on a second backward instead of giving a
+wrong second derivative.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from stablelosses._compat import assume_constant_result, forward_ad_active, functorch_transforms_active
+from stablelosses._compat import (
+    assume_constant_result,
+    forward_ad_active,
+    functorch_transforms_active,
+    is_transform_wrapped,
+)
 from stablelosses._utils import no_autocast
 
 # Logits of one chunk (all streams): at most this many bytes (64 MiB) in the compute dtype.
@@ -502,25 +509,38 @@ def stream_logits(x: Tensor, w: Tensor, b: Tensor | None, cd: torch.dtype) -> Te
     return torch.nn.functional.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
 
 
+def grad_is_batched(grad: Tensor) -> bool:
+    """``grad`` is batched by a vmap over the backward that receives it (gradcheck's batched
+    grad, ``jacobian(vectorize=True)``, ``is_grads_batched=True``, ``torch.func.vmap`` of
+    ``autograd.grad``), or a ``torch.func`` transform runs. Never while compiling (the
+    wrapper checks are not traceable; compiled code has no dense form)."""
+    if torch.compiler.is_compiling():
+        return False
+    return functorch_transforms_active() or is_transform_wrapped(grad)
+
+
 def _dense_grads(
     dense: Dense, st: Sequence[Tensor | None], rows: tuple[Tensor, ...], cd: torch.dtype, n_out: int,
     grad: Tensor, coef: Tensor | None, needs: Sequence[bool],
 ) -> list[Tensor | None]:
-    """The gradients of ``Σ grad · out`` (``coef`` given: ``grad · Σ coef · out``) as a graph,
-    for a double backward: the head's ``dense`` form (differentiable torch ops on the whole
-    logits, the same values as the chunks) recomputed from the saved streams. Only where grad
-    mode is on in a backward (``create_graph=True``); the logits then exist whole."""
+    """The gradients of ``Σ grad · out`` (``coef`` given: ``grad · Σ coef · out``) from the
+    head's ``dense`` form (differentiable torch ops on the whole logits, the same values as the
+    chunks) recomputed from the saved streams, as a graph where grad mode is on (a double
+    backward may follow: ``create_graph=True``). Also for a batched ``grad`` (a vmap over the
+    backward); the logits then exist whole."""
     xs, ws, bs = st[0::3], st[1::3], st[2::3]
+    graph = torch.is_grad_enabled()
     with torch.enable_grad():
         us = tuple(stream_logits(x, w, b, cd) for x, w, b in zip(xs, ws, bs)
                    if x is not None and w is not None)
         out = dense(us, rows)[:, :n_out]
-        if coef is None:  # a zero incoming gradient drops its output (an inf one included)
-            total = torch.where(grad == 0, 0.0, out * grad).sum()
-        else:
-            total = torch.where(coef == 0, 0.0, out * coef).sum() * grad
+        # The vjp of out with grad_outputs ``grad`` (``coef · grad``), not the gradient of a sum
+        # of out · grad: autograd.grad under vmap takes a batched grad_outputs, not a batched
+        # output. A zero incoming gradient (a zero coef) drops its output, an inf one included.
+        go = torch.where(grad == 0, 0.0, grad) if coef is None else coef * grad
+        go = go.to(out.dtype).expand(out.shape)
         wanted = [t for t, need in zip(st, needs) if need and t is not None]
-        found = iter(torch.autograd.grad(total, wanted, create_graph=True, allow_unused=True))
+        found = iter(torch.autograd.grad(out, wanted, go, create_graph=graph, allow_unused=True))
     res: list[Tensor | None] = []
     for t, need in zip(st, needs):
         g = next(found) if need and t is not None else None
@@ -590,7 +610,11 @@ class _LinearChunks(torch.autograd.Function):
         if grad is None or not any(needs):
             return (None,) * len(ctx.needs_input_grad)
         tail = (None,) * (len(rows) + len(consts))
-        if ctx.dense is not None and torch.is_grad_enabled():  # a double backward may follow
+        # grad mode on: a double backward may follow. A batched grad (a vmap over this backward:
+        # gradcheck's batched grad, jacobian(vectorize=True), is_grads_batched) takes the dense
+        # form too: the chunk loop writes into unbatched buffers (out=, in place), and per-row
+        # outputs have no one scalar to scale a gradient computed once by.
+        if ctx.dense is not None and (torch.is_grad_enabled() or grad_is_batched(grad)):
             n_out = _widths(ctx.head)[0]
             res = _dense_grads(ctx.dense, st, (*rows, *consts), ctx.cd, n_out, grad, None, needs)
             return (None,) * 5 + tuple(res) + tail
