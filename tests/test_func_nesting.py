@@ -158,6 +158,11 @@ def _rand(*shape, seed):
 BATCHED_BACKWARD = {
     "logsumexp-0d": (lambda v: SF.logsumexp(v, (0,), True), lambda: (torch.tensor(-4.83, dtype=D),)),
     "logsumexp-5x5": (lambda v: SF.logsumexp(v, (1,), False), lambda: (_rand(5, 5, seed=3),)),
+    # a differentiable class weight with label smoothing: the double backward runs the
+    # Function's backward with a batched gradient ("vmap: aten::scatter_add_ ...")
+    "cross_entropy-weight-smoothing": (
+        lambda x, w: SF.cross_entropy(x, torch.tensor([1, -100, 4]), weight=w, reduction="sum", label_smoothing=0.1),
+        lambda: (_x(), _W)),
     # the fused linear losses' per-row outputs: the chunk loop writes into unbatched buffers
     "linear_cross_entropy-none": (
         lambda x, w: SF.linear_cross_entropy(x, w, _T, reduction="none", chunk_size=2),

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._compat import functorch_transforms_active
+from stablelosses._compat import functorch_transforms_active, is_transform_wrapped
 from stablelosses._utils import inplace_ok, no_autocast
 
 _INF = float("inf")
@@ -211,10 +211,11 @@ def is_target(t: Tensor, index: Tensor, cdim: int) -> Tensor:
 
 def put(t: Tensor, dim: int, index: Tensor, src: Tensor | float, add: bool = False) -> Tensor:
     """``t.scatter_(dim, index, src)`` (``scatter_add_`` with ``add``) on a Function's own fresh
-    ``t``: N entries written in place. Out of place under a ``torch.func`` transform, and only
-    there: a transform's wrapper of an unbatched ``t`` cannot take a batched ``index`` or
-    ``src`` in place (a correctness gate, not a speed twin: the values are the same)."""
-    wrapped = functorch_transforms_active()
+    ``t``: N entries written in place. Out of place under a ``torch.func`` transform or with a
+    batched ``src`` (a vmap over a backward: gradcheck's batched grad, ``is_grads_batched``),
+    and only there: an unbatched ``t`` cannot take a batched ``index`` or ``src`` in place (a
+    correctness gate, not a speed twin: the values are the same)."""
+    wrapped = functorch_transforms_active() or (isinstance(src, Tensor) and is_transform_wrapped(src))
     if add:
         assert isinstance(src, Tensor)
         return t.scatter_add(dim, index, src) if wrapped else t.scatter_add_(dim, index, src)
