@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import Tensor
 
+import stablelosses.functional as SF
 from stablelosses._autograd.linear import Head, linear_chunks, linear_chunks_reduced
 
 
@@ -309,3 +310,21 @@ def test_compiled_numeric_field_may_be_symbolic() -> None:
         torch.testing.assert_close(got, want)
         for a, b in zip(torch.autograd.grad(got, [x, w]), torch.autograd.grad(want, [x, w])):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.slow
+def test_compiled_chunk_op_carries_its_output_width():
+    # The outputs' width is an argument of the custom op, so it is in the traced graph and in the
+    # compile caches' keys: a cached graph of a head whose state changed width (the token-logps
+    # head went from 1 to 2 state columns) was reused, and its fake shapes no longer fit.
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    h, w, lab = torch.randn(4, 3), torch.randn(5, 3), torch.tensor([0, 1, 2, 3])
+    torch.compile(lambda a: SF.linear_token_logps(a, w, lab), backend=backend, fullgraph=True)(h)
+    calls = [n for gm in graphs for n in gm.graph.nodes
+             if n.op == "call_function" and "linear_chunks" in str(n.target)]
+    assert calls and all(n.args[1] == 3 for n in calls)  # log p_t, then the state (M, S)

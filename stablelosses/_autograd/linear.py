@@ -207,9 +207,11 @@ def run_chunks(
     """
     if torch.compiler.is_compiling():
         cls, structure, params = head if isinstance(head, tuple) else pack(head)
+        # the outputs' width travels as an argument, so that it is in the graph (and in the
+        # compile caches' keys): a cached graph of a head whose state changed width was reused
         res = torch.ops.stablelosses.linear_chunks(
-            _registered(cls, structure), list(params), chunk, cd, list(xs), list(ws), list(bs), list(rows),
-            list(consts), grad_out, want_out, list(needs), state,
+            _registered(cls, structure), sum(_widths((cls, structure, params))), list(params), chunk, cd,
+            list(xs), list(ws), list(bs), list(rows), list(consts), grad_out, want_out, list(needs), state,
         )
         return (res[0] if want_out else None), [g if need else None for g, need in zip(res[1:], needs)]
     if isinstance(head, tuple):
@@ -409,7 +411,7 @@ def _registered(cls: type, structure: tuple[Any, ...]) -> int:
 
 
 _SCHEMA = (
-    "(int head, float[] params, int chunk, ScalarType cd, Tensor[] xs, Tensor[] ws, Tensor?[] bs, "
+    "(int head, int width, float[] params, int chunk, ScalarType cd, Tensor[] xs, Tensor[] ws, Tensor?[] bs, "
     "Tensor[] rows, Tensor[] consts, Tensor? grad_out, bool want_out, bool[] needs, Tensor? state) "
     "-> Tensor[]"
 )
@@ -417,12 +419,13 @@ _SCHEMA = (
 
 @torch.library.custom_op("stablelosses::linear_chunks", mutates_args=(), schema=_SCHEMA)
 def _chunks_op(
-    head: int, params: list[float], chunk: int, cd: torch.dtype, xs: list[Tensor], ws: list[Tensor],
-    bs: list[Tensor | None], rows: list[Tensor], consts: list[Tensor], grad_out: Tensor | None,
-    want_out: bool, needs: list[bool], state: Tensor | None,
+    head: int, width: int, params: list[float], chunk: int, cd: torch.dtype, xs: list[Tensor],
+    ws: list[Tensor], bs: list[Tensor | None], rows: list[Tensor], consts: list[Tensor],
+    grad_out: Tensor | None, want_out: bool, needs: list[bool], state: Tensor | None,
 ) -> list[Tensor]:
     """The chunk loop as one op for ``torch.compile``: ``[out, dx_0, dW_0, db_0, dx_1, ...]`` (a
-    fresh empty tensor for an output that is not wanted: the outputs of a custom op may not alias)."""
+    fresh empty tensor for an output that is not wanted: the outputs of a custom op may not alias).
+    ``width``: the outputs' columns, read by the fake kernel."""
     out, grads = run_chunks(
         _with_params(head, params), xs, ws, bs, rows, chunk, cd, grad_out, want_out, needs, consts, state
     )
@@ -432,12 +435,12 @@ def _chunks_op(
 
 @_chunks_op.register_fake
 def _chunks_op_fake(
-    head: int, params: list[float], chunk: int, cd: torch.dtype, xs: list[Tensor], ws: list[Tensor],
-    bs: list[Tensor | None], rows: list[Tensor], consts: list[Tensor], grad_out: Tensor | None,
-    want_out: bool, needs: list[bool], state: Tensor | None,
+    head: int, width: int, params: list[float], chunk: int, cd: torch.dtype, xs: list[Tensor],
+    ws: list[Tensor], bs: list[Tensor | None], rows: list[Tensor], consts: list[Tensor],
+    grad_out: Tensor | None, want_out: bool, needs: list[bool], state: Tensor | None,
 ) -> list[Tensor]:
-    x0, h = xs[0], _HEADS[head]
-    res = [x0.new_empty((x0.shape[0], h.n_out + h.n_state) if want_out else (0,), dtype=cd)]
+    x0 = xs[0]
+    res = [x0.new_empty((x0.shape[0], width) if want_out else (0,), dtype=cd)]
     for k, (x, w, b) in enumerate(zip(xs, ws, bs)):
         shapes = (x.shape, w.shape, (0,) if b is None else b.shape)
         res += [x0.new_empty(s if needs[3 * k + j] else (0,), dtype=cd) for j, s in enumerate(shapes)]
