@@ -84,6 +84,18 @@ def is_transform_wrapped(t: Tensor) -> bool:
     return bool(is_wrapped(t) or is_legacy_batched(t))
 
 
+def under_transform(*tensors: torch.Tensor | None) -> bool:
+    """True while a ``torch.func`` transform runs or any of ``tensors`` is a functorch wrapper
+    (also the legacy batched tensor of a vmap over a backward: gradcheck's batched grad,
+    ``is_grads_batched``): an unbatched buffer then cannot take them in place."""
+    if functorch_transforms_active():
+        return True
+    for t in tensors:  # (a loop, not any() over a generator: this runs on every tiny call)
+        if t is not None and is_transform_wrapped(t):
+            return True
+    return False
+
+
 def forward_ad_active() -> bool:
     """True while a ``torch.autograd.forward_ad`` level is open (also ``torch.func.jvp``'s).
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stablelosses._compat import functorch_transforms_active, is_transform_wrapped
+from stablelosses._compat import under_transform
 from stablelosses._spec import _as_int
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -241,12 +241,9 @@ def inplace_ok(*tensors: Tensor | None) -> bool:
     Under vmap (also the batched-gradient vmap of gradcheck) the row scale may be batched
     while the saved log-probabilities are not; an in-place op cannot grow its target.
     """
-    if _grad_enabled() or _compiling() or functorch_transforms_active():
+    if _grad_enabled() or _compiling():
         return False  # compiled: functionalized and fused anyway
-    for t in tensors:  # (a loop, not any() over a generator: this runs on every tiny call)
-        if t is not None and is_transform_wrapped(t):
-            return False
-    return True
+    return not under_transform(*tensors)
 
 
 def check_same_device(fn: str, mask: Tensor, device: torch.device, what: str = "input") -> None:

@@ -54,7 +54,7 @@ from stablelosses._compat import (
     assume_constant_result,
     forward_ad_active,
     functorch_transforms_active,
-    is_transform_wrapped,
+    under_transform,
 )
 from stablelosses._utils import no_autocast
 
@@ -517,9 +517,7 @@ def grad_is_batched(grad: Tensor) -> bool:
     grad, ``jacobian(vectorize=True)``, ``is_grads_batched=True``, ``torch.func.vmap`` of
     ``autograd.grad``), or a ``torch.func`` transform runs. Never while compiling (the
     wrapper checks are not traceable; compiled code has no dense form)."""
-    if torch.compiler.is_compiling():
-        return False
-    return functorch_transforms_active() or is_transform_wrapped(grad)
+    return not torch.compiler.is_compiling() and under_transform(grad)
 
 
 def _dense_grads(

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from stablelosses._compat import functorch_transforms_active, is_transform_wrapped
+from stablelosses._compat import functorch_transforms_active, under_transform
 from stablelosses._utils import inplace_ok, no_autocast
 
 _INF = float("inf")
@@ -215,7 +215,7 @@ def put(t: Tensor, dim: int, index: Tensor, src: Tensor | float, add: bool = Fal
     batched ``src`` (a vmap over a backward: gradcheck's batched grad, ``is_grads_batched``),
     and only there: an unbatched ``t`` cannot take a batched ``index`` or ``src`` in place (a
     correctness gate, not a speed twin: the values are the same)."""
-    wrapped = functorch_transforms_active() or (isinstance(src, Tensor) and is_transform_wrapped(src))
+    wrapped = under_transform(src if isinstance(src, Tensor) else None)
     if add:
         assert isinstance(src, Tensor)
         return t.scatter_add(dim, index, src) if wrapped else t.scatter_add_(dim, index, src)
