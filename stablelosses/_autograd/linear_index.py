@@ -56,6 +56,12 @@ def capped(
     return (th * softcap).masked_fill_(masked, _NEG_INF), th, masked
 
 
+def bounded_max(m: Tensor) -> Tensor:
+    """The row max read before the bound as the shifts use it: ``+inf → finfo.max``, ``-inf → 0``
+    (an all ``-inf`` row or an empty shard), NaN kept."""
+    return torch.nan_to_num(m, nan=math.nan, posinf=torch.finfo(m.dtype).max, neginf=0.0)
+
+
 class LocalRows(NamedTuple):
     """What one pass over a chunk's logits reads off each row (every field ``(n, 1)`` but ``e``)."""
 
@@ -79,7 +85,6 @@ def local_rows(
     the target's column (0 where there is none), ``owned`` ``(n, 1)`` where the target is in
     this vocabulary (``None``: every row, one process)."""
     n, v = u.shape
-    fmax = torch.finfo(u.dtype).max
     # the max and the target's logit before capped's +inf → finfo.max (with softcap after
     # tanh, which bounds every logit): a +inf row is then told from a finfo.max one
     first = softcap is None and v > 0
@@ -95,7 +100,7 @@ def local_rows(
     if owned is not None and v > 0:
         lt = torch.where(owned, lt, 0.0)
     dead = m == _NEG_INF
-    m_safe = torch.nan_to_num(m, nan=math.nan, posinf=fmax, neginf=0.0)
+    m_safe = bounded_max(m)
     smooth = k = wu = None
     if eps > 0.0:
         assert masked is not None

@@ -44,6 +44,7 @@ from stablelosses._autograd.linear_index import (
     RowTerms,
     ShardGrad,
     ShardStats,
+    bounded_max,
     row_scales,
     row_terms,
     target_shift,
@@ -101,9 +102,8 @@ def _combine(
     m_r, d_r, lt_r, smooth_r, k_r, wu_r = out.split(1, dim=1)
     big_m = m_r.clone()
     dist.all_reduce(big_m, op=dist.ReduceOp.MAX, group=group)
-    fmax = torch.finfo(cd).max
-    m_safe = torch.nan_to_num(big_m, nan=math.nan, posinf=fmax, neginf=0.0)
-    m_r = m_r.clamp(max=fmax)
+    m_safe = bounded_max(big_m)
+    m_r = m_r.clamp(max=torch.finfo(cd).max)
     # e^{m_r - M}: 1 on the shards at the max, 0 on an all -inf (or empty) shard
     stats = [d_r * torch.exp(m_r - m_safe), lt_r, owned.to(cd).unsqueeze(1)]
     if cw_local is not None:  # w_t from its owner (replicated or sharded weights alike: one layout)
