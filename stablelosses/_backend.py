@@ -156,11 +156,15 @@ def register_kernel(name: str, kernel: Kernel) -> None:
 
 def kernel_for(name: str, x: torch.Tensor) -> Kernel | None:
     """The kernel registered under ``name`` when a call on ``x`` should run the kernels
-    (:func:`use_triton`), else ``None``."""
-    kernel = _KERNELS.get(name)
-    if kernel is None or not use_triton(x):
+    (:func:`use_triton`), else ``None``.
+
+    The table is read only after :func:`use_triton`, which answers ``False`` at once while
+    compiling: Dynamo then puts no guard on the table, which ``stablelosses._triton`` fills
+    when the top-level package first loads, possibly in the middle of a trace.
+    """
+    if not use_triton(x):  # first: while compiling, the table is never read (so never guarded)
         return None
-    return kernel
+    return _KERNELS.get(name)
 
 
 def dispatch(name: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

@@ -131,6 +131,25 @@ def test_compiled_call_traces_the_torch_path(monkeypatch):
     torch.testing.assert_close(out, f(x))
 
 
+@pytest.mark.slow
+def test_compiled_call_that_first_loads_the_package_reads_no_kernel_table():
+    """A compiled function whose trace first touches ``stablelosses.<name>`` loads the package,
+    and with it the kernels, which fill the backend table mid-trace. The table was read (and
+    guarded) before that by a ``stablelosses.functional`` call in the same trace: Dynamo's
+    "Guard failed on the same frame it was created" (fresh process: the import order is the
+    point)."""
+    code = (
+        "import torch\n"
+        "import stablelosses.functional as SF\n"
+        "import stablelosses as sl\n"
+        "x, t = torch.randn(4, 5), torch.tensor([0, 1, 2, 3])\n"
+        "f = lambda z: SF.cross_entropy(z, t) + sl.safe_sqrt(z * z).sum()\n"
+        "out = torch.compile(f, fullgraph=True, backend='eager')(x)\n"
+        "torch.testing.assert_close(out, f(x))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # --- the backend table: the kernels register on top, the core asks after its checks ------------
 
 import ast  # noqa: E402
