@@ -125,6 +125,20 @@ def test_in_place_overflow_is_found():
     assert err.op == "aten::mul_" and err.kind == "overflow"
 
 
+@pytest.mark.parametrize("prefill", [0.0, math.nan, INF])
+def test_out_argument_overflow_is_found_whatever_the_out_tensor_held(prefill):
+    # the out= tensor is written, not read: its old values (torch.empty's garbage) are no input
+    x, o = torch.full((2,), 100.0), torch.full((2,), prefill)
+    err = raised(lambda: torch.exp(x, out=o))
+    assert err.op == "aten::exp" and err.kind == "overflow" and len(err.inputs) == 1
+
+
+def test_out_argument_that_is_the_input_is_judged_by_what_it_held():
+    x = torch.full((2,), 100.0)
+    err = raised(lambda: torch.exp(x, out=x))
+    assert err.op == "aten::exp" and err.kind == "overflow" and err.inputs[0].max == 100.0
+
+
 def test_factories_and_fills_are_silent():
     x = torch.randn(4, 4)
     with detect_nonfinite():

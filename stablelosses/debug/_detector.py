@@ -70,8 +70,10 @@ class _Mode(TorchDispatchMode):
         before = None
         if writes and not skip:
             # an in-place operator overwrites its input: keep its values from before (a copy, no
-            # host sync) for the report, which judges and names the operator by its inputs
-            before = _snapshot([args[i] for i in writes if i < len(args)])
+            # host sync) for the report, which judges and names the operator by its inputs; an
+            # out= tensor (a keyword) may be one of them: exp(x, out=x)
+            params = func._schema.arguments
+            before = _snapshot([args[i] if i < len(args) else kwargs.get(params[i].name) for i in writes])
         out = func(*args, **kwargs)
         if owner._suspended:
             return out

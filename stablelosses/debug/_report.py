@@ -66,6 +66,11 @@ def _locate(det, node, frame) -> tuple[Any, ...] | None:
     return None, *_user_line(frame), node.name(), None
 
 
+def _out_names(func) -> frozenset[str]:
+    """The names of an ``.out`` overload's output arguments (``out``, ``values``, ``indices``)."""
+    return frozenset(a.name for a in func._schema.arguments if getattr(a, "is_out", False))
+
+
 def diagnose(det, func, args, kwargs, out, node, before, frame) -> NonFiniteError | None:
     """The report for an operator whose output is not finite, or None when it is not to blame.
 
@@ -76,6 +81,8 @@ def diagnose(det, func, args, kwargs, out, node, before, frame) -> NonFiniteErro
     overload = func._schema.overload_name or "default"
     if name in det.allow or f"{name}.{overload}" in det.allow:
         return None
+    # an out= tensor is written, not read: what it held before (torch.empty's garbage) is no input
+    kwargs = {k: v for k, v in kwargs.items() if k not in _out_names(func)}
     if before:
         args, kwargs = tree_map(lambda a: before.get(id(a), a) if isinstance(a, torch.Tensor) else a,
                                 (args, kwargs))
