@@ -213,3 +213,30 @@ def test_compiled_fullgraph_with_no_detector_open():
     with detect_nonfinite():  # opened and closed: the count is back to 0, the graph still whole
         pass
     torch.testing.assert_close(f(X * 1.0, Y), want)
+
+
+@pytest.mark.slow
+def test_compiled_fullgraph_model_runs_checked_inside_the_context():
+    # a dispatch mode makes Dynamo skip every frame, and fullgraph=True then raised "found no
+    # compiled frames": inside the context compiled code runs eagerly, its operators checked
+    torch._dynamo.reset()
+    compiled = []
+
+    def backend(gm, example_inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Sequential(torch.nn.Linear(3, 1)))
+    with torch.no_grad():
+        net[0].weight.fill_(0.5)
+    model = torch.compile(net, fullgraph=True, backend=backend)
+    x = torch.randn(2, 3)
+    with detect_nonfinite() as det:
+        model(x).sum().backward()
+    assert det.reports == [] and compiled == []
+    with pytest.raises(NonFiniteError) as info:
+        with detect_nonfinite():
+            model(torch.full((2, 3), 3e38)).sum().backward()  # 3 * 3e38 * w with |w| ~ 0.5
+    assert info.value.op == "aten::addmm" and info.value.module_path.endswith("0")
+    model(x)  # the context closed: compiled again
+    assert len(compiled) == 1

@@ -19,6 +19,37 @@ from stablelosses.debug._frames import _child_name, _root_name, _user_frame
 from stablelosses.debug._report import _SELECTORS, FWD_KEY, diagnose
 
 # --------------------------------------------------------------------------------------------
+# compiled code while a detector is open
+
+# Dynamo skips every frame while a TorchDispatchMode is active, and a fullgraph=True function
+# that compiled nothing raises ("found no compiled frames"). So while any detector is open,
+# compiled code runs eagerly by the public stance "force_eager" (its operators are checked);
+# the stance is process-wide, so the first detector to open sets it and the last to close
+# restores what it found.
+_stance_lock = threading.Lock()
+_stance: list = [0, None]  # [open detectors, the set_stance object to undo, or None]
+
+
+def _compile_eagerly(opening: bool) -> None:
+    with _stance_lock:
+        count, undo = _stance
+        if opening:
+            if count == 0:
+                try:
+                    undo = torch.compiler.set_stance("force_eager")
+                except RuntimeError:  # opened inside a torch.compile region: leave it be
+                    undo = None
+            _stance[:] = [count + 1, undo]
+        else:
+            count = max(0, count - 1)
+            if count == 0 and undo is not None:
+                with contextlib.suppress(RuntimeError):  # closed inside a torch.compile region
+                    undo.__exit__(None, None, None)
+                undo = None
+            _stance[:] = [count, undo]
+
+
+# --------------------------------------------------------------------------------------------
 # detect_nonfinite
 
 
@@ -188,10 +219,10 @@ class detect_nonfinite:
 
     **Limits.** Only operators that run inside the context on this thread are seen (and the
     backward, whose operators run inside the context when ``.backward()`` is called in it).
-    ``torch.compile``: TorchDispatch modes are not traced into compiled graphs, so code compiled
-    and called inside the context may run eagerly (Dynamo skips frames while such a mode is
-    active) or as one opaque compiled call whose inner operators are not checked; check a
-    non-finite result of compiled code by running the same code eagerly under this context.
+    ``torch.compile``: TorchDispatch modes are not traced into compiled graphs, so while a
+    context is open compiled code runs eagerly (``torch.compiler.set_stance("force_eager")``,
+    set by the first context to open and restored by the last to close; in every thread), and
+    its operators are checked; ``fullgraph=True`` does not raise for it.
     ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``, ``jacrev``, ``hessian``) and
     ``torch.autograd.forward_ad`` run as without the context; a stablelosses function's result is
     read through the transform's wrappers (the whole batch, the primal). Results on fake tensors
@@ -309,12 +340,14 @@ class detect_nonfinite:
         self._mode = _Mode(self)
         self._mode.__enter__()
         _boundary.install(self)
+        _compile_eagerly(True)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         mode, self._mode = self._mode, None
         try:
             if mode is not None:
+                _compile_eagerly(False)
                 _boundary.uninstall(self)
                 mode.pending.clear()
                 mode.__exit__(exc_type, exc, tb)
