@@ -440,6 +440,24 @@ def test_fix_keeps_formatting_and_is_idempotent(tmp_path):
     assert path.read_text() == new
 
 
+def test_fix_and_diff_keep_windows_line_endings(tmp_path):
+    # a CRLF file: only the rewritten line changes, every line keeps its \r\n
+    pytest.importorskip("libcst")
+    src = "import torch\r\n\r\n\r\ndef f(x):  # keep\r\n    return torch.log(torch.softmax(x, -1))\r\n"
+    path = tmp_path / "w.py"
+    path.write_bytes(src.encode())
+    out = io.StringIO()
+    assert run([str(path)], diff=True, out=out) == 1
+    assert [ln for ln in out.getvalue().splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")] == [
+        "+import stablelosses.functional as SF",
+        "-    return torch.log(torch.softmax(x, -1))",
+        "+    return SF.log_softmax(x, -1)",
+    ]
+    assert run([str(path)], fix=True, out=io.StringIO()) == 0
+    new = path.read_bytes().decode()
+    assert new.count("\r\n") == new.count("\n") == 6 and "return SF.log_softmax(x, -1)\r\n" in new
+
+
 def test_fix_leaves_a_commented_expression_alone(tmp_path):
     pytest.importorskip("libcst")
     src = "import torch\ny = torch.log(\n    torch.softmax(x, -1)  # keep me\n)\n"

@@ -154,7 +154,8 @@ class _FileResult:
 def _one_file(path: Path, select, ignore, fix: bool = False, diff: bool = False) -> _FileResult:
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8", newline="") as fh:  # newline="": \r\n stays \r\n
+            text = fh.read()
     except (OSError, UnicodeDecodeError) as e:
         return _FileResult([], [f"{name}: cannot read: {e}"])
     if name.endswith(".ipynb"):
@@ -189,7 +190,8 @@ def _one_file(path: Path, select, ignore, fix: bool = False, diff: bool = False)
                                     lint_source(new, select, ignore, path=name))
             res.diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), name, name))
             if fix:
-                path.write_text(new, encoding="utf-8")
+                with open(path, "w", encoding="utf-8", newline="") as fh:
+                    fh.write(new)
                 text, tree = new, ast.parse(new, filename=name)
     if not diff:
         res.reports = [_report(name, text, f) for f in lint_source(text, select, ignore, tree, name)]
