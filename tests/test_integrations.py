@@ -83,6 +83,18 @@ def test_doctor_raises_after_max_consecutive_skips():
         NaNDoctor(max_consecutive=0)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"window": 0}, "window must be an int >= 1, got 0"),
+    ({"growth": 1.0}, "growth must be a number > 1, got 1.0"),
+    ({"loss_floor": 0.0}, "loss_floor must be a finite number > 0, got 0.0"),
+])
+def test_doctor_checks_the_monitors_arguments_at_construction(kwargs, message):
+    # not at the first on_train_start, after the trainer's setup
+    with pytest.raises(ValueError, match=message):
+        NaNDoctor(**kwargs)
+    NaNDoctor(divergence=False, **kwargs)  # no monitor: nothing to check
+
+
 def _fit_once(doc: NaNDoctor) -> list[weakref.ref]:
     """One short Adam fit with a NaN step under ``doc``; weak references to its model and optimizer."""
     net = nn.Linear(2, 1)

@@ -85,7 +85,9 @@ class NaNDoctor:
 
     def __init__(self, *, max_consecutive: int | None = None, divergence: bool = True, window: int = 5,
                  growth: float = 1e3, loss_floor: float = 1.0) -> None:
-        FiniteGuard(_steps(_Empty()), max_consecutive)  # checks the argument now
+        FiniteGuard(_steps(_Empty()), max_consecutive)  # checks the arguments now, not at the fit
+        if divergence:
+            DivergenceMonitor(nn.Module(), window, growth, loss_floor=loss_floor).close()
         self.max_consecutive = max_consecutive
         self.divergence = divergence
         self.window, self.growth, self.loss_floor = window, growth, loss_floor
