@@ -156,6 +156,14 @@ CASES = [
     ("float16 cosine_embedding_loss zero", _cosine_embedding_float16_zero, "aten::div", "forward", "0/0",
      "cosine-embedding-zero-vector"),
     ("zeros.log_()", lambda: torch.zeros(3).log_(), "aten::log_", "forward", "log of zero", None),
+    # poles: the value is infinite, not a finite result too large for the dtype
+    ("atanh(1)", lambda: torch.atanh(torch.ones(1)), "aten::atanh", "forward", "log of zero", None),
+    ("logit(1)", lambda: torch.logit(torch.ones(1)), "aten::logit", "forward", "log of zero", None),
+    ("logit(0)", lambda: torch.special.logit(torch.zeros(1)), "aten::logit", "forward", "log of zero", None),
+    ("lgamma(-2)", lambda: torch.lgamma(-2 * torch.ones(1)), "aten::lgamma", "forward", "log of zero", None),
+    ("erfinv(-1)", lambda: torch.erfinv(-torch.ones(1)), "aten::erfinv", "forward", "log of zero", None),
+    ("digamma(0)", lambda: torch.digamma(torch.zeros(1)), "aten::digamma", "forward", "division by zero",
+     None),
 ]
 
 

@@ -4,11 +4,14 @@ A report says *what happened* with one of five phrases people can search for:
 
 | phrase | when |
 |---|---|
-| ``division by zero`` | a finite non-zero numerator over 0 (also ``0 ** negative``, ``rsqrt(0)``) |
+| ``division by zero`` | a finite non-zero numerator over 0 (also ``0 ** negative``, ``rsqrt(0)``,
+  ``digamma(0)``) |
 | ``0/0`` | zero over zero, a softmax over a slice that is entirely ``-inf``, and any other NaN
   from finite inputs that the operator also gives with every value exact (a mean over nothing,
   the variance of one value, a LayerNorm with ``eps=0`` over a constant row) |
-| ``log of zero`` | ``log(0)``, ``log1p(-1)``, ``xlogy(x != 0, 0)``, a CTC loss with no alignment |
+| ``log of zero`` | ``log(0)``, ``log1p(-1)``, ``xlogy(x != 0, 0)``, a CTC loss with no alignment,
+  the poles that are logs inside (``atanh(±1)``, ``logit(0)``, ``logit(1)``, ``lgamma(0)``,
+  ``erfinv(±1)``) |
 | ``overflow`` | a finite result too large (``exp(100.)``), or NaN from finite operands whose
   intermediate overflowed (a matmul of ``±1e30``) |
 | ``invalid`` | outside the domain (``sqrt``/``log`` of a negative), ``inf - inf``, ``0 * inf`` |
@@ -35,6 +38,22 @@ _POW = {"pow", "pow_", "float_power"}
 _DOMAIN = {"sqrt", "sqrt_", "acos", "asin", "acosh", "atanh", "lgamma", "digamma", "polygamma",
            "erfinv", "special_erfinv"} | _LOG | _POW
 _CTC = {"ctc_loss", "_ctc_loss"}
+
+
+def _nonpositive_integer(x: torch.Tensor) -> torch.Tensor:
+    return (x <= 0) & (x == x.floor())
+
+
+# poles: the exact value is ±inf (a log of zero inside: atanh(x) = ½·log((1+x)/(1−x)),
+# logit(p) = log p − log(1−p), lgamma = log|Γ|, erfinv(y) ~ sqrt(−log(1−|y|)); Γ'/Γ ~ −1/x)
+_POLES: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+    **dict.fromkeys(("atanh", "atanh_", "arctanh", "arctanh_"), ("log of zero", lambda x: x.abs() == 1)),
+    **dict.fromkeys(("logit", "logit_", "special_logit"), ("log of zero", lambda x: (x == 0) | (x == 1))),
+    **dict.fromkeys(("lgamma", "lgamma_", "special_gammaln"), ("log of zero", _nonpositive_integer)),
+    **dict.fromkeys(("erfinv", "erfinv_", "special_erfinv"), ("log of zero", lambda x: x.abs() == 1)),
+    **dict.fromkeys(("digamma", "digamma_", "special_digamma", "special_psi"),
+                    ("division by zero", _nonpositive_integer)),
+}
 _SOFTMAX = {"_softmax", "_log_softmax", "softmax", "log_softmax", "logsumexp", "_safe_softmax"}
 
 
@@ -106,6 +125,10 @@ def name_cause(
             zero = a0 == 0
         if _any(zero):
             return "log of zero"
+    if name in _POLES and a0 is not None and in_finite and not out_nan:
+        phrase, at_pole = _POLES[name]
+        if _any(at_pole(a0)):
+            return phrase
     if name in _CTC and in_finite and not out_nan:
         return "log of zero"  # -log of a zero likelihood: no alignment exists
     if name in _SOFTMAX and out_nan and a0 is not None and a0.is_floating_point():
