@@ -192,6 +192,28 @@ def test_backward_module_path():
     assert err.lineno == lineno_of("MARK-root")
 
 
+class _ZeroDivBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / torch.zeros_like(g)  # MARK-custom-backward
+
+
+def test_a_backward_without_a_forward_record_is_not_labelled_forward_line():
+    # a custom Function's own backward (its forward ran with grad off: nothing recorded): the
+    # line is the backward's, and the report says "location", not "forward line"
+    err = raised(lambda: _ZeroDivBackward.apply(torch.ones(2, requires_grad=True)).sum().backward())
+    assert err.phase == "backward" and err.lineno == lineno_of("MARK-custom-backward")
+    assert f"  location: {HERE}:{err.lineno}" in str(err) and "forward line" not in str(err)
+
+
 def test_forward_and_backward_switches():
     x = torch.zeros(2, requires_grad=True)
     with detect_nonfinite(backward=False):

@@ -99,7 +99,9 @@ class NonFiniteError(_ReportError):
             (``'hint: use sl.safe_sqrt / sl.RMSELoss — docs: hazards/sqrt-at-zero'``), else None.
         module_path: dotted path of the innermost ``nn.Module`` running, e.g. ``'net.0'``, or None.
         location: ``'file.py:LINE'`` of the first frame outside torch and stablelosses; for a
-            backward operator, the forward line that created its autograd node.
+            backward operator, the forward line that created its autograd node (when the forward
+            ran inside the context; else the line running the backward, as in a custom
+            Function's own ``backward``).
         filename, lineno, source: the parts of ``location`` and the source line's text.
         node: in the backward, the autograd node name (``'SqrtBackward0'``), else None.
         forward_op: in the backward, the forward operator the node belongs to, when known.

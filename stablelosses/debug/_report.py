@@ -119,6 +119,8 @@ def diagnose(det, func, args, kwargs, out, node, before, frame) -> NonFiniteErro
         forward_op=forward_op, inputs=[TensorSummary.of(t) for t in tensors],
         outputs=[TensorSummary.of(o) for o in outs if o.is_floating_point() or o.is_complex()],
         discarded_by=discarded,
+        # a backward with no forward record is located by the frame that runs it, not the forward
+        forward_line=node is not None and forward_op is not None,
     )
     # [(op, filename, lineno, source)]: the forward operators that did not select this value
     err.discarded_by = discarded or []  # type: ignore[attr-defined]
@@ -235,7 +237,7 @@ def format_report(info: dict) -> str:
     if cause:
         head += f": {cause} ({info.get('detail') or detail_of(cause)})"
     lines = [head, f"  module:   {info.get('module_path') or '(none)'}"]
-    where = "forward line" if info["phase"] == "backward" else "location"
+    where = "forward line" if info.get("forward_line", info["phase"] == "backward") else "location"
     if info.get("filename"):
         lines.append(f"  {where}: {info['filename']}:{info['lineno']}")
         if info.get("source"):
