@@ -25,7 +25,8 @@ from stablelosses.debug._report import _SELECTORS, FWD_KEY, diagnose
 # that compiled nothing raises ("found no compiled frames"). So while any detector is open,
 # compiled code runs eagerly by the public stance "force_eager" (its operators are checked);
 # the stance is process-wide, so the first detector to open sets it and the last to close
-# restores what it found.
+# restores what it found. (Setting it imports torch._dynamo, which the dispatch mode's first
+# operator imports anyway: torch wraps __torch_dispatch__ in torch._disable_dynamo.)
 _stance_lock = threading.Lock()
 _stance: list = [0, None]  # [open detectors, the set_stance object to undo, or None]
 
