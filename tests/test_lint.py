@@ -288,6 +288,10 @@ def test_command_output_and_exit_codes(tmp_path, capsys):
     assert cli_main(["lint", str(broken)]) == 2
     assert "cannot parse" in capsys.readouterr().err
     assert cli_main(["lint", "--fix", "--diff", str(bad)]) == 2
+    capsys.readouterr()
+    # a diff followed by the JSON list was not JSON: refused, nothing on stdout
+    assert cli_main(["lint", "--diff", "--format", "json", str(bad)]) == 2
+    assert capsys.readouterr().out == ""
     assert cli_main(["lint", "--no-such-option", str(bad)]) == 2
 
 

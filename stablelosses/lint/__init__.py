@@ -80,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fix and args.diff:
         print("stablelosses lint: error: --fix and --diff cannot be used together", file=sys.stderr)
         return 2
+    if args.diff and args.format == "json":  # a diff on stdout would not be JSON
+        print("stablelosses lint: error: --diff and --format json cannot be used together", file=sys.stderr)
+        return 2
     try:
         return run(args.paths, select=args.select, ignore=args.ignore, fmt=args.format, fix=args.fix,
                    diff=args.diff)
