@@ -201,6 +201,33 @@ def test_lightning_nan_gradients_are_skipped_and_counted(caplog):
     assert not torch.isfinite(bare.net.weight).all()  # without the callback the NaN is applied
 
 
+def test_lightning_callback_state_survives_a_checkpoint(tmp_path):
+    """The counters and the window go into Lightning's checkpoint and come back on resume (the
+    callback had ``state_dict`` but no ``load_state_dict``: a resumed fit started from zero)."""
+    _lightning()
+    from stablelosses.integrations.lightning import NaNDoctorCallback
+
+    cb = NaNDoctorCallback(max_consecutive=3)
+    _, trainer = _fit_lightning(0.01, 4, cb, nan_at=3)  # the last step of the fit is skipped
+    path = tmp_path / "run.ckpt"
+    trainer.save_checkpoint(path)
+    assert cb.skipped_steps == 1
+    # a checkpoint written mid-fit: a guard with two skips in a row (five in all)
+    mid = {"guards": [{"consecutive_skips": 2, "total_skips": 5, "steps": 9, "max_consecutive": 3}],
+           "monitor": None, "closed_skips": 0}
+
+    resumed = NaNDoctorCallback(max_consecutive=3)
+    resumed.load_state_dict(torch.load(path, weights_only=False)["callbacks"][resumed.state_key])
+    assert resumed.skipped_steps == 1
+    resumed.load_state_dict(mid)
+    assert resumed.skipped_steps == 5
+    # one more skip in a row reaches max_consecutive: the restored run raises at once
+    from stablelosses.debug import SkippedStepsError
+
+    with pytest.raises(SkippedStepsError):
+        _fit_lightning(0.01, 2, resumed, nan_at=0)
+
+
 def _lightning_refs(cb) -> list[weakref.ref]:
     model, trainer = _fit_lightning(0.01, 3, cb, nan_at=1)
     return [weakref.ref(trainer.optimizers[0]), weakref.ref(model)]

@@ -96,6 +96,9 @@ class NaNDoctor:
         self.monitor: DivergenceMonitor | None = None
         self.error: DivergenceError | None = None
         self._losses: list[torch.Tensor] = []
+        # a checkpoint's state (`load_state`), applied to the guards and the monitor as they are made
+        self._pending_guards: list[dict] = []
+        self._pending_monitor: dict[str, Any] | None = None
 
     @property
     def report(self) -> str | None:
@@ -104,7 +107,21 @@ class NaNDoctor:
 
     @property
     def skipped_steps(self) -> int:
-        return self._closed_skips + sum(g.total_skips for g in self.guards.values())
+        return (self._closed_skips + sum(g.total_skips for g in self.guards.values())
+                + sum(int(g["total_skips"]) for g in self._pending_guards))
+
+    def state(self) -> dict[str, Any]:
+        """The counters and the monitor's window, for a checkpoint (plain Python values)."""
+        return {"guards": [g.state_dict() for g in self.guards.values()] + self._pending_guards,
+                "monitor": self.monitor.state_dict() if self.monitor is not None else self._pending_monitor,
+                "closed_skips": self._closed_skips}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what `state` saved. A framework restores a checkpoint before the fit starts, so
+        the guards (in the order they were made) and the monitor take their state as they are made."""
+        self._closed_skips = int(state.get("closed_skips", 0))
+        self._pending_guards = [dict(g) for g in state.get("guards", [])]
+        self._pending_monitor = state.get("monitor")
 
     @property
     def stopped(self) -> bool:
@@ -116,6 +133,9 @@ class NaNDoctor:
             self.monitor = DivergenceMonitor(
                 model, self.window, self.growth,
                 optimizer=opt if isinstance(opt, torch.optim.Optimizer) else None, loss_floor=self.loss_floor)
+            if self._pending_monitor is not None:
+                self.monitor.load_state_dict(self._pending_monitor)
+                self._pending_monitor = None
 
     def close(self) -> None:
         """Remove the monitor's hooks and let go of the model and optimizers; the next `start`
@@ -123,8 +143,8 @@ class NaNDoctor:
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
-        self._closed_skips = self.skipped_steps
-        self.guards = {}
+        self._closed_skips = self.skipped_steps  # restored counters not yet taken up included
+        self.guards, self._pending_guards, self._pending_monitor = {}, [], None
         self._losses = []
 
     def record_loss(self, loss: Any) -> None:
@@ -153,6 +173,8 @@ class NaNDoctor:
             guard = self.guards.get(id(opt))
             if guard is None or cast(_FrameworkSteps, guard.optimizer).optimizer is not opt:  # id reused
                 guard = self.guards[id(opt)] = FiniteGuard(_steps(opt), self.max_consecutive)
+                if self._pending_guards:
+                    guard.load_state_dict(self._pending_guards.pop(0))
             if not guard.step():
                 logger.warning("stablelosses NaN doctor: optimizer step skipped: NaN/Inf gradients "
                                "(%d in a row, %d in all)", guard.consecutive_skips, guard.total_skips)

@@ -95,6 +95,10 @@ class NaNDoctorCallback(DoctorAttributes, Callback if Callback is not None else 
             trainer.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:
-        d = self.doctor
-        return {"guards": [g.state_dict() for g in d.guards.values()],
-                "monitor": d.monitor.state_dict() if d.monitor is not None else None}
+        """The skip counters and the divergence window, saved in Lightning's checkpoints."""
+        return self.doctor.state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore `state_dict`'s counters and window (``trainer.fit(ckpt_path=...)`` calls this
+        before the fit starts): a resumed run keeps counting its skips in a row."""
+        self.doctor.load_state(state_dict)
