@@ -452,6 +452,26 @@ def test_a_learnable_temperature_is_not_read_and_an_invalid_one_gives_nan(fn):
     torch.testing.assert_close(g, want.float())
 
 
+@pytest.mark.parametrize("fn", [SF.token_logps, SF.sequence_logps], ids=["token_logps", "sequence_logps"])
+def test_a_learnable_temperature_gets_a_finite_gradient_with_neg_inf_logits(fn):
+    # ±inf / T is ±inf for every T > 0: those logits do not depend on T (the division's
+    # ∂/∂T = −x/T² is inf there, times a zero incoming gradient: NaN). The reference puts a
+    # logit of probability 0 in float64 (−1e4 at T = 0.5) where the -inf is: the same numbers.
+    x = torch.tensor([[[0.0, 1.0, -INF], [2.0, -INF, -INF], [0.5, 3.0, -INF]]], dtype=D, requires_grad=True)
+    labels = torch.tensor([[1, 0, 1]])
+    t = torch.tensor(0.5, dtype=D, requires_grad=True)
+    g_x, g_t = torch.autograd.grad(fn(x, labels, temperature=t).sum(), (x, t))
+    x2 = torch.where(torch.isinf(x), -1e4, x.detach()).requires_grad_()
+    t2 = t.detach().clone().requires_grad_()
+    want_x, want_t = torch.autograd.grad(fn(x2, labels, temperature=t2).sum(), (x2, t2))
+    torch.testing.assert_close(g_t, want_t)
+    torch.testing.assert_close(g_x, want_x)
+    # a label at a -inf logit: the value is -inf, the gradients finite
+    x3 = x.detach().clone().requires_grad_()
+    g_x, g_t = torch.autograd.grad(fn(x3, torch.tensor([[2, 0, 1]]), temperature=t).sum(), (x3, t))
+    assert torch.isfinite(g_t) and torch.isfinite(g_x).all()
+
+
 def test_a_plus_inf_logit_from_finite_hidden_states_gives_the_limit():
     # h @ w.T overflows to +inf in row 0: the limit, as token_logps gives, with and without
     # return_entropy (the blockwise head bounds each block before its log-softmax)

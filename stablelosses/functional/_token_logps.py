@@ -47,9 +47,16 @@ def check_labels(fn: str, logits_shape: torch.Size, labels: object, what: str = 
 
 
 def scaled(x: Tensor, temperature: float | Tensor) -> Tensor:
-    """``x / T``; ``x`` itself at ``T = 1`` (a Python check on a Python number)."""
+    """``x / T``; ``x`` itself at ``T = 1`` (a Python check on a Python number).
+
+    A tensor ``T`` (learnable): ``±inf / T = ±inf`` for every ``T > 0``, so an infinite logit
+    gives ``T`` no gradient (the division's ``∂/∂T = −x/T²`` is ``inf`` there, and times the
+    zero gradient of a ``-inf`` class NaN). Double where: the division that ``T`` is
+    differentiated through never sees an infinite ``x``; ``x`` keeps its gradient ``1/T``."""
     if isinstance(temperature, Tensor):
-        return x / temperature.to(x.dtype)
+        t = temperature.to(x.dtype)
+        inf = torch.isinf(x)
+        return torch.where(inf, x / t.detach(), torch.where(inf, 0.0, x) / t)
     return x if temperature == 1.0 else x / temperature
 
 
