@@ -428,6 +428,22 @@ def test_compiles_fullgraph(name):
     assert_compiled_matches_eager(f, arg.detach())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["linear_token_logps", "linear_sequence_logps"])
+def test_linear_forms_compile_fullgraph_with_a_tensor_temperature(name):
+    # a 0-d tensor temperature is documented ("used as a constant"); reading it on the host
+    # (float(T)) could not be traced: "Could not guard on data-dependent expression"
+    h, w, _, lab = _linear(dtype=torch.float32)
+    t = torch.tensor(0.7)
+    fn = getattr(SF, name)
+    f = lambda z: fn(z, w.detach(), lab, temperature=t, chunk_size=3).sum()  # noqa: E731
+    torch._dynamo.reset()
+    g = assert_compiled_matches_eager(f, h.detach())
+    h2 = h.detach().requires_grad_()
+    (want,) = torch.autograd.grad(fn(h2, w.detach(), lab, temperature=0.7).sum(), h2)
+    torch.testing.assert_close(g, want)
+
+
 def test_forward_mode_and_hessian():
     x, labels = _data(shape=(2, 3, 5))
     f = lambda z: SF.sequence_logps(z, labels, average=True).sum()  # noqa: E731

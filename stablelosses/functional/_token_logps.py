@@ -10,6 +10,8 @@ as probability 0, a label at a ``-inf`` logit ``-inf`` with the finite gradient
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -22,11 +24,18 @@ from stablelosses.functional._masked import entropy as entropy_of
 
 
 def check_linear_logps_args(fn: str, ignore_index: object, temperature: object, chunk_size: object,
-                            flag: object, flag_name: str) -> tuple[int, float, int | None, bool]:
-    """The scalar arguments of the linear forms: ``temperature`` a Python number there (a field
-    of the chunk engine's head)."""
-    t = check_real(fn, "temperature", temperature, (("a finite float > 0", lambda v: 0 < v < float("inf")),),
-                   type_words="a float > 0", tensor=True)
+                            flag: object, flag_name: str) -> tuple[int, Any, int | None, bool]:
+    """The scalar arguments of the linear forms. ``temperature``: a Python number, or a 0-d
+    floating tensor that does not require grad (a constant of the engine's rows), checked on the
+    host in eager mode and never read while tracing (``float(T)`` cannot be traced; there an
+    invalid value gives NaN, as `check_temperature` does)."""
+    if (isinstance(temperature, Tensor) and temperature.ndim == 0 and temperature.is_floating_point()
+            and not temperature.requires_grad):
+        t = check_temperature(fn, temperature)
+    else:
+        t = check_real(fn, "temperature", temperature,
+                       (("a finite float > 0", lambda v: 0 < v < float("inf")),), type_words="a float > 0",
+                       tensor=True)
     return (check_int(fn, "ignore_index", ignore_index, tensor=True), t, check_chunk_size(fn, chunk_size),
             check_flag(fn, flag_name, flag))
 
