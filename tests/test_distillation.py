@@ -220,6 +220,24 @@ def test_kl_is_never_nan_and_its_student_gradient_is_finite(s, t):
         assert torch.isfinite(gs).all() and torch.isfinite(gt).all()
 
 
+@pytest.mark.parametrize("kind, beta", [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.0), ("jsd", 1.0)])
+def test_kl_gradient_is_finite_where_the_log_ratio_minus_the_kl_overflows(kind, beta):
+    # found by fuzzing: near-finfo.max logits give a KL of ~3.4e38 and, at an entry of
+    # probability 0, a log-ratio of ~-3.4e38; d − KL overflowed to -inf and p · (d − KL) = 0 · inf
+    # gave NaN to the side weighting the KL (the teacher's for the forward KL)
+    big = torch.finfo(torch.float32).max
+    s = torch.tensor([[1.4, -4.4, 1e8, big, big]])
+    t = torch.tensor([[-0.5, 5.9, big, -1e30, -0.5]])
+    if kind == "reverse_kl" or beta == 1.0:
+        s, t = t, s
+    s1, t1 = s.clone().requires_grad_(), t.clone().requires_grad_()
+    out = SF.distillation_loss(s1, t1, kind=kind, beta=beta, reduction="none")
+    gs, gt = _grads(out.sum(), s1, t1)
+    assert torch.isfinite(out).all() and torch.isfinite(gs).all() and torch.isfinite(gt).all()
+    # the weighting side has all its mass on one entry: its gradient p (d − KL) is 0 everywhere
+    assert ((gt if kind == "forward_kl" or beta == 0.0 else gs) == 0).all()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_divergence_that_rounds_below_zero_is_zero(kind):
     # found by hypothesis: p ≈ q on the second row; float32 JSD summed to -1.8e-9 (float64: +6.7e-9)

@@ -83,10 +83,12 @@ def _kl_grads(lq: Tensor, lp: Tensor, need_q: bool, need_p: bool) -> tuple[Tenso
     g_q = g_p = None
     if need_q:
         g_q = _kl_q_grad(torch.exp(lq), p)
-    if need_p:  # p (d − KL), 0 on the +inf rows
+    if need_p:  # p (d − KL) as p d − p KL, 0 on the +inf rows
         kl, d, inf_row = _kl_parts(lq, lp)
         kl_safe = torch.where(inf_row, 0.0, kl).unsqueeze(-1)
-        g_p = torch.where(inf_row.unsqueeze(-1), 0.0, p * (d - kl_safe))
+        # d − KL alone overflows where both are near finfo.max (a log-ratio of −3.4e38 at an entry
+        # of p = 0 against a KL of 3.4e38: 0 · inf = NaN); each product is at most its factor
+        g_p = torch.where(inf_row.unsqueeze(-1), 0.0, torch.addcmul(p * d, p, kl_safe, value=-1.0))
     return g_q, g_p
 
 
