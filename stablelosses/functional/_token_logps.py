@@ -114,7 +114,9 @@ def token_logps(
     **Gradient.** $\partial \ell_i/\partial x_{ij} = (\delta_{j t_i} - p_{ij})/T$, finite also
     when the label's logit is ``-inf`` (then $\delta - p$); 0 for every entry of an ignored
     position and of a row whose logits are all ``-inf`` (counted as ignored, as in
-    `cross_entropy`). A NaN row that is not ignored is NaN.
+    `cross_entropy`). A NaN row that is not ignored is NaN. A learnable temperature gets
+    $\partial \ell_i/\partial T = -\sum_j (\delta_{j t_i} - p_{ij})\, x_{ij}/T^2$ over the finite
+    logits: an infinite logit is infinite at every $T > 0$ and adds nothing (not $0 \cdot \infty$).
 
     Args:
         logits: ``(..., V)`` floating point.
