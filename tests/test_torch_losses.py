@@ -348,6 +348,40 @@ def test_triplet_double_backward_is_finite_at_a_zero_distance(p, shape):
                 assert torch.equal(h, torch.zeros_like(h))  # no curvature: a flat hinge, or a piecewise-linear norm
 
 
+@pytest.mark.parametrize("p", [1.0, 0.5, 1.1, 2.0, 3.0])
+def test_triplet_distance_keeps_an_entry_far_below_the_largest(p):
+    # a float32 row of 1e30 beside 1e-20: divided by the largest entry, 1e-20 underflowed to 0
+    # and lost its gradient (p = 1: 0 where the exact one is 1; p = 1.1: 1e-5) or, for p < 1,
+    # its share of the value; scaled only as far as the powers need, it keeps both
+    a = torch.tensor([[1e30, 1e-20]], requires_grad=True)
+    pos, neg = torch.zeros(1, 2), torch.tensor([[1e30, 1.0]])
+    a64 = a.detach().double().requires_grad_()
+    exact = F.triplet_margin_loss(a64, pos.double(), neg.double(), p=p, eps=0.0)
+    (exact_grad,) = torch.autograd.grad(exact, a64)
+    distance = torch.nn.PairwiseDistance(p, 0.0)
+    for got in (SF.triplet_margin_loss(a, pos, neg, p=p, eps=0.0),
+                SF.triplet_margin_with_distance_loss(a, pos, neg, distance_function=distance)):
+        torch.testing.assert_close(got, exact.float())
+        torch.testing.assert_close(torch.autograd.grad(got, a)[0], exact_grad.float())
+
+
+@pytest.mark.parametrize("p", [1.0, 1.5, 2.0, 3.0, math.inf])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triplet_distance_of_representable_powers_is_torchs_to_the_bit(p, dtype):
+    # rows whose powers do not overflow are not scaled: torch's float32 value, bit for bit, so
+    # its bfloat16 rounding too (scaled by the largest entry, a distance of 59901 was 1 ulp
+    # off, and the cancelling bfloat16 loss 0.0352 where torch's is 0.0391)
+    g = torch.Generator().manual_seed(5)
+    a, pos, neg = (torch.randn(64, 5, generator=g).mul(100).to(dtype) for _ in range(3))
+    want = F.triplet_margin_loss(a.float(), pos.float(), neg.float(), p=p, margin=0.001, reduction="none").to(dtype)
+    got = SF.triplet_margin_loss(a, pos, neg, p=p, margin=0.001, reduction="none")
+    assert torch.equal(got, want)
+    a3, pos3, neg3 = (torch.tensor([v]).to(dtype) for v in (
+        [0.0796, 0.1001, 3.0], [-1.0, 100.0, 59904.0], [1.0e-7, -70.5, 59904.0]))
+    want = F.triplet_margin_with_distance_loss(a3.float(), pos3.float(), neg3.float(), margin=0.001).to(dtype)
+    assert torch.equal(SF.triplet_margin_with_distance_loss(a3, pos3, neg3, margin=0.001), want)
+
+
 def test_triplet_double_backward_is_torchs_away_from_zero():
     g = torch.Generator().manual_seed(3)
     a, pos, neg = (torch.randn(4, 3, generator=g, dtype=torch.float64) for _ in range(3))

@@ -755,9 +755,12 @@ def _multilabel_margin_formula(x: Tensor, target: Tensor, reduction: str = "none
 
 def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
     r"""torch's ``pairwise_distance`` $\lVert x_1 - x_2 + \epsilon\rVert_p$, computed as
-    $s\,\lVert d/s\rVert_p$ with $s = \max_i |d_i|$ (a constant: the norm is homogeneous, so its
-    derivative through $s$ is 0), so no power overflows: rows of 1e30 in float32 give 1.7e30,
-    where torch's gives inf. ``p <= 0`` is not homogeneous: torch's function."""
+    $s\,\lVert d/s\rVert_p$ with $s$ a power of 2 (a constant: the norm is homogeneous, so its
+    derivative through $s$ is 0) just large enough that no power overflows: rows of 1e30 in
+    float32 give 1.7e30, where torch's gives inf. Every other row has $s = 1$ (torch's value,
+    bit for bit), and a scaled row keeps its small entries (dividing by the largest entry sent a
+    1e-20 beside 1e30 to 0: its gradient, a sign for $p = 1$, lost). ``p <= 1`` never scales (no
+    power overflows); ``p <= 0`` is not homogeneous: torch's function."""
     if p <= 0:
         return torch.pairwise_distance(x1, x2, p, eps)
     d = x1 - x2 + eps
@@ -766,10 +769,13 @@ def _distance(x1: Tensor, x2: Tensor, p: float, eps: float) -> Tensor:
         # dimension (a size-0 dimension is specialised by torch.compile anyway: no extra guard)
         return torch.linalg.vector_norm(d, p, dim=-1)
     # (a 0-dim difference is one feature: torch's norm over dim -1 of a scalar is |d|)
-    s = d.detach().abs().amax(-1, keepdim=True)
-    zero = s == 0
+    m = d.detach().abs().amax(-1, keepdim=True)
+    zero = m == 0
+    # Σ|v|^p of fewer than 2^63 entries of at most `top` stays finite; p <= 1: |v|^p <= |v| + 1
+    top = (torch.finfo(d.dtype).max / 2.0**63) ** (1.0 / p) if p > 1 else math.inf
+    s = torch.exp2(torch.ceil(torch.log2(m / top))).clamp_min(1.0)
     # an infinite row: no scaling (‖inf‖ = inf)
-    s = torch.where(zero | (s == float("inf")), 1.0, s)
+    s = torch.where(m == math.inf, 1.0, s)
     # a zero row: double where, the norm of a row of ones, then the defined 0 (torch's value and
     # zero gradient; vector_norm's second derivative at 0 is NaN, this one is 0). The row is made
     # safe by adding 1 (d is 0 there; + 0 elsewhere is exact), whose backward is no pass
@@ -796,10 +802,11 @@ def triplet_margin_loss(
     $$ \ell_i = \max(d(a_i, p_i) - d(a_i, n_i) + \Delta, 0),\qquad
        d(x, y) = \lVert x - y + \epsilon\rVert_p $$
 
-    The distance is computed as $s\,\lVert (x - y + \epsilon)/s\rVert_p$ with
-    $s = \max_j |x_j - y_j + \epsilon|$: torch's ``pairwise_distance`` raises each entry to the
-    power $p$ first, which overflows for entries of 1e30 in float32 (the loss is then ``inf`` or
-    NaN where the exact one is finite). Elsewhere the value is torch's, to rounding.
+    The distance is computed as $s\,\lVert (x - y + \epsilon)/s\rVert_p$ with $s$ a power of 2
+    scaling the largest $|x_j - y_j + \epsilon|$ below the overflow of its $p$-th power (about
+    6e9 for $p = 2$ in float32): torch's ``pairwise_distance`` raises each entry to the power $p$
+    first, which overflows for entries of 1e30 in float32 (the loss is then ``inf`` or NaN where
+    the exact one is finite). Elsewhere $s = 1$ and the value is torch's, bit for bit.
 
     **Gradient.** torch's: $\partial d/\partial x = \operatorname{sign}(r)\,|r|^{p-1}/d^{p-1}$
     with $r = x - y + \epsilon$ (0 where the distance is 0, with a second derivative of 0 there:
