@@ -206,12 +206,27 @@ def test_bad_arguments():
     x = torch.randn(3)
     with pytest.raises(ValueError, match=r"kl_div: reduction must be 'none', 'batchmean', 'mean' or 'sum', got 'avg'"):
         SF.kl_div(x, x, reduction="avg")
-    with pytest.raises(TypeError, match=r"kl_div: input"):
-        SF.kl_div(torch.arange(3), x)
-    with pytest.raises(TypeError, match=r"kl_div: target"):
-        SF.kl_div(x, torch.arange(3))
-    with pytest.raises(RuntimeError, match="size"):
-        SF.kl_div(x, torch.rand(4))
+    with pytest.raises(TypeError, match=r"kl_div: input must be a torch.Tensor"):
+        SF.kl_div([0.0, 1.0, 2.0], x)
+
+
+@pytest.mark.parametrize("dtype, words", [(torch.int64, "Integral"), (torch.bool, "Integral"),
+                                          (torch.complex64, "Complex")], ids=str)
+def test_a_non_real_argument_is_torchs_runtime_error_naming_it(dtype, words):
+    # torch: RuntimeError "kl_div: Integral inputs not supported." (not a TypeError)
+    x, bad = torch.randn(3), torch.ones(3, dtype=dtype)
+    with pytest.raises(RuntimeError, match=words):
+        F.kl_div(bad, x, reduction="sum")
+    with pytest.raises(RuntimeError, match=rf"kl_div: input must be a floating-point tensor.*{words}"):
+        SF.kl_div(bad, x, reduction="sum")
+    with pytest.raises(RuntimeError, match=rf"kl_div: target must be a floating-point tensor.*{words}"):
+        SF.kl_div(x, bad, reduction="sum")
+
+
+def test_shapes_that_do_not_broadcast_are_named():
+    # torch's message names no argument ("The size of tensor a (3) must match ...")
+    with pytest.raises(RuntimeError, match=r"kl_div: input .*\(3,\).* and target .*\(4,\).*broadcast"):
+        SF.kl_div(torch.randn(3), torch.rand(4), reduction="sum")
 
 
 @pytest.mark.parametrize("log_target", ["False", 1, None, torch.tensor(True)])

@@ -12,7 +12,7 @@ from stablelosses._spec import KL_REDUCTIONS, check_flag, check_torch_reduction
 from stablelosses._utils import (
     broadcast_shapes,
     cast,
-    check_floating,
+    check_tensor,
     legacy_reduction,
     operand_dtypes,
 )
@@ -63,6 +63,16 @@ def _legacy_positional(
         raise TypeError(f"{fn}: size_average or reduce given twice, by position and by keyword")
     rest = (*legacy, *("mean", False)[len(legacy):])
     return rest[0], rest[1], reduction, None if log_target is _FALSE else log_target
+
+
+def _check_real(fn: str, name: str, value: object) -> None:
+    """torch's ``RuntimeError`` (not a ``TypeError``) for an integer, bool or complex tensor, in
+    its words (``Integral inputs not supported``), naming the argument."""
+    t = check_tensor(fn, name, value)
+    if not t.is_floating_point():
+        kind = "Complex" if t.is_complex() else "Integral"
+        raise RuntimeError(f"{fn}: {name} must be a floating-point tensor (float16, bfloat16, float32 or "
+                           f"float64), got {t.dtype} ({kind} inputs not supported)")
 
 
 def _kl_div_masked(
@@ -154,9 +164,9 @@ def kl_div(
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
-        TypeError: ``input``/``target`` is not a floating-point tensor.
-        TypeError: ``log_target`` is not a bool.
-        RuntimeError: the shapes do not broadcast.
+        TypeError: ``input``/``target`` is not a tensor; ``log_target`` is not a bool.
+        RuntimeError: ``input``/``target`` is an integer, bool or complex tensor (torch's
+            error); the shapes do not broadcast (the message names both).
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Example:
@@ -176,8 +186,13 @@ def kl_div(
     Replaces ``torch.nn.functional.kl_div``.
     """
     fn = "kl_div"
-    check_floating(fn, "input", input)
-    check_floating(fn, "target", target)
+    _check_real(fn, "input", input)
+    _check_real(fn, "target", target)
+    try:
+        broadcast_shapes(input.shape, target.shape)
+    except RuntimeError as e:  # torch's words name no argument
+        raise RuntimeError(f"{fn}: input of shape {tuple(input.shape)} and target of shape "
+                           f"{tuple(target.shape)} do not broadcast ({e})") from None
     if legacy or ((reduction is None or type(reduction) is bool) and log_target is not _FALSE):
         reduction, log_target, size_average, reduce = _legacy_positional(  # type: ignore[assignment]
             fn, reduction, log_target, legacy, size_average, reduce)
