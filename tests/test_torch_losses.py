@@ -408,6 +408,23 @@ def test_hinge_embedding_nan_target_gives_nan(reduction):
     assert torch.isfinite(g[0, 1:]).all()
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("target_dtype", [torch.int64, torch.float32], ids=str)
+def test_hinge_embedding_integer_input_is_torchs(reduction, target_dtype):
+    # torch's loss of an integer input is an integer ('none', 'sum') or its RuntimeError
+    # ('mean'); the NaN-target select made ours float32
+    x, y = torch.tensor([[1, 2, 0]]), torch.tensor([[1, -1, -1]], dtype=target_dtype)
+    try:
+        want = F.hinge_embedding_loss(x, y, reduction=reduction)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="hinge_embedding_loss: .*Long"):
+            SF.hinge_embedding_loss(x, y, reduction=reduction)
+        return
+    got = SF.hinge_embedding_loss(x, y, reduction=reduction)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want)
+
+
 @pytest.mark.slow
 def test_weighted_l1_loss_compiled_keeps_its_weight():
     # compiled, torch 2.13's F.l1_loss drops weight= (the unweighted value, no weight gradient);

@@ -558,11 +558,12 @@ def hinge_embedding_loss(
         reduction: ``'none'`` | ``'mean'`` | ``'sum'`` over the pairs. Default: ``'mean'``.
 
     Returns:
-        A scalar, or one $\ell_i$ per pair (the broadcast shape) for ``'none'``; torch's dtype.
+        A scalar, or one $\ell_i$ per pair (the broadcast shape) for ``'none'``; torch's dtype
+        (an integer for an integer ``input``, as torch).
 
     Raises:
         ValueError: ``reduction`` is not one of the above.
-        RuntimeError: the shapes do not broadcast.
+        RuntimeError: the shapes do not broadcast; ``'mean'`` of an integer ``input`` (torch's).
 
     Example:
         >>> import torch, stablelosses.functional as SF
@@ -579,8 +580,12 @@ def hinge_embedding_loss(
     loss = call_torch(
         fn, F.hinge_embedding_loss, ("input", "target"), up(input), y, margin=margin, reduction="none"
     )
-    # NaN in, NaN out: torch's kernel reads a NaN target as neither 1 nor -1 (both terms)
-    res = _reduce(torch.where(torch.isnan(y), float("nan"), loss), red)
+    if loss.is_floating_point():
+        # NaN in, NaN out: torch's kernel reads a NaN target as neither 1 nor -1 (both terms)
+        loss = torch.where(torch.isnan(y), float("nan"), loss)
+    # (an integer input's loss is torch's integer: it holds no NaN, and its 'mean' is torch's
+    # RuntimeError, here naming the function)
+    res = call_torch(fn, _reduce, ("input",), loss, red)
     return res if dtype is None else cast(res, dtype)
 
 
