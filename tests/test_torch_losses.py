@@ -289,6 +289,39 @@ def test_triplet_mixed_integer_and_half_dtype_is_torchs(dtypes, swap):
     assert got.dtype == expected.dtype
     exact = F.triplet_margin_loss(a.double(), p.double(), n.double(), swap=swap)
     torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+    # the default distance of triplet_margin_with_distance_loss is the same pairwise distance
+    expected = F.triplet_margin_with_distance_loss(a, p, n, swap=swap)
+    got = SF.triplet_margin_with_distance_loss(a, p, n, swap=swap)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+
+
+def _double_distance(a, b):
+    return (a - b).double().norm(dim=-1)
+
+
+def _half_distance(a, b):
+    return (a - b).norm(dim=-1).half()
+
+
+def _float_distance(a, b):
+    return (a - b).float().norm(dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [_F32, torch.float64, _H, _B], ids=str)
+@pytest.mark.parametrize("distance", [_double_distance, _half_distance, _float_distance], ids=lambda f: f.__name__)
+def test_triplet_with_distance_result_dtype_is_the_distances(dtype, distance):
+    # torch's loss has the dtype of the user's distances: float64 ones gave float32 (rounded)
+    if distance is _float_distance and dtype in (_H, _B):
+        pytest.skip("float32 distances of half inputs: the half rule (the input's dtype) holds")
+    g = torch.Generator().manual_seed(2)
+    a, p, n = (torch.randn(4, 3, generator=g).to(dtype) for _ in range(3))
+    expected = F.triplet_margin_with_distance_loss(a, p, n, distance_function=distance, reduction="none")
+    got = SF.triplet_margin_with_distance_loss(a, p, n, distance_function=distance, reduction="none")
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+    if dtype in (_F32, torch.float64):  # no upcast: torch's computation
+        assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("dtypes", [(_L, _H), (_L, _B), (_H, _L), (_L, _F32), (_L, _L)], ids=str)

@@ -896,7 +896,9 @@ def triplet_margin_with_distance_loss(
         reduction: ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``.
 
     Returns:
-        A scalar, or the distances' shape for ``'none'``; torch's dtype.
+        A scalar, or the distances' shape for ``'none'``; torch's dtype (that of the
+        distances: float16/bfloat16 inputs are computed in float32 and rounded back, unless
+        ``distance_function`` returns another dtype).
 
     Raises:
         ValueError: ``reduction`` is not one of the above; ``margin <= 0`` (torch's check).
@@ -913,12 +915,19 @@ def triplet_margin_with_distance_loss(
     fn = "triplet_margin_with_distance_loss"
     red = check_reduction(fn, reduction, alias=False)  # torch's checks the three names itself
     check_tensors(fn, anchor=anchor, positive=positive, negative=negative)
-    dtype = out_dtype(anchor, positive, negative)
+    distance = _scaled(distance_function)
+    if distance is distance_function:  # a user's: its distances' dtype
+        dtype = out_dtype(anchor, positive, negative)
+    else:  # torch's pairwise distance: as triplet_margin_loss (an integer pair's is the default dtype)
+        pairs = [(anchor, positive), (anchor, negative)] + ([(positive, negative)] if swap else [])
+        dtype = out_dtype(anchor, *(float_of(a, b) for a, b in pairs))
     res = call_torch(
         fn, F.triplet_margin_with_distance_loss, ("anchor", "positive", "negative"), up(anchor), up(positive),
-        up(negative), distance_function=_scaled(distance_function), margin=margin, swap=swap, reduction=red,
+        up(negative), distance_function=distance, margin=margin, swap=swap, reduction=red,
     )
-    return res if dtype is None else cast(res, dtype)
+    # only the upcast is ours: a float32 result of half inputs goes back to their dtype; any
+    # other is torch's (a user's distance that returns float64 or float16 sets the dtype)
+    return cast(res, dtype) if dtype in _LOW_PRECISION and res.dtype == torch.float32 else res
 
 
 def _scaled(distance_function: Any) -> Any:
