@@ -62,6 +62,46 @@ def test_minus_inf_log_probs_make_an_impossible_sample_with_gradient_zero():
     assert torch.isfinite(lp.grad).all() and (lp.grad[:, 2] == 0).all()
 
 
+def _masked_class_batch():
+    # class 3 is masked (-inf) at frames 0 and 1 of every sample; sample 0 (labels 1, 2) and
+    # sample 2 (label 3 from frame 2 on) stay possible, sample 1 is impossible
+    lp, t, il, tl = _batch()
+    lp = lp.detach().clone()
+    lp[:2, :, 3] = float("-inf")
+    return lp, t, il, tl
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_a_masked_class_of_a_possible_sample_gets_gradient_zero_not_nan(reduction, zero_infinity):
+    # torch's backward reads exp(log(alpha beta) + nll - lp) at lp = -inf: -inf + inf = NaN,
+    # which log_softmax's backward spreads over the whole row of logits. The limit is 0 (the
+    # paths through the entry weigh p^2, divided by p), as with -1e4 there
+    lp, t, il, tl = _masked_class_batch()
+    x = lp.clone().requires_grad_()
+    out = SF.ctc_loss(x, t, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+    torch.testing.assert_close(out, F.ctc_loss(lp, t, il, tl, reduction=reduction, zero_infinity=zero_infinity))
+    (g,) = torch.autograd.grad(out.sum(), x)  # an inf value (sample 1) has gradient 0
+    near = lp.clone().requires_grad_()
+    ref = F.ctc_loss(near.nan_to_num(neginf=-1e4), t, il, tl, reduction=reduction, zero_infinity=True)
+    (g_ref,) = torch.autograd.grad(ref.sum(), near)
+    assert torch.isfinite(g).all()
+    assert torch.equal(g[:2, :, 3], torch.zeros_like(g[:2, :, 3]))
+    torch.testing.assert_close(g, g_ref)
+
+
+@pytest.mark.slow
+def test_a_masked_class_compiled_gets_gradient_zero_not_nan():
+    lp, t, il, tl = _masked_class_batch()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: SF.ctc_loss(x, t, il, tl, reduction="sum", zero_infinity=True), fullgraph=True)
+    a, b = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    (g_got,) = torch.autograd.grad(f(a), a)
+    (g_want,) = torch.autograd.grad(SF.ctc_loss(b, t, il, tl, reduction="sum", zero_infinity=True), b)
+    assert torch.isfinite(g_got).all()
+    torch.testing.assert_close(g_got, g_want)
+
+
 def test_gradcheck_at_a_generic_point():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)

@@ -24,6 +24,7 @@ __all__ = ["ctc_loss"]
 
 _NAMES = ("log_probs", "targets", "input_lengths", "target_lengths")
 _INF = float("inf")
+_NEG_INF = float("-inf")
 
 
 # --- the compiled spelling ------------------------------------------------------------------------
@@ -59,6 +60,8 @@ def _ctc_nll_backward(grad: Tensor, log_probs: Tensor, targets: Tensor, input_le
     tg, il, tl = tg.long(), il.long(), tl.long()  # as F.ctc_loss hands them to the kernel
     nll, alpha = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, blank, False)
     out = torch.ops.aten._ctc_loss_backward.Tensor(g, lp, tg, il, tl, nll, alpha, blank, True)
+    # a -inf log-probability: the kernel's exp(log(alpha beta) + nll - lp) is NaN there, the limit 0
+    out = torch.where(lp == _NEG_INF, 0.0, out)
     return out if batched else out.squeeze(1)
 
 
@@ -125,9 +128,12 @@ def ctc_loss(
     ``inf`` is a constant and the sample's columns of ``log_probs`` enter the kernel detached
     (found by one forward without grad, which costs a second CTC forward), so no backend's
     backward can put a NaN there; the other samples' gradients stay finite. The sum or mean is
-    ``inf`` then, as torch's, while the gradient of the feasible samples is torch's. NaN
-    log-probabilities give NaN. No double backward (torch's CTC has none). float16/bfloat16
-    are computed in float32 (torch's CPU kernel has no half precision). It runs under
+    ``inf`` then, as torch's, while the gradient of the feasible samples is torch's. A ``-inf``
+    log-probability (a masked class) has gradient **0**, the limit (torch's backward computes
+    $e^{\log(\alpha\beta) + \text{nll} - \log p}$ there: NaN, which ``log_softmax``'s backward
+    spreads over the frame's logits). NaN log-probabilities give NaN. No double backward
+    (torch's CTC has none). float16/bfloat16 are computed in float32 (torch's CPU kernel has no
+    half precision). It runs under
     ``torch.compile(fullgraph=True)`` and ``torch.export`` (torch's own ``F.ctc_loss`` does
     not: its kernel has an output of data-dependent shape), with the same values and
     gradients: there the per-sample negative log-likelihood is one opaque op.
@@ -187,9 +193,11 @@ def ctc_loss(
         )
     impossible = raw == float("inf")
     # their columns of log_probs enter the kernel detached: their gradient is exactly 0 by
-    # construction, whatever the backend's backward computes there (NaN on cuDNN, #21680)
+    # construction, whatever the backend's backward computes there (NaN on cuDNN, #21680).
+    # So do the -inf entries (a masked class): the kernel's backward is exp(log(alpha beta) +
+    # nll - lp), NaN at lp = -inf, where the limit is 0 (the paths through it weigh p^2, over p)
     column = impossible.reshape(1, -1, 1) if lp.dim() == 3 else impossible
-    lp = torch.where(column, lp.detach(), lp)
+    lp = torch.where(column | (lp == _NEG_INF), lp.detach(), lp)
     loss = F.ctc_loss(lp, *rest, blank=blank, reduction=red, zero_infinity=True)
     if not zero_infinity:
         # torch's value: inf for an impossible sample, and for a sum or mean over one
