@@ -336,6 +336,28 @@ def test_poisson_nll_integer_input_dtype_is_torchs(dtypes):
         torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_poisson_nll_zero_count_at_a_zero_rate_is_0_not_nan(full, reduction):
+    # log_input=False, eps=0: torch's input - target·log(input + eps) is 0·log 0 = NaN at a zero
+    # rate with a zero count, whose likelihood is 1 (loss 0, d/d rate = 1); as xlogy it is 0
+    x = torch.tensor([0.0, 0.0, 2.0, 0.5], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0.0, 3.0, 0.0, 4.0], dtype=torch.float64)
+    kw = {"log_input": False, "eps": 0.0, "full": full, "reduction": reduction}
+    got = SF.poisson_nll_loss(x, y, **kw)
+    want = F.poisson_nll_loss(x.detach(), y, **{**kw, "reduction": "none"})
+    assert torch.isnan(want[0]) and want[1] == math.inf  # torch's; the exact values are 0 and inf
+    want = torch.cat([torch.zeros(1, dtype=torch.float64), want[1:]])
+    if reduction != "none":
+        want = want.sum() / (4 if reduction == "mean" else 1)
+    torch.testing.assert_close(got, want)
+    (g,) = torch.autograd.grad(SF.poisson_nll_loss(x, y, **{**kw, "reduction": "sum"}), x)
+    assert g[0] == 1.0
+    rest = x[2:].detach().clone().requires_grad_()
+    (want_g,) = torch.autograd.grad(F.poisson_nll_loss(rest, y[2:], **{**kw, "reduction": "sum"}), rest)
+    torch.testing.assert_close(g[2:], want_g)  # elsewhere torch's
+
+
 @pytest.mark.parametrize("shape", [(), (1,), (3,)], ids=str)
 @pytest.mark.parametrize("p, swap", [(2.0, False), (2.0, True), (1.0, False), (3.0, True), (math.inf, False)])
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])

@@ -43,6 +43,7 @@ from stablelosses._utils import (
     take,
 )
 from stablelosses._utils import reduce as _reduce
+from stablelosses.functional._xlogy import xlogy
 
 __all__ = [
     "l1_loss",
@@ -426,7 +427,9 @@ def poisson_nll_loss(
 
     plus Stirling's $y\log y - y + \tfrac12\log(2\pi y)$ for $y > 1$ with ``full=True``.
 
-    **Gradient.** torch's ($e^{x} - y$, or $1 - y/(x+\epsilon)$). No hazard in the input:
+    **Gradient.** torch's ($e^{x} - y$, or $1 - y/(x+\epsilon)$). With ``log_input=False``
+    the product is ``xlogy``: a zero count at a zero rate (``eps=0``) gives 0 with gradient 1
+    (torch: $0 \cdot \log 0$ = NaN, value and gradient). Otherwise no hazard in the input:
     $e^{x}$ overflows only where the exact value does. With ``full=True`` the target's gradient
     at $y = 0$ is $-x$ (or $-\log(x + \epsilon)$), where torch's is NaN: its Stirling term,
     masked to 0 for $y \le 1$, still differentiates $y \log y$ there ($0 \cdot (-\infty)$).
@@ -468,14 +471,24 @@ def poisson_nll_loss(
     y = up(target)
     # with full=True: torch's terms without Stirling's, then Stirling's added and reduced as
     # torch's formula does
-    res = call_torch(fn, F.poisson_nll_loss, ("input", "target"), up(input), y, log_input=log_input,
-                     eps=eps, reduction="none" if full else red)
+    if log_input:
+        res = call_torch(fn, F.poisson_nll_loss, ("input", "target"), up(input), y, log_input=True,
+                         eps=eps, reduction="none" if full else red)
+    else:
+        # torch's input - target·log(input + eps), with 0·log 0 = 0 (xlogy): a zero count at a
+        # zero rate (eps = 0) has likelihood 1, where torch gives NaN
+        res = call_torch(fn, _rate_terms, ("input", "target"), up(input), y, eps)
+        res = res if full else _reduce(res, red)
     if full:
         counted = y > 1  # (a NaN target is NaN through the other term)
         ys = torch.where(counted, y, 2.0)
         stirling = ys * torch.log(ys) - ys + 0.5 * torch.log(2 * math.pi * ys)
         res = _reduce(res + torch.where(counted, stirling, 0.0), red)
     return res if dtype is None else cast(res, dtype)
+
+
+def _rate_terms(x: Tensor, y: Tensor, eps: float) -> Tensor:
+    return x - xlogy(y, x + eps)
 
 
 def binary_cross_entropy(
