@@ -16,8 +16,10 @@ adds only what the contract asks of every stablelosses function:
 that sample's loss NaN (torch's kernels drop it and return a finite number); so does a NaN target
 in ``hinge_embedding_loss`` (torch's reads it as neither 1 nor -1).
 ``triplet_margin_loss`` (and the default distance of ``triplet_margin_with_distance_loss``) scales
-its distance: torch's overflows for entries of 1e30 in float32 (found by that test), the one
-formula of this file that is not torch's.
+its distance where a power would overflow: torch's overflows for entries of 1e30 in float32
+(found by that test). ``poisson_nll_loss(log_input=False)`` writes its product as ``xlogy``: torch's
+``0 · log 0`` is NaN at a zero count with a zero rate (``eps=0``). These two are the formulas of
+this file that are not torch's.
 """
 
 from __future__ import annotations
