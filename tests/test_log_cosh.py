@@ -210,3 +210,10 @@ def test_compile_fullgraph():
     x = torch.tensor([1000.0, 0.5, 0.0])
     g = assert_compiled_matches_eager(lambda a: SF.log_cosh_loss(a, torch.zeros(3)), x)
     torch.testing.assert_close(g, torch.tanh(x) / 3)
+
+
+def test_broadcast_error_names_the_arguments():
+    # torch's words ("The size of tensor a ...") name no argument; ours name both
+    with pytest.raises(RuntimeError, match=r"log_cosh_loss: the shapes of input \(3,\) and target \(4,\) do not "
+                                           r"broadcast \(The size of tensor a \(3\) must match"):
+        SF.log_cosh_loss(torch.randn(3), torch.randn(4))

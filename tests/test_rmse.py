@@ -384,3 +384,12 @@ def test_none_reduction_double_backward_is_zero(value):
     (g,) = torch.autograd.grad(SF.rmse_loss(x, torch.zeros(1), "none").sum(), x, create_graph=True)
     (gg,) = torch.autograd.grad(g.sum(), x)
     assert g.item() == math.copysign(1.0, value) and gg.item() == 0.0
+
+
+def test_broadcast_error_names_the_arguments():
+    # torch's words ("The size of tensor a ...") name no argument; ours name both
+    with pytest.raises(RuntimeError, match=r"rmse_loss: the shapes of input \(2, 3\) and target \(4,\) do not "
+                                           r"broadcast \(The size of tensor a \(3\) must match the size of "
+                                           r"tensor b \(4\) at non-singleton dimension 1\)"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        SF.rmse_loss(torch.randn(2, 3), torch.randn(4))

@@ -18,6 +18,7 @@ from stablelosses._utils import (
 )
 from stablelosses._utils import reduce as _reduce  # kl_div has a parameter named reduce
 from stablelosses.functional._masked import check_mask
+from stablelosses.functional._operands import _check_broadcast
 
 
 def check_kl_div_args(fn: str, reduction: object, log_target: object) -> tuple[str, bool]:
@@ -188,11 +189,8 @@ def kl_div(
     fn = "kl_div"
     _check_real(fn, "input", input)
     _check_real(fn, "target", target)
-    try:
-        broadcast_shapes(input.shape, target.shape)
-    except RuntimeError as e:  # torch's words name no argument
-        raise RuntimeError(f"{fn}: input of shape {tuple(input.shape)} and target of shape "
-                           f"{tuple(target.shape)} do not broadcast ({e})") from None
+    if input.shape != target.shape:  # torch's words name no argument
+        _check_broadcast(fn, input, target, ("input", "target"))
     if legacy or ((reduction is None or type(reduction) is bool) and log_target is not _FALSE):
         reduction, log_target, size_average, reduce = _legacy_positional(  # type: ignore[assignment]
             fn, reduction, log_target, legacy, size_average, reduce)

@@ -8,6 +8,7 @@ from stablelosses._autograd.log_cosh import _LogCosh
 from stablelosses._spec import check_reduction
 from stablelosses._utils import cast, check_floating, operand_dtypes, reduce
 from stablelosses.functional._masked import masked_residual
+from stablelosses.functional._operands import _check_broadcast
 
 
 def log_cosh_loss(
@@ -63,7 +64,7 @@ def log_cosh_loss(
         ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'``, or ``mask`` does
             not broadcast to the unreduced loss.
         TypeError: ``input`` or ``target`` is not floating point, or ``mask`` is not bool.
-        RuntimeError: ``input`` and ``target`` do not broadcast.
+        RuntimeError: ``input`` and ``target`` do not broadcast (the message names both).
 
     Example:
         >>> import torch
@@ -83,6 +84,8 @@ def log_cosh_loss(
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
     reduction = check_reduction(fn, reduction)
+    if input.shape != target.shape:
+        _check_broadcast(fn, input, target, ("input", "target"))
     # type promotion as torch.log(torch.cosh(input - target)): (float16, float32) is float32
     work, out_dtype = operand_dtypes(input, target)
     x, y = input.to(work), target.to(work)

@@ -103,11 +103,26 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     return ta, tb, out_dtype
 
 
+def _torch_broadcast_words(a: tuple[int, ...], b: tuple[int, ...]) -> str:
+    """torch's message for shapes that do not broadcast (``infer_size``: the last mismatch)."""
+    ndim = max(len(a), len(b))
+    for i in range(ndim - 1, -1, -1):
+        da = a[i - ndim + len(a)] if i - ndim + len(a) >= 0 else 1
+        db = b[i - ndim + len(b)] if i - ndim + len(b) >= 0 else 1
+        if da != db and 1 not in (da, db):
+            return (f"The size of tensor a ({da}) must match the size of tensor b ({db}) at "
+                    f"non-singleton dimension {i}")
+    return "shapes do not broadcast"
+
+
 def _check_broadcast(fn: str, a: Tensor, b: Tensor, names: tuple[str, str]) -> None:
+    """``RuntimeError`` naming ``fn`` and both arguments (torch's words, which name neither, in
+    parentheses) unless the shapes of ``a`` and ``b`` broadcast."""
     try:
         broadcast_shapes(a.shape, b.shape)
     except RuntimeError:
+        sa, sb = tuple(a.shape), tuple(b.shape)
         raise RuntimeError(
-            f"{fn}: the shapes of {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)} "
-            "do not broadcast"
+            f"{fn}: the shapes of {names[0]} {sa} and {names[1]} {sb} do not broadcast "
+            f"({_torch_broadcast_words(sa, sb)})"
         ) from None

@@ -11,6 +11,7 @@ from stablelosses._autograd.rmse import _RMSE
 from stablelosses._spec import check_nonnegative, check_reduction
 from stablelosses._utils import cast, check_tensor, operand_dtypes, reduce
 from stablelosses.functional._masked import masked_residual
+from stablelosses.functional._operands import _check_broadcast
 
 
 def check_rmse_args(fn: str, reduction: object, eps: object) -> tuple[str, float]:
@@ -36,6 +37,8 @@ def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tenso
     ``promote_types`` of the two dtypes (an integer target joins a float input).
     """
     x, y = check_tensor(fn, "input", input), check_tensor(fn, "target", target)
+    if x.shape != y.shape:
+        _check_broadcast(fn, x, y, ("input", "target"))
     work, out = operand_dtypes(x, y)
     if not work.is_floating_point:
         raise RuntimeError(
@@ -122,8 +125,8 @@ def rmse_loss(
     Raises:
         ValueError: ``reduction`` is not one of the above, or ``eps < 0``.
         TypeError: ``input``/``target`` is not a tensor, or ``eps`` is not a number.
-        RuntimeError: the shapes do not broadcast, or neither operand is floating point
-            (``F.mse_loss``: "not implemented for 'Long'").
+        RuntimeError: the shapes do not broadcast (the message names ``input`` and ``target``),
+            or neither operand is floating point (``F.mse_loss``: "not implemented for 'Long'").
         ValueError: ``mask`` does not broadcast to the unreduced loss (TypeError: not bool).
 
     Example:
