@@ -66,20 +66,29 @@ def _parts(x: Tensor, t: Tensor) -> dict[str, Tensor]:
             "log1p_e": log1p_e, "log_q": log_q}
 
 
+def _softplus_threshold(dtype: torch.dtype) -> float:
+    """Where ``softplus(z)`` may return ``z`` itself: ``log1p(e^-z)`` is below half an ulp of
+    ``z`` past ``-log(eps)`` (16 in float32, 36 in float64), so torch's default 20 is exact in
+    float32 only; float64 takes 38 (at 25 the default lost ``e^-25``, 5.6e-13 of the value)."""
+    return max(20.0, math.ceil(-math.log(torch.finfo(dtype).eps)) + 1.0)
+
+
 def _ce_and_sides(x: Tensor, t: Tensor, need_ce: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:
     """``ce`` (``None`` unless ``need_ce``), ``σ(-x)`` and ``σ(x)``, in an order that keeps at
     most four elementwise tensors alive at once (each temporary is freed before the next).
 
     ``ce = t·softplus(-x) + (1-t)·softplus(x) = lerp(softplus(x), softplus(-x), t)``: two
-    non-negative terms, each ``log1p(exp(·))`` below torch's threshold (its small part kept,
-    ``e^-30`` at ``x = 30, t = 1``), and ``lerp`` is exact at the end points (it evaluates from
-    the nearer one). ``-x`` is formed once for both of its uses.
+    non-negative terms, each ``log1p(exp(·))`` below the threshold where it rounds to its
+    argument (`_softplus_threshold`: its small part kept, ``e^-30`` at ``x = 30, t = 1``), and
+    ``lerp`` is exact at the end points (it evaluates from the nearer one). ``-x`` is formed once
+    for both of its uses.
     """
+    threshold = _softplus_threshold(x.dtype)
     nx = x.neg()
     sn = torch.sigmoid(nx)
-    spn = F.softplus(nx) if need_ce else None
+    spn = F.softplus(nx, threshold=threshold) if need_ce else None
     del nx
-    ce = None if spn is None else torch.lerp(F.softplus(x), spn, t)
+    ce = None if spn is None else torch.lerp(F.softplus(x, threshold=threshold), spn, t)
     del spn
     return ce, sn, torch.sigmoid(x)
 
