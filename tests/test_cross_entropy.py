@@ -448,6 +448,19 @@ def test_weighted_label_smoothing_near_float_max_does_not_overflow(row):
     torch.testing.assert_close(ours.double(), ref, rtol=1e-6, atol=0.0)
 
 
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_weighted_label_smoothing_target_term_near_float_max_does_not_overflow(reduction):
+    # the target's term was multiplied by its class weight before the (1 − ε) scale: w_t·(−log p_t)
+    # overflowed to inf where (1 − ε)·w_t·(−log p_t) is finite (3.06e38 here)
+    x = torch.tensor([[0.0, torch.finfo(torch.float32).min, 1.0]])
+    t = torch.tensor([1])
+    w = torch.tensor([1.0, 1.2, 0.5])
+    ours = SF.cross_entropy(x, t, weight=w, label_smoothing=0.5, reduction=reduction)
+    ref = F.cross_entropy(x.double(), t, weight=w.double(), label_smoothing=0.5, reduction=reduction)
+    assert ref.abs().max() < torch.finfo(torch.float32).max
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-6, atol=0.0)
+
+
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])

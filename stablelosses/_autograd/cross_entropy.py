@@ -107,14 +107,16 @@ class _IndexLoss(StableFunction):
         pinf_row = m_row == _INF
         far = pinf_row & (lt < -fi.max * fi.eps / 4)
         lt = torch.where(masked_row | far, -_INF, lt)
-        val = -lt
-        if weight is not None:
-            w_t = take(weight, idx)
-            # 0 · inf = 0: a zero class weight removes the term.
-            val = torch.where(w_t == 0, 0.0, w_t * val)
+        if weight is None:
+            # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
+            val = lt * -(1.0 - eps) if eps < 1.0 else torch.zeros_like(lt)
+        else:
+            # (1 − ε)·w_t scaled before it meets −log p_t, which may be near finfo.max (no
+            # overflow where the term is finite); 0 · inf = 0: a zero class weight, or ε = 1,
+            # removes the term
+            w_t = take(weight, idx) * (1.0 - eps)
+            val = torch.where(w_t == 0, 0.0, w_t * -lt)
         masked, k = smoothing(x, cdim)
-        # (1 − ε)·(−log p_t) with 0·inf = 0 at ε = 1 (a masked target carries no mass)
-        val = (1.0 - eps) * val if eps < 1.0 else torch.zeros_like(val)
         val = val - smoothing_sum(lsm, masked, k, eps, cdim, weight, pinf_row)
         valid = (target != ignore_index) & ~masked_row
         # a plain tuple: vmap flattens outputs as tuples, not as NamedTuples
