@@ -55,17 +55,24 @@ def wrap_dim(fn: str, dim: object, ndim: int, name: str = "dim") -> int:
     return dim % rank
 
 
+class DimListError(ValueError, RuntimeError):
+    """A list of dimensions that repeats one (or is empty where one is needed): torch's
+    reductions raise ``RuntimeError`` ("dim 1 appears multiple times in the list of dims"), and
+    ours a ``ValueError`` naming the argument; this is both."""
+
+
 def wrap_dims(
     fn: str, dims: object, ndim: int, name: str = "dim", allow_empty: bool = True
 ) -> tuple[int, ...]:
-    """An int or a list/tuple of ints, each wrapped by `wrap_dim`; ``ValueError`` on a repeated
-    dimension, and on an empty list unless ``allow_empty``."""
+    """An int or a list/tuple of ints, each wrapped by `wrap_dim`; `DimListError` (a
+    ``ValueError`` and torch's ``RuntimeError``) on a repeated dimension, and on an empty list
+    unless ``allow_empty``."""
     seq = tuple(dims) if isinstance(dims, (list, tuple)) else (dims,)
     if not seq and not allow_empty:
-        raise ValueError(f"{fn}: {name} must name at least one dimension, got ()")
+        raise DimListError(f"{fn}: {name} must name at least one dimension, got ()")
     out = tuple(wrap_dim(fn, d, ndim, name) for d in seq)
     if len(set(out)) != len(out):
-        raise ValueError(f"{fn}: {name} has repeated dimensions, got {seq}")
+        raise DimListError(f"{fn}: {name} has repeated dimensions, got {seq}")
     return out
 
 

@@ -211,6 +211,15 @@ def test_errors_name_the_argument():
         SF.logsumexp(x, (1, -1))
 
 
+@pytest.mark.parametrize("dim", [(1, -1), [0, 0], ()], ids=str)
+def test_logsumexp_repeated_or_empty_dims_raise_torchs_runtime_error(dim):
+    x = torch.randn(2, 3)
+    with pytest.raises(RuntimeError):
+        torch.logsumexp(x, dim)
+    with pytest.raises(RuntimeError, match="logsumexp: dim "):
+        SF.logsumexp(x, dim)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("scale", [1.0, 1e4, 1e20, 1e30, 1e38])
 def test_logsumexp_gradient_is_the_softmax(dtype, scale):

@@ -127,6 +127,8 @@ def logsumexp(input: Tensor, dim: int | Sequence[int], keepdim: bool = False, *,
     Raises:
         TypeError: ``input`` is not a tensor or ``dim`` is not an int or a sequence of ints.
         IndexError: ``dim`` is out of range.
+        RuntimeError: ``dim`` repeats a dimension or is empty (torch's type; also a
+            ``ValueError``).
 
     Example:
         >>> import torch
