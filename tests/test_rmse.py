@@ -386,6 +386,22 @@ def test_none_reduction_double_backward_is_zero(value):
     assert g.item() == math.copysign(1.0, value) and gg.item() == 0.0
 
 
+@pytest.mark.parametrize("value", [float("inf"), -float("inf")])
+def test_none_reduction_with_eps_at_infinite_residuals_gives_the_limit(value):
+    # d sqrt(r² + eps)/dr = r / sqrt(r² + eps) → sign(r), second derivative → 0, as without eps
+    # (r / value was inf / inf = NaN there)
+    x = torch.tensor([value, 3.0], requires_grad=True)
+    out = SF.rmse_loss(x, torch.zeros(2), "none", eps=16.0)
+    assert out[0].item() == math.inf
+    (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    assert g.tolist() == [math.copysign(1.0, value), pytest.approx(0.6)]
+    assert gg[0].item() == 0.0 and math.isfinite(gg[1].item())
+    _, tangent = torch.func.jvp(lambda a: SF.rmse_loss(a, torch.zeros(2), "none", eps=16.0),
+                                (x.detach(),), (torch.ones(2),))
+    assert tangent.tolist() == [math.copysign(1.0, value), pytest.approx(0.6)]
+
+
 def test_broadcast_error_names_the_arguments():
     # torch's words ("The size of tensor a ...") name no argument; ours name both
     with pytest.raises(RuntimeError, match=r"rmse_loss: the shapes of input \(2, 3\) and target \(4,\) do not "

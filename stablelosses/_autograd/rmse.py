@@ -68,12 +68,15 @@ def _sensitivity(r: Tensor, value: Tensor, mode: str, g: Tensor, eps: float) -> 
     (``~1/rmse``): in float32 its divisor underflowed for an rmse of ``1e-30``.
 
     ``'none'`` without ``eps``: ``sign(r) · g``, the same values (0 at 0), whose derivative is 0
-    (``r / |r|`` would differentiate to ``inf − inf`` at a subnormal ``r``).
+    (``r / |r|`` would differentiate to ``inf − inf`` at a subnormal ``r``). With ``eps``:
+    ``r / sqrt(r² + eps)`` on both clamped to ``finfo.max``, so that an infinite ``r`` gives the
+    limit ``sign(r)`` (``inf / inf`` was NaN) and, through the clamps, a second derivative of 0.
     """
     if mode == "none":
         if eps == 0.0:  # (sign(NaN) is 0 in torch: the NaN is kept by the select)
             return torch.where(torch.isnan(r), r, torch.sign(r)) * g
-        return r / value * g
+        fmax = torch.finfo(r.dtype).max
+        return r.clamp(-fmax, fmax) / value.clamp(max=fmax) * g
     if torch.is_grad_enabled():
         value = _value(r, mode, eps).to(r.dtype)  # a graph of r, not the saved output
     safe = value.masked_fill(value == 0, 1)
