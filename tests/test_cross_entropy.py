@@ -477,6 +477,43 @@ def test_cross_entropy_index_mask_with_ignore_and_weight(reduction, weighted, sm
     torch.testing.assert_close(_grad(got, x)[0], _grad(want, x)[0])
 
 
+@pytest.mark.parametrize("case", ["ignored +inf row", "probabilities", "masked target", "masked target, smoothing",
+                                  "masked target, focal", "masked target, double backward"])
+def test_weight_gradient_of_a_row_that_adds_nothing_is_zero_not_nan(case):
+    # a row whose loss is infinite, or that holds a +inf logit (log p = -inf at its finite
+    # classes), times a row scale of 0 (an ignored target; a row left out of what is
+    # differentiated): -inf · 0 made the whole weight gradient NaN although the loss is finite
+    x = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 0.0, -2.0, 3.0], [0.0, INF, 1.0, -1.0]])
+    w = torch.tensor([0.7, 1.3, 0.9, 1.1], requires_grad=True)
+    kw = {"label_smoothing": 0.1}
+    f = SF.cross_entropy
+    if case == "ignored +inf row":
+        t = torch.tensor([0, 3, -100])
+        loss = SF.cross_entropy(x, t, weight=w, **kw)
+        want = SF.cross_entropy(x[:2], t[:2], weight=w, **kw)
+    else:
+        if case == "probabilities":
+            t = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5], [0.0, 0.5, 0.5, 0.0]])
+        else:  # the target class of the last row is masked: its loss is +inf
+            x[2] = torch.tensor([0.0, -INF, 1.0, -1.0])
+            t = torch.tensor([0, 3, 1])
+            kw = {"label_smoothing": 0.1} if case == "masked target, smoothing" else {}
+            if case == "masked target, focal":
+                f, kw = SF.focal_loss, {"gamma": 0.5}
+        loss = f(x, t, weight=w, reduction="none", **kw)
+        assert loss[2] == INF
+        loss = loss[:2].sum()
+        want = f(x[:2], t[:2], weight=w, reduction="sum", **kw)
+    assert torch.isfinite(loss)
+    torch.testing.assert_close(loss, want)
+    if case == "masked target, double backward":
+        (g,) = torch.autograd.grad(loss, w, create_graph=True)
+        (g_want,) = torch.autograd.grad(want, w, create_graph=True)
+        torch.testing.assert_close(g, g_want)
+        return
+    torch.testing.assert_close(_grad(loss, w)[0], _grad(want, w)[0])
+
+
 def test_cross_entropy_weight_gradient_with_mask():
     x, t, m, w = _ce_inputs(2)
     w = w.requires_grad_()

@@ -72,6 +72,13 @@ class IndexResult(NamedTuple):
     k: Tensor
 
 
+def _scaled_value(s: Tensor, val: Tensor) -> Tensor:
+    """``s · val``, a row's part of the class weight's gradient: 0 where the row scale ``s`` is
+    0, also at an infinite ``val`` (a masked target in a row left out of what is differentiated),
+    where ``0 · inf`` made the whole weight gradient NaN."""
+    return torch.where(s == 0, 0.0, s * val)
+
+
 def _per_class_sum(t: Tensor, cdim: int) -> Tensor:
     """Sum over every dimension but the class dimension."""
     return t.movedim(cdim, -1).reshape(-1, t.shape[cdim]).sum(0)
@@ -203,12 +210,15 @@ def _index_weight_grad(
 ) -> Tensor:
     """d/dw_c of Σ g·ℓ: the elements whose target is c, plus every element's smoothing term
     (``masked``, ``k``: the masked classes and the unmasked count, saved by the forward)."""
-    contrib = torch.where(valid, (1.0 - eps) * s * val, 0.0)
+    contrib = torch.where(valid, _scaled_value((1.0 - eps) * s, val), 0.0)
     gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     if eps > 0.0:
-        # double where: the masked classes' -inf never meets a factor (0·inf in double backward)
-        lsm = torch.where(masked, 0.0, exact_log_softmax(x, cdim)[0])
-        per = lsm * (s.unsqueeze(cdim) * (eps / k))
+        # double where: a -inf never meets a factor (0·inf in double backward): the masked
+        # classes', and those of a row that adds nothing (row scale 0: an ignored target,
+        # whose +inf logits make its other classes -inf)
+        s_u = s.unsqueeze(cdim)
+        lsm = torch.where(masked | (s_u == 0), 0.0, exact_log_softmax(x, cdim)[0])
+        per = lsm * (s_u * (eps / k))
         gw = gw - _per_class_sum(per, cdim)
     return gw
 
@@ -302,7 +312,10 @@ class _ProbLoss(StableFunction):
                     gt = gt * weight.view(class_shape(x.dim(), cdim))
             if ctx.needs_input_grad[2]:
                 qn = _target_dist(x, target, None, eps, cdim)
-                gw = _per_class_sum(-torch.where(qn == 0, 0.0, qn * lsm) * s, cdim)
+                # 0 · log 0 = 0, and a row scale of 0 adds 0 also where log p is -inf (a
+                # zero-probability class of a +inf row), not 0 · inf = NaN
+                zero = (qn == 0) | (s == 0)
+                gw = _per_class_sum(-torch.where(zero, 0.0, qn * lsm) * s, cdim)
         gx = _plus(gx, extra_log_softmax_grad(lsm, grad_lsm, cdim))
         return gx, gt, gw, None, None
 
@@ -426,7 +439,7 @@ class _ClassIndexCE(StableFunction):
         if ctx.needs_input_grad[0]:
             gx = p * a.unsqueeze(cdim)
         if ctx.needs_input_grad[4]:
-            contrib = (grad_loss * val).masked_fill(invalid, 0.0)
+            contrib = _scaled_value(grad_loss, val).masked_fill(invalid, 0.0)
             gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
         return gx, None, None, None, gw, None, None, None, None
 
@@ -498,6 +511,6 @@ def _double_backward(ctx, x, idx, weight, invalid, grad_loss):
         idx_u = idx.unsqueeze(cdim)
         gx = (rows.p * a_u).scatter(cdim, idx_u, -rows.rest.unsqueeze(cdim) * a_u)
     if ctx.needs_input_grad[4]:
-        contrib = (s * rows.val).masked_fill(invalid, 0.0)
+        contrib = _scaled_value(s, rows.val).masked_fill(invalid, 0.0)
         gw = torch.zeros_like(weight).index_add(0, idx.reshape(-1), contrib.reshape(-1))
     return gx, None, None, None, gw, None, None, None, None
