@@ -114,6 +114,43 @@ def test_unfused_path_equals_the_fused_one(kw, reduction):
     _parity(unfused, fused, (x, w, b))
 
 
+def _routes(fn, x, w, b, t, kw):
+    """Gradients (x, w, b) of ``fn(...).sum()`` on the fused path and on three unfused routes: a
+    class weight that requires grad, ``torch.func.grad`` and a ``create_graph=True`` backward."""
+    out = {}
+    a = _leaves(x, w, b)
+    out["fused"] = torch.autograd.grad(fn(a[0], a[1], t, linear_bias=a[2], **kw).sum(), a)
+    a = _leaves(x, w, b)
+    cw = torch.ones(w.shape[0], dtype=w.dtype, requires_grad=True)
+    out["class weight"] = torch.autograd.grad(fn(*a[:2], t, linear_bias=a[2], weight=cw, **kw).sum(), a)
+    out["torch.func"] = torch.func.grad(
+        lambda x, w, b: fn(x, w, t, linear_bias=b, **kw).sum(), argnums=(0, 1, 2))(x, w, b)
+    a = _leaves(x, w, b)
+    out["create_graph"] = torch.autograd.grad(fn(a[0], a[1], t, linear_bias=a[2], **kw).sum(), a,
+                                           create_graph=True)
+    return out
+
+
+@pytest.mark.parametrize("fn", [SF.linear_cross_entropy, SF.linear_focal_loss], ids=["ce", "focal"])
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_softcap_target_at_minus_inf_has_one_gradient_on_every_path(fn, reduction):
+    # softcap keeps a -inf logit at -inf and its derivative is 1 - tanh²(u / c) = 0 there (the
+    # fused loss's formula): a target at a -inf logit gives +inf with the same finite gradient
+    # on the unfused routes (they gave the masked class -1: the where's identity branch)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    w = torch.randn(5, 3, dtype=torch.float64)
+    b = torch.zeros(5, dtype=torch.float64)
+    b[2] = -INF
+    t = torch.tensor([2, 0, 1, 4])
+    kw = dict(softcap=3.0, reduction=reduction, chunk_size=2)
+    routes = _routes(fn, x, w, b, t, kw)
+    assert routes["fused"][2][2] == 0.0 and routes["fused"][1][2].eq(0).all()
+    for name, grads in routes.items():
+        for g, want in zip(grads, routes["fused"]):
+            assert torch.isfinite(g).all(), name
+            torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_all_minus_inf_row_on_the_unfused_path():
     # position d = 1 of a K-dim weight has every class masked by a -inf bias: loss 0 there, not
     # counted in the mean, gradients finite (no NaN), with z-loss and smoothing

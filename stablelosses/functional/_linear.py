@@ -223,7 +223,9 @@ def _logits_loss(
     from stablelosses.functional._focal import focal_loss
 
     if softcap is not None:
-        u = torch.where(u == -math.inf, u, softcap * torch.tanh(u / softcap))
+        # -inf stays -inf as a constant: d c tanh(u / c) / du = 1 - tanh² = 0 there, as in the
+        # chunked head (the identity branch gave a target at a -inf logit the gradient -1)
+        u = torch.where(u == -math.inf, -math.inf, softcap * torch.tanh(u / softcap))
     inner = reduction if z_loss == 0.0 else "none"
     if gamma is None:
         loss = cross_entropy(u, t, weight=cw, ignore_index=ignore_index, reduction=inner,
@@ -474,7 +476,8 @@ def linear_cross_entropy(
     $\operatorname{lse}$ are computed as $(l_t - m) - \operatorname{log1p}(\sum_{j \ne \arg\max} e^{l_j - m})$
     (exact as $p_t \to 1$). Defined values: a masked ($-\infty$) class gets gradient exactly 0,
     so a vocabulary entry masked by a $-\infty$ bias gets an exactly zero weight row unless it is
-    a target; ignored and fully masked rows get gradient 0. A backward with `create_graph=True`
+    a target (with `softcap`, a target's too: $1 - \tanh^2 = 0$ at $-\infty$, on every path);
+    ignored and fully masked rows get gradient 0. A backward with `create_graph=True`
     (double backward, a gradient penalty) recomputes the loss on the whole logits with the
     unfused formula and returns its gradient as a graph: exact second derivatives, with the
     `(N, V)` logits held for that backward (under `torch.func`, `hessian` included, the logits
