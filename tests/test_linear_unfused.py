@@ -151,6 +151,28 @@ def test_softcap_target_at_minus_inf_has_one_gradient_on_every_path(fn, reductio
             torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("fn, kw", [
+    (SF.linear_cross_entropy, {}),
+    (SF.linear_cross_entropy, {"label_smoothing": 0.1}),
+    (SF.linear_focal_loss, {"gamma": 0.5}),
+], ids=["ce", "ce-smoothing", "focal"])
+def test_z_loss_at_plus_inf_logits_has_one_finite_gradient_on_every_path(fn, kw):
+    # a +inf logit: the row's lse is +inf and its z-loss +inf; the chunked head bounds the
+    # logits (+inf -> finfo.max), so the z-loss gradient is 2 z finfo.max p (p uniform over
+    # the +inf entries): finite. The unfused routes squared the +inf lse: inf * 0 = NaN
+    x = torch.randn(4, 3, dtype=torch.float64)
+    w = torch.randn(5, 3, dtype=torch.float64)
+    b = torch.zeros(5, dtype=torch.float64)
+    b[2] = INF
+    t = torch.tensor([2, 0, 1, 4])
+    kw = dict(kw, z_loss=1e-3, reduction="none", chunk_size=2)
+    routes = _routes(fn, x, w, b, t, kw)
+    for name, grads in routes.items():
+        for g, want in zip(grads, routes["fused"]):
+            assert torch.isfinite(g).all(), name
+            torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_all_minus_inf_row_on_the_unfused_path():
     # position d = 1 of a K-dim weight has every class masked by a -inf bias: loss 0 there, not
     # counted in the mean, gradients finite (no NaN), with z-loss and smoothing

@@ -260,10 +260,12 @@ def _add_z_loss(
     mask: Tensor | None, probabilities: bool,
 ) -> Tensor:
     """The unreduced ``loss`` plus ``z w_t lse²`` on its kept rows, then reduced as the loss."""
+    from stablelosses.functional._softmax import logsumexp
+
     cdim = 0 if u.dim() == 1 else 1
     all_masked = (u == -math.inf).all(cdim)
     # an all -inf row's lse (-inf) would give 0 · inf in the gradient: such rows read 0 instead
-    lse = torch.logsumexp(torch.where(all_masked.unsqueeze(cdim), 0.0, u), cdim)
+    lse = logsumexp(torch.where(all_masked.unsqueeze(cdim), 0.0, u), cdim)
     valid = ~all_masked
     if mask is not None:
         valid = valid & mask
@@ -273,7 +275,12 @@ def _add_z_loss(
         valid = valid & kept
         if cw is not None:
             wt = cw[torch.where(kept, t, 0)]
-    z_row = z * lse.square()
+    # a +inf row: the chunked head's lse is of the bounded logits (+inf -> finfo.max), so its
+    # z-loss is +inf with the gradient 2 z finfo.max p (p: our logsumexp's limit, uniform over
+    # the +inf entries), not 2 z (+inf) p = NaN where p = 0 (double where: lse² only where finite)
+    top = lse == math.inf
+    z_row = torch.where(top, (2.0 * z * torch.finfo(lse.dtype).max) * lse,
+                        z * torch.where(top, 0.0, lse).square())
     if wt is not None:
         z_row = z_row * wt
     loss = loss + torch.where(valid, z_row, 0.0)
