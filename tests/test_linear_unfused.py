@@ -173,6 +173,26 @@ def test_z_loss_at_plus_inf_logits_has_one_finite_gradient_on_every_path(fn, kw)
             torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_z_loss_of_a_zero_weight_row_at_plus_inf_is_zero_on_the_unfused_path(reduction):
+    # w_t = 0 removes the row's terms, its +inf z-loss included (0 · inf = 0, as the fused
+    # loss's _weighted): the unfused path (a class weight that requires grad) gave NaN
+    x = torch.randn(4, 3, dtype=torch.float64)
+    w = torch.randn(5, 3, dtype=torch.float64)
+    b = torch.zeros(5, dtype=torch.float64)
+    b[2] = INF
+    t = torch.tensor([2, 0, 1, 4])
+    cw = torch.ones(5, dtype=torch.float64)
+    cw[[0, 2]] = 0.0
+    kw = dict(linear_bias=b, z_loss=1e-3, reduction=reduction)
+    fused = SF.linear_cross_entropy(x, w, t, weight=cw, **kw)
+    cwg = cw.clone().requires_grad_()
+    unfused = SF.linear_cross_entropy(x, w, t, weight=cwg, **kw)
+    torch.testing.assert_close(unfused.detach(), fused, equal_nan=False)
+    if reduction == "none":
+        assert unfused[:2].eq(0).all() and unfused[2:].eq(INF).all()
+
+
 def test_all_minus_inf_row_on_the_unfused_path():
     # position d = 1 of a K-dim weight has every class masked by a -inf bias: loss 0 there, not
     # counted in the mean, gradients finite (no NaN), with z-loss and smoothing

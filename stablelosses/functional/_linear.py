@@ -282,7 +282,9 @@ def _add_z_loss(
     z_row = torch.where(top, (2.0 * z * torch.finfo(lse.dtype).max) * lse,
                         z * torch.where(top, 0.0, lse).square())
     if wt is not None:
-        z_row = z_row * wt
+        # w_t = 0 removes the term, an infinite one too (0 · inf = 0, the chunked head's rule):
+        # double where, so that neither gradient reads 0 · inf
+        z_row = torch.where(wt == 0, 0.0, z_row) * wt
     loss = loss + torch.where(valid, z_row, 0.0)
     if reduction == "none":
         return loss
