@@ -50,7 +50,7 @@ from stablelosses._autograd.linear_index import (
     target_shift,
 )
 from stablelosses._autograd.rows import SUM_SCALE
-from stablelosses._utils import cast, check_floating, check_tensor, promote_types
+from stablelosses._utils import autocast_to_float32, cast, check_floating, check_tensor, promote_types
 from stablelosses.functional._linear_options import reduce_rows, resolve_options
 
 _NEG_INF = -math.inf
@@ -321,6 +321,8 @@ def linear_loss_parallel(
     out_dtype = x.dtype
     for v in tensors[1:]:
         out_dtype = promote_types(out_dtype, v.dtype)
+    if out_dtype in (torch.float16, torch.bfloat16) and autocast_to_float32(x):
+        out_dtype = torch.float32  # torch's loss under autocast, as the one-process call
     cwl = None if cw_local is None else cw_local.to(cd)
     loss, row_w = _ParallelRows.apply(head, chunk, cd, group, xr, w, b, tr, v0, cwl)
     if reduction == "none":

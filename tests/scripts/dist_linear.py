@@ -7,7 +7,8 @@ vocabulary (plain tensor + ``process_group=``, uneven shards through ``vocab_sta
 relative, float32 to a few ulp; every rank's loss must be bit-identical. Uneven shards with the
 default ``vocab_start`` and empty shards (WORLD 3: torch's split (2, 2, 0) of 4 classes) too. On 2
 ranks it also counts the collectives (2 all-reduces in the forward, 1 in the backward, no host
-read) and checks that a layout with an overlap or a gap raises ValueError. Exits 0 when every
+read), checks that a layout with an overlap or a gap raises ValueError and that the output
+dtype under autocast is the one-process call's. Exits 0 when every
 case passes on every rank; prints one line per case on rank 0.
 """
 
@@ -256,6 +257,25 @@ def _collectives(rank: int, world: int) -> list[str]:
     return lines
 
 
+def _as_one_process(rank: int, world: int) -> list[str]:
+    """What the one-process call settles without a value: its output dtype under autocast
+    (float32 for bfloat16 inputs, as torch's loss)."""
+    import stablelosses.functional as SF
+
+    x, w, _, t, _ = _problem(dict(v=11, seed=2), torch.float32)
+    lo, hi = _bounds(11, world, True)[rank : rank + 2]
+    kw = dict(process_group=dist.group.WORLD, vocab_start=lo)
+    lines = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        xb, wb = x.bfloat16(), w.bfloat16()
+        one = SF.linear_cross_entropy(xb, wb, t)
+        sharded = SF.linear_cross_entropy(xb, wb[lo:hi], t, **kw)
+    assert sharded.dtype == one.dtype == torch.float32, (sharded.dtype, one.dtype)
+    torch.testing.assert_close(sharded, one)
+    lines.append("bfloat16 under autocast gives float32, as one process: ok")
+    return lines
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -269,7 +289,7 @@ def _worker(rank: int, world: int, port: int) -> None:
             if rank == 0:
                 print(line, flush=True)
         if world == 2:
-            for line in _collectives(rank, world):
+            for line in _collectives(rank, world) + _as_one_process(rank, world):
                 if rank == 0:
                     print(line, flush=True)
     finally:
