@@ -51,7 +51,9 @@ from stablelosses._autograd.linear_index import (
 )
 from stablelosses._autograd.rows import SUM_SCALE
 from stablelosses._utils import autocast_to_float32, cast, check_floating, check_tensor, promote_types
+from stablelosses.functional._cross_entropy import _INDEX_DTYPES
 from stablelosses.functional._linear_options import reduce_rows, resolve_options
+from stablelosses.functional._torch_losses import scalar_type
 
 _NEG_INF = -math.inf
 
@@ -289,6 +291,9 @@ def linear_loss_parallel(
             f"(probability targets and K-dimensional weights are not sharded), got {t.dtype} "
             f"{list(t.shape)}"
         )
+    if t.dtype not in _INDEX_DTYPES:  # the one-process call's check (torch's)
+        raise RuntimeError(f"{fn}: target must hold class indices (int64 or uint8), got {t.dtype} (torch: "
+                           f"expected target dtype to be Long or Byte, but got {scalar_type(t.dtype)})")
     if b is not None:
         b = check_floating(fn, "linear_bias", b)
         if b.shape != (w.shape[0],):

@@ -8,7 +8,7 @@ relative, float32 to a few ulp; every rank's loss must be bit-identical. Uneven 
 default ``vocab_start`` and empty shards (WORLD 3: torch's split (2, 2, 0) of 4 classes) too. On 2
 ranks it also counts the collectives (2 all-reduces in the forward, 1 in the backward, no host
 read), checks that a layout with an overlap or a gap raises ValueError and that the output
-dtype under autocast is the one-process call's. Exits 0 when every
+dtype under autocast and the target-dtype error are the one-process call's. Exits 0 when every
 case passes on every rank; prints one line per case on rank 0.
 """
 
@@ -259,7 +259,7 @@ def _collectives(rank: int, world: int) -> list[str]:
 
 def _as_one_process(rank: int, world: int) -> list[str]:
     """What the one-process call settles without a value: its output dtype under autocast
-    (float32 for bfloat16 inputs, as torch's loss)."""
+    (float32 for bfloat16 inputs, as torch's loss) and its target-dtype error (int32 refused)."""
     import stablelosses.functional as SF
 
     x, w, _, t, _ = _problem(dict(v=11, seed=2), torch.float32)
@@ -273,6 +273,14 @@ def _as_one_process(rank: int, world: int) -> list[str]:
     assert sharded.dtype == one.dtype == torch.float32, (sharded.dtype, one.dtype)
     torch.testing.assert_close(sharded, one)
     lines.append("bfloat16 under autocast gives float32, as one process: ok")
+    for fn in (SF.linear_cross_entropy, SF.linear_focal_loss):
+        try:
+            fn(x, w[lo:hi], t.int(), **kw)
+        except RuntimeError as e:
+            assert "target must hold class indices (int64 or uint8)" in str(e), str(e)
+        else:
+            raise AssertionError(f"{fn.__name__}: an int32 target did not raise")
+    lines.append("an int32 target raises RuntimeError, as one process: ok")
     return lines
 
 
