@@ -370,7 +370,14 @@ def _parallel(
         raise NotImplementedError(
             f"{fn}: forward-mode AD and torch.func transforms are not supported with a sharded vocabulary")
     assert isinstance(ii, int) and isinstance(reduction, str)
-    return linear_loss_parallel(
+    run = linear_loss_parallel
+    if torch.compiler.is_compiling():
+        # not traced: the collectives, the layout's one host read and the ctx-style Function run
+        # eagerly (a graph break; fullgraph=True raises). Traced, Dynamo crashed reconstructing
+        # the head ("can't reconstruct arbitrary frozen dataclass instances"). Wrapped here, not
+        # at import: torch.compiler.disable imports Dynamo (and triton)
+        run = torch.compiler.disable(linear_loss_parallel)
+    return run(
         fn, input, linear_weight, target, linear_bias, weight, ii, reduction, eps, z, cap, gamma, chunk,
         mask, options, process_group, vocab_start, norm,
     )
@@ -550,7 +557,8 @@ def linear_cross_entropy(
             `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
             by itself (no `process_group`). Not with probability targets, K-dimensional weights,
             a class weight that requires grad, forward mode, `torch.func` transforms or double
-            backward. Default: `None`.
+            backward; under `torch.compile` it runs eagerly (a graph break: `fullgraph=True`
+            raises). Default: `None`.
         vocab_start: with `process_group`, the global index of this shard's first row (on every
             rank or on none). Default: the rows of the ranks before (uneven and empty shards
             work); a layout that does not cover the vocabulary exactly once raises `ValueError`.

@@ -8,7 +8,8 @@ relative, float32 to a few ulp; every rank's loss must be bit-identical. Uneven 
 default ``vocab_start`` and empty shards (WORLD 3: torch's split (2, 2, 0) of 4 classes) too. On 2
 ranks it also counts the collectives (2 all-reduces in the forward, 1 in the backward, no host
 read), checks that a layout with an overlap or a gap raises ValueError and that the output
-dtype under autocast and the target-dtype error are the one-process call's. Exits 0 when every
+dtype under autocast and the target-dtype error are the one-process call's, and that
+``torch.compile`` gives the eager loss and gradients. Exits 0 when every
 case passes on every rank; prints one line per case on rank 0.
 """
 
@@ -281,6 +282,17 @@ def _as_one_process(rank: int, world: int) -> list[str]:
         else:
             raise AssertionError(f"{fn.__name__}: an int32 target did not raise")
     lines.append("an int32 target raises RuntimeError, as one process: ok")
+    # torch.compile: the sharded call runs eagerly inside the compiled function (a graph break;
+    # Dynamo crashed reconstructing its head), so the loss and gradients are the eager ones
+    xs, ws = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+    xe, we = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+    kw = dict(kw, label_smoothing=0.1, z_loss=1e-3)
+    compiled = torch.compile(lambda x, w: SF.linear_cross_entropy(x, w, t, **kw) * 2.0, backend="aot_eager")
+    got, want = compiled(xs, ws), SF.linear_cross_entropy(xe, we, t, **kw) * 2.0
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for a, b in zip(torch.autograd.grad(got, [xs, ws]), torch.autograd.grad(want, [xe, we])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    lines.append("under torch.compile the eager loss and gradients: ok")
     return lines
 
 
