@@ -43,7 +43,7 @@ def _run(world: int) -> str:
 def test_two_ranks_equal_one_process():
     out = _run(2)
     assert "all cases passed on 2 ranks" in out
-    assert out.count(": ok") == 26  # every case ran, the DTensor ones included
+    assert out.count(": ok") == 27  # every case ran, the DTensor ones included
     assert "+inf logits on both shards smoothing weight: ok" in out and "+inf logit focal weight: ok" in out
     assert "finfo.max logit, no +inf, smoothing weight: ok" in out
     assert "dtensor none sharded-weight: ok" in out
@@ -54,6 +54,7 @@ def test_two_ranks_equal_one_process():
     assert "bfloat16 under autocast gives float32, as one process: ok" in out
     assert "an int32 target raises RuntimeError, as one process: ok" in out
     assert "under torch.compile the eager loss and gradients: ok" in out
+    assert "two heads on one group, shard sizes agreeing on one rank only: ok" in out
 
 
 @pytest.mark.slow

@@ -552,8 +552,8 @@ def linear_cross_entropy(
             replicated $(V)$ or sharded like the matrix. The per-row max, exp-sum and target
             logit are combined in two all-reduces of N-sized tensors; every rank gets the
             identical loss; the input gradient is all-reduced, the weight gradient stays local.
-            No value is read on the host; the shard layout is checked on the first call (one
-            all-gather). A target outside the vocabulary gives NaN on its row. A
+            No value is read on the host; the shard layout is checked on the first call with
+            each shard tensor (one all-gather). A target outside the vocabulary gives NaN on its row. A
             `linear_weight` that is a DTensor placed `Shard(0)` on a 1-D mesh takes this path
             by itself (no `process_group`). Not with probability targets, K-dimensional weights,
             a class weight that requires grad, forward mode, `torch.func` transforms or double

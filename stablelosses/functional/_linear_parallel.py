@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from stablelosses._autograd.linear import AUTO_CHUNK, _returned, run_chunks
 from stablelosses._autograd.linear_index import (
@@ -175,16 +176,26 @@ class _ParallelRows(torch.autograd.Function):
         ) + (None,) * 3
 
 
-# (group, rows, vocab_start) -> (v0, vocab): the layout checked once (one all-gather)
-_LAYOUTS: dict[tuple[Any, int, int | None], tuple[int, int]] = {}
+# shard tensor -> {(group, rows, vocab_start): (v0, vocab)}: the layout checked once per shard
+# tensor (one all-gather). Keyed by the tensor, not by this rank's row count alone: two heads on
+# one group whose local row counts agree on some ranks and differ on others made those ranks skip
+# the all-gather the others waited in (a hang). Every rank runs the same code, so every rank
+# meets a new shard tensor at the same call; a Parameter is checked once, a fresh slice per call
+# each call.
+_LAYOUTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _layout(fn: str, group: Any, rows: int, vocab_start: int | None, device: torch.device) -> tuple[int, int]:
-    """``(v0, vocab)`` of this rank's shard of ``rows`` rows, from every rank's ``(vocab_start,
-    rows)``: one all-gather and one host read the first time, a dictionary look-up after."""
+def _layout(fn: str, group: Any, shard: Tensor, vocab_start: int | None) -> tuple[int, int]:
+    """``(v0, vocab)`` of this rank's ``shard`` (its ``(V_r, H)`` rows), from every rank's
+    ``(vocab_start, rows)``: one all-gather and one host read the first time per shard tensor,
+    a dictionary look-up after."""
     dist = torch.distributed
+    rows, device = shard.shape[0], shard.device
     key = (group if group is not None else dist.group.WORLD, rows, vocab_start)
-    known = _LAYOUTS.get(key)
+    known_here = _LAYOUTS.get(shard)
+    if known_here is None:
+        known_here = _LAYOUTS[shard] = {}
+    known = known_here.get(key)
     if known is not None:
         return known
     world = dist.get_world_size(group)
@@ -208,7 +219,7 @@ def _layout(fn: str, group: Any, rows: int, vocab_start: int | None, device: tor
                 f"{vocab} classes [0, {vocab}) exactly once"
             )
         end = s + n
-    _LAYOUTS[key] = res = (pairs[rank][0], vocab)
+    known_here[key] = res = (pairs[rank][0], vocab)
     return res
 
 
@@ -275,7 +286,7 @@ def linear_loss_parallel(
             isinstance(vocab_start, bool) or not isinstance(vocab_start, int) or vocab_start < 0
         ):
             raise TypeError(f"{fn}: vocab_start must be an int >= 0 or None, got {vocab_start!r}")
-        v0, vocab = _layout(fn, group, w.shape[0], vocab_start, w.device)
+        v0, vocab = _layout(fn, group, weight, vocab_start)
         b = bias
         if class_weight is not None:
             cw_sharded = class_weight.shape[0] == w.shape[0] and class_weight.shape[0] != vocab

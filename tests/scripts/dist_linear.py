@@ -7,7 +7,8 @@ vocabulary (plain tensor + ``process_group=``, uneven shards through ``vocab_sta
 relative, float32 to a few ulp; every rank's loss must be bit-identical. Uneven shards with the
 default ``vocab_start`` and empty shards (WORLD 3: torch's split (2, 2, 0) of 4 classes) too. On 2
 ranks it also counts the collectives (2 all-reduces in the forward, 1 in the backward, no host
-read), checks that a layout with an overlap or a gap raises ValueError and that the output
+read), checks that a layout with an overlap or a gap raises ValueError, that two heads on one
+group whose shard sizes agree on one rank only each get their own layout, and that the output
 dtype under autocast and the target-dtype error are the one-process call's, and that
 ``torch.compile`` gives the eager loss and gradients. Exits 0 when every
 case passes on every rank; prints one line per case on rank 0.
@@ -258,6 +259,28 @@ def _collectives(rank: int, world: int) -> list[str]:
     return lines
 
 
+def _two_heads(rank: int, world: int) -> list[str]:
+    """Two heads on one group whose shards agree in size on rank 0 and not on rank 1 (8 classes
+    split 4 + 4, 9 split 4 + 5), each called twice in turn: every rank checks each head's layout
+    once, and each loss is the one-process loss (rank 0 used to take head B's layout from its
+    cache while rank 1 waited in the all-gather: a hang, here a timeout of the group)."""
+    import datetime
+
+    import stablelosses.functional as SF
+
+    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=30))
+    heads = []
+    for v, seed in ((8, 3), (9, 4)):
+        x, w, _, t, _ = _problem(dict(v=v, seed=seed), torch.float64)
+        lo, hi = [0, 4, v][rank : rank + 2]
+        heads.append((x, w, w[lo:hi].clone(), t))
+    for _ in range(2):
+        for x, w, shard, t in heads:
+            got = SF.linear_cross_entropy(x, shard, t, process_group=group)
+            torch.testing.assert_close(got, SF.linear_cross_entropy(x, w, t), rtol=1e-12, atol=0)
+    return ["two heads on one group, shard sizes agreeing on one rank only: ok"]
+
+
 def _as_one_process(rank: int, world: int) -> list[str]:
     """What the one-process call settles without a value: its output dtype under autocast
     (float32 for bfloat16 inputs, as torch's loss) and its target-dtype error (int32 refused)."""
@@ -309,7 +332,7 @@ def _worker(rank: int, world: int, port: int) -> None:
             if rank == 0:
                 print(line, flush=True)
         if world == 2:
-            for line in _collectives(rank, world) + _as_one_process(rank, world):
+            for line in _collectives(rank, world) + _two_heads(rank, world) + _as_one_process(rank, world):
                 if rank == 0:
                     print(line, flush=True)
     finally:
