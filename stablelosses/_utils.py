@@ -328,11 +328,16 @@ _OUT_OF_BOUNDS = re.compile(r"index (-?\d+) is out of bounds for dimension")
 
 def target_index_errors(fn: str, call: Callable[[], Any]) -> Any:
     """``call()``, with a gather's out-of-range ``RuntimeError`` raised again as
-    `TargetIndexError` in torch's words. Traced code calls it plainly."""
+    `TargetIndexError` in torch's words, and ``nll_loss``'s ``IndexError`` with ``fn`` named.
+    Traced code calls it plainly."""
     if torch.compiler.is_compiling():
         return call()
     try:
         return call()
+    except IndexError as e:  # nll_loss's own words name no function
+        if isinstance(e, TargetIndexError):
+            raise
+        raise TargetIndexError(f"{fn}: {e}") from None
     except RuntimeError as e:
         found = _OUT_OF_BOUNDS.search(str(e))
         if found is None or isinstance(e, TargetIndexError):

@@ -90,7 +90,8 @@ def _token_logps(fn: str, logits: Tensor, labels: Tensor, ignore_index: int,
     if lab.device != x.device:
         raise RuntimeError(f"{fn}: labels is on {lab.device} and logits on {x.device}")
     xs = scaled(upcast(x), temperature)
-    logp, valid = logps_rows(xs.reshape(-1, x.shape[-1]), lab.reshape(-1), ignore_index)
+    logp, valid = target_index_errors(
+        fn, lambda: logps_rows(xs.reshape(-1, x.shape[-1]), lab.reshape(-1), ignore_index))
     return logp.view(lab.shape), valid.view(lab.shape)
 
 
