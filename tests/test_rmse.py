@@ -409,3 +409,15 @@ def test_broadcast_error_names_the_arguments():
                                            r"tensor b \(4\) at non-singleton dimension 1\)"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         SF.rmse_loss(torch.randn(2, 3), torch.randn(4))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_compile_fullgraph_with_broadcast_target(reduction):
+    # F.mse_loss's size-mismatch warning is eager only: Dynamo cannot trace warnings.warn, and
+    # torch.compile(fullgraph=True) of sqrt(F.mse_loss) with these shapes compiles
+    target = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_compiled_matches_eager(lambda a: SF.rmse_loss(a, target, reduction).sum(),
+                                      torch.tensor([[1.0], [3.0], [-2.0]]))

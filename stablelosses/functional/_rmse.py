@@ -20,8 +20,9 @@ def check_rmse_args(fn: str, reduction: object, eps: object) -> tuple[str, float
 
 
 def _warn_broadcast(input: Tensor, target: Tensor) -> None:
-    # Mirrors F.mse_loss, which warns and then broadcasts.
-    if target.size() != input.size():
+    # Mirrors F.mse_loss, which warns and then broadcasts; eager only: Dynamo cannot trace
+    # warnings.warn (torch.compile(fullgraph=True) raised Unsupported), torch's own compiles
+    if target.size() != input.size() and not torch.compiler.is_compiling():
         warnings.warn(
             f"Using a target size ({target.size()}) that is different to the input size "
             f"({input.size()}). This will likely lead to incorrect results due to "
