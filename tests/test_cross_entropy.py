@@ -514,6 +514,18 @@ def test_weight_gradient_of_a_row_that_adds_nothing_is_zero_not_nan(case):
     torch.testing.assert_close(_grad(loss, w)[0], _grad(want, w)[0])
 
 
+def test_probability_target_gradient_of_a_row_that_adds_nothing_is_zero_not_nan():
+    # d/dq of -Σ q log p is -log p: -inf at the finite classes of a +inf row, times a row scale
+    # of 0 (a row left out of what is differentiated) was NaN; its gradient there is 0
+    x = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 0.0, -2.0, 3.0], [0.0, INF, 1.0, -1.0]])
+    q = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5], [0.0, 0.5, 0.5, 0.0]], requires_grad=True)
+    loss = SF.cross_entropy(x, q, label_smoothing=0.1, reduction="none")
+    assert loss[2] == INF
+    (g,) = torch.autograd.grad(loss[:2].sum(), q)
+    (g_want,) = torch.autograd.grad(SF.cross_entropy(x[:2], q[:2], label_smoothing=0.1, reduction="sum"), q)
+    torch.testing.assert_close(g, g_want)
+
+
 def test_cross_entropy_weight_gradient_with_mask():
     x, t, m, w = _ce_inputs(2)
     w = w.requires_grad_()

@@ -307,7 +307,9 @@ class _ProbLoss(StableFunction):
                 g = q * s.neg()
                 gx = log_softmax_backward(g, lsm, cdim, inplace_ok(g))
             if ctx.needs_input_grad[1]:
-                gt = -(1.0 - eps) * lsm * s
+                # -log p times the row scale; 0 where that is 0 also where log p is -inf (a
+                # zero-probability class of a +inf row), not 0 · inf = NaN
+                gt = torch.where(s == 0, 0.0, lsm * (s * -(1.0 - eps)))
                 if weight is not None:
                     gt = gt * weight.view(class_shape(x.dim(), cdim))
             if ctx.needs_input_grad[2]:
