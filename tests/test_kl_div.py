@@ -283,3 +283,21 @@ def test_broadcast_error_names_the_arguments(log_target):
     with pytest.raises(RuntimeError, match=r"kl_div: the shapes of input \(3,\) and target \(2, 4\) do not "
                                            r"broadcast \(The size of tensor a \(3\) must match"):
         SF.kl_div(torch.randn(3), torch.rand(2, 4), reduction="sum", log_target=log_target)
+
+
+@pytest.mark.parametrize("log_target", [False, True])
+def test_target_gradient_of_an_infinite_term_that_adds_nothing_is_zero_not_nan(log_target):
+    # d/dt of an infinite term (target mass where input is -inf) times an incoming gradient or
+    # tangent of 0 was 0·inf = NaN; that term adds nothing to what is differentiated
+    x = torch.tensor([-INF, -1.0])
+    t = torch.tensor([0.5, 0.5])
+    t = t.log() if log_target else t
+    tt = t.clone().requires_grad_()
+    loss = SF.kl_div(x, tt, reduction="none", log_target=log_target)
+    assert loss[0] == INF
+    (g,) = torch.autograd.grad(loss[1], tt)
+    (g_want,) = torch.autograd.grad(SF.kl_div(x[1:], tt[1:], reduction="sum", log_target=log_target), tt)
+    torch.testing.assert_close(g, g_want)
+    _, tangent = torch.func.jvp(lambda u: SF.kl_div(x, u, reduction="none", log_target=log_target),
+                                (t,), (torch.tensor([0.0, 1.0]),))
+    assert tangent[0].item() == 0.0 and tangent[1].item() == g[1].item()

@@ -86,8 +86,9 @@ def _d_target_times(
     """The derivative of a term with respect to ``target`` times ``g``, 0 at zero-probability
     terms (double where): ``d/dt e^t (t - x) = e^t (t - x + 1)``, or
     ``d/dt (t log t - t x) = log t + 1 - x``. The log term is ``xlogy(g, t)``, as torch has it:
-    0 where ``g`` is 0, also at a negative target (where ``log t`` is NaN)."""
-    x_safe = torch.where(zero, 0.0, input)
+    0 where ``g`` is 0, also at a negative target (where ``log t`` is NaN). An infinite input
+    is read as 0 where ``g`` is 0 too: the term adds nothing there (``0 · inf`` was NaN)."""
+    x_safe = torch.where(zero | (g == 0), 0.0, input)
     if log_target:
         return torch.where(zero, 0.0, p * (torch.where(zero, 0.0, target) - x_safe + 1) * g)
     t_safe = torch.where(zero, 1.0, target)
