@@ -28,11 +28,17 @@ def check_tensor(fn: str, name: str, value: object) -> Tensor:
     return value
 
 
+class DtypeError(TypeError, RuntimeError):
+    """A tensor of a dtype the function does not take: a ``TypeError`` that names the argument,
+    and also the ``RuntimeError`` torch raises for it ("... not implemented for 'Long'")."""
+
+
 def check_floating(fn: str, name: str, value: object) -> Tensor:
-    """Raise ``TypeError`` unless ``value`` is a floating-point tensor."""
+    """Raise `DtypeError` (a ``TypeError``) unless ``value`` is a floating-point tensor
+    (``TypeError`` for a non-tensor)."""
     t = check_tensor(fn, name, value)
     if not t.is_floating_point():
-        raise TypeError(
+        raise DtypeError(
             f"{fn}: {name} must be a floating-point tensor "
             f"(float16, bfloat16, float32 or float64), got {t.dtype}"
         )

@@ -617,3 +617,28 @@ def test_call_forms_compile_fullgraph(call):
     torch._dynamo.reset()
     got = torch.compile(call, fullgraph=True)(x)
     torch.testing.assert_close(got, call(x))
+
+
+_INT = torch.arange(6).view(2, 3)
+_DTYPE_CALLS = {
+    "softmax": (lambda: SF.softmax(_INT, 1), lambda: torch.softmax(_INT, 1)),
+    "log_softmax": (lambda: SF.log_softmax(_INT, 1), lambda: torch.log_softmax(_INT, 1)),
+    "cross_entropy weight": (
+        lambda: SF.cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]), torch.ones(3, dtype=torch.long)),
+        lambda: F.cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]), torch.ones(3, dtype=torch.long)),
+    ),
+    "focal_loss input": (lambda: SF.focal_loss(_INT, torch.tensor([0, 1])),
+                         lambda: F.cross_entropy(_INT, torch.tensor([0, 1]))),
+}
+
+
+@pytest.mark.parametrize("name", list(_DTYPE_CALLS))
+def test_an_integer_tensor_is_a_type_error_naming_it_and_torchs_runtime_error(name):
+    """torch raises RuntimeError ("... not implemented for 'Long'"); ours names the argument and
+    is both a TypeError (the library's rule) and that RuntimeError (torch's type)."""
+    ours, theirs = _DTYPE_CALLS[name]
+    with pytest.raises(RuntimeError):
+        theirs()
+    with pytest.raises(RuntimeError, match="must be a floating-point tensor") as info:
+        ours()
+    assert isinstance(info.value, TypeError)

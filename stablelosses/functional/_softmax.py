@@ -14,6 +14,7 @@ from stablelosses import _backend
 from stablelosses._autograd.softmax import _LogSoftmax, _LogSumExp, _Softmax
 from stablelosses._spec import check_flag, check_float_dtype, check_int
 from stablelosses._utils import (
+    DtypeError,
     broadcasts_to,
     cast,
     check_same_device,
@@ -53,7 +54,7 @@ def _check_softmax_args(
     if dtype is not None:
         x = x.to(check_float_dtype(fn, "dtype", dtype))
     if not x.is_floating_point():
-        raise TypeError(
+        raise DtypeError(  # a TypeError, and torch's RuntimeError ("not implemented for 'Long'")
             f"{fn}: input must be a floating-point tensor (float16, bfloat16, float32 or float64), "
             f"got {x.dtype}"
         )
