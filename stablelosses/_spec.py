@@ -85,7 +85,8 @@ def check_torch_reduction(fn: str, value: object, allowed: Sequence[str] = REDUC
     ``reduction`` with ``torch.nn._reduction.get_enum``, which takes the deprecated
     ``'elementwise_mean'`` for ``'mean'`` with its ``UserWarning``."""
     if alias and isinstance(value, str) and value == "elementwise_mean":
-        warnings.warn(_ELEMENTWISE_MEAN, UserWarning, stacklevel=3)
+        if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+            warnings.warn(_ELEMENTWISE_MEAN, UserWarning, stacklevel=3)
         return "mean"
     try:
         return check_choice(fn, "reduction", value, allowed)

@@ -229,11 +229,13 @@ def legacy_reduction(size_average: object, reduce: object, reduction: str) -> st
     size_average = True if size_average is None else size_average
     reduce = True if reduce is None else reduce
     resolved = "none" if not reduce else "mean" if size_average else "sum"
-    # torch's deprecation warning, word for word (legacy_get_string's)
-    warnings.warn(
-        f"size_average and reduce args will be deprecated, please use reduction='{resolved}' instead.",
-        UserWarning, stacklevel=3,
-    )
+    # torch's deprecation warning, word for word (legacy_get_string's); eager only: Dynamo cannot
+    # trace warnings.warn (fullgraph=True raised Unsupported where torch's own call compiles)
+    if not torch.compiler.is_compiling():
+        warnings.warn(
+            f"size_average and reduce args will be deprecated, please use reduction='{resolved}' instead.",
+            UserWarning, stacklevel=3,
+        )
     return resolved
 
 

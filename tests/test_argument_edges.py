@@ -642,3 +642,25 @@ def test_an_integer_tensor_is_a_type_error_naming_it_and_torchs_runtime_error(na
     with pytest.raises(RuntimeError, match="must be a floating-point tensor") as info:
         ours()
     assert isinstance(info.value, TypeError)
+
+
+_P = torch.softmax(torch.randn(3, 4), 1)
+_LEGACY_CALLS = {
+    "cross_entropy size_average": lambda z: SF.cross_entropy(z, t4, size_average=False),
+    "kl_div reduce": lambda z: SF.kl_div(z.log_softmax(1), _P, reduce=False).sum(),
+    "kl_div elementwise_mean": lambda z: SF.kl_div(z.log_softmax(1), _P, reduction="elementwise_mean"),
+    "mse_loss reduce": lambda z: SF.mse_loss(z, _P, reduce=False).sum(),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(_LEGACY_CALLS))
+def test_deprecated_reduction_arguments_compile_fullgraph(name):
+    """torch's deprecation warning is eager only: Dynamo cannot trace warnings.warn, and
+    fullgraph=True raised Unsupported where torch's own call with the same arguments compiles."""
+    call = _LEGACY_CALLS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = call(x4)
+        got = torch.compile(call, fullgraph=True)(x4)
+    torch.testing.assert_close(got, want)
