@@ -907,6 +907,20 @@ def test_normalizer_errors(kwargs, exc, match):
             fn(x, w, t, **kwargs)
 
 
+@pytest.mark.parametrize("weight_grad", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_weighted_smoothing_target_term_near_float_max_does_not_overflow(reduction, weight_grad):
+    # the target's term was w_t·(−log p_t) before the (1 − ε) scale: inf where cross_entropy
+    # (and float64) give 2.72e38 (a class weight above 1 at a logit of finfo.min)
+    x = torch.tensor([[0.0, torch.finfo(torch.float32).min, 1.0]])
+    w = torch.tensor([1.0, 1.2, 0.5], requires_grad=weight_grad)  # requires grad: the unfused route
+    t = torch.tensor([1])
+    got = SF.linear_cross_entropy(x, torch.eye(3), t, weight=w, label_smoothing=0.5, reduction=reduction)
+    want = SF.cross_entropy(x, t, weight=w.detach(), label_smoothing=0.5, reduction=reduction)
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 def test_label_smoothing_sum_does_not_overflow_where_cross_entropy_does_not(weighted, reduction):

@@ -170,9 +170,8 @@ def row_terms(
     a_focal = None
     w0 = None if wt is None else wt == 0
     if head.gamma is None:
-        nlpt = _weighted(nll, wt, w0)
         if eps == 0.0:
-            loss = nlpt
+            loss = _weighted(nll, wt, w0)
         else:
             assert smooth is not None and k is not None and wu is not None
             k = k.clamp(min=1.0)
@@ -184,7 +183,9 @@ def row_terms(
             # probability 0 and its smoothing term is +inf, the limit (rows.smoothing_sum)
             loss = loss.masked_fill((m == _INF) & (smooth != 0.0), _INF)
             if eps < 1.0:
-                loss = loss + (1.0 - eps) * nlpt
+                # (1 − ε)·w_t before it meets −log p_t, which may be near finfo.max: no overflow
+                # where the term is finite (as cross_entropy)
+                loss = loss + (_weighted(nll, wt * (1.0 - eps), w0) if wt is not None else (1.0 - eps) * nll)
     else:
         # the row core's focal term: 1 - p_t = D / S, p_t = e^{-nll}
         val, a_focal = focal_rows(d / (1.0 + sm1), torch.exp(nll.neg()), nll, head.gamma)
