@@ -172,6 +172,13 @@ def _index_targets(
     normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Class-index targets: cross_entropy (``gamma = 0``) and focal_loss (``eps = 0``)."""
+    if input.dim() == 1 and target.dim() == 1:
+        # torch's nll_loss takes a (1,) target for a (C,) input as the 0-d one (a 0-d loss)
+        if target.shape[0] != 1:
+            raise ValueError(f"{fn}: target of class indices for a 1-D input must be 0-d or of shape [1] "
+                             f"(For 1D input, 1D target must have size 1, but got target size: "
+                             f"{target.shape[0]})")
+        target = target.reshape(())
     _check_index_target(fn, input, target, cdim)
     x = upcast(input)
     w = _check_weight(fn, weight, input, x.dtype)
