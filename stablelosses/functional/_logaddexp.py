@@ -14,9 +14,9 @@ def logaddexp(input: Tensor, other: Tensor, *, out: Tensor | None = None) -> Ten
 
     $$ \operatorname{logaddexp}(a, b) = \max(a, b) + \log\!\big(1 + e^{-|a - b|}\big) $$
 
-    The value is ``torch.logaddexp``'s (broadcasting and type promotion as torch; a number
-    is accepted for either operand): both ``-inf`` gives ``-inf``, a ``+inf`` gives ``+inf``,
-    NaN gives NaN.
+    The value is ``torch.logaddexp``'s (broadcasting and type promotion as torch; both
+    operands are tensors, as torch requires): both ``-inf`` gives ``-inf``, a ``+inf`` gives
+    ``+inf``, NaN gives NaN.
 
     **Gradient.** $\partial/\partial a = \sigma(a - b)$, $\partial/\partial b = \sigma(b - a)$.
     Where both are ``-inf`` (two masked log-probabilities) the output does not move and both
@@ -25,8 +25,8 @@ def logaddexp(input: Tensor, other: Tensor, *, out: Tensor | None = None) -> Ten
     it gets 1 and the other 0.
 
     Args:
-        input: tensor or number.
-        other: tensor or number, broadcastable with ``input``.
+        input: tensor (a Python number raises ``TypeError``, as in ``torch.logaddexp``).
+        other: tensor, broadcastable with ``input``.
         out: the output tensor, as in ``torch.logaddexp``: the result is written into it and
             it is returned; not differentiable (torch's ``RuntimeError`` when an input
             requires grad). Default: ``None``.
