@@ -189,8 +189,7 @@ def kl_div(
     fn = "kl_div"
     _check_real(fn, "input", input)
     _check_real(fn, "target", target)
-    if input.shape != target.shape:  # torch's words name no argument
-        _check_broadcast(fn, input, target, ("input", "target"))
+    _check_broadcast(fn, input, target, ("input", "target"))  # torch's words name no argument
     if legacy or ((reduction is None or type(reduction) is bool) and log_target is not _FALSE):
         reduction, log_target, size_average, reduce = _legacy_positional(  # type: ignore[assignment]
             fn, reduction, log_target, legacy, size_average, reduce)

@@ -84,8 +84,7 @@ def log_cosh_loss(
     check_floating(fn, "input", input)
     check_floating(fn, "target", target)
     reduction = check_reduction(fn, reduction)
-    if input.shape != target.shape:
-        _check_broadcast(fn, input, target, ("input", "target"))
+    _check_broadcast(fn, input, target, ("input", "target"))
     # type promotion as torch.log(torch.cosh(input - target)): (float16, float32) is float32
     work, out_dtype = operand_dtypes(input, target)
     x, y = input.to(work), target.to(work)

@@ -67,8 +67,7 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
     if (type(a) is Tensor and type(b) is Tensor and a.dtype == b.dtype and a.dtype in _WORK
             and a.device == b.device):
         # the common case, decided on dtypes and devices alone: nothing to promote or move
-        if a.shape != b.shape:
-            _check_broadcast(fn, a, b, names)
+        _check_broadcast(fn, a, b, names)
         return a, b, a.dtype
     if not two_numbers and not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError(f"{fn}: {names[0]} or {names[1]} must be a torch.Tensor, got "
@@ -98,8 +97,7 @@ def _binary_operands(fn: str, a: object, b: object, names: tuple[str, str],
         else torch.tensor(v, dtype=work, device=device)
         for v in (a, b)
     )
-    if ta.shape != tb.shape:
-        _check_broadcast(fn, ta, tb, names)
+    _check_broadcast(fn, ta, tb, names)
     return ta, tb, out_dtype
 
 
@@ -117,7 +115,9 @@ def _torch_broadcast_words(a: tuple[int, ...], b: tuple[int, ...]) -> str:
 
 def _check_broadcast(fn: str, a: Tensor, b: Tensor, names: tuple[str, str]) -> None:
     """``RuntimeError`` naming ``fn`` and both arguments (torch's words, which name neither, in
-    parentheses) unless the shapes of ``a`` and ``b`` broadcast."""
+    parentheses) unless the shapes of ``a`` and ``b`` broadcast. Equal shapes return at once."""
+    if a.shape == b.shape:
+        return
     try:
         broadcast_shapes(a.shape, b.shape)
     except RuntimeError:

@@ -38,8 +38,7 @@ def _mse_operands(fn: str, input: object, target: object) -> tuple[Tensor, Tenso
     ``promote_types`` of the two dtypes (an integer target joins a float input).
     """
     x, y = check_tensor(fn, "input", input), check_tensor(fn, "target", target)
-    if x.shape != y.shape:
-        _check_broadcast(fn, x, y, ("input", "target"))
+    _check_broadcast(fn, x, y, ("input", "target"))
     work, out = operand_dtypes(x, y)
     if not work.is_floating_point:
         raise RuntimeError(

@@ -14,9 +14,9 @@ from stablelosses import _backend
 from stablelosses._autograd.softmax import _LogSoftmax, _LogSumExp, _Softmax
 from stablelosses._spec import check_flag, check_float_dtype, check_int
 from stablelosses._utils import (
-    DtypeError,
     broadcasts_to,
     cast,
+    check_floating,
     check_same_device,
     check_tensor,
     compute_dtype,
@@ -53,11 +53,7 @@ def _check_softmax_args(
     x = check_tensor(fn, "input", input)
     if dtype is not None:
         x = x.to(check_float_dtype(fn, "dtype", dtype))
-    if not x.is_floating_point():
-        raise DtypeError(  # a TypeError, and torch's RuntimeError ("not implemented for 'Long'")
-            f"{fn}: input must be a floating-point tensor (float16, bfloat16, float32 or float64), "
-            f"got {x.dtype}"
-        )
+    x = check_floating(fn, "input", x)  # after the cast: torch's "not implemented for 'Long'"
     if dim is None:
         raise TypeError(f"{fn}: dim must be an int, got None (the implicit dim is not supported)")
     d = wrap_dim(fn, dim, x.ndim)
