@@ -256,3 +256,28 @@ def test_unfused_dtypes_follow_torch(dtype):
     expected = _torch_reference(x.double(), w.double(), t)
     assert got.dtype == dtype
     torch.testing.assert_close(got.double(), expected, rtol=torch.finfo(dtype).eps, atol=0)  # computed in float32
+
+
+@pytest.mark.parametrize("name", ["linear_cross_entropy", "linear_focal_loss", "linear_token_logps"])
+def test_double_vjp_jvp_at_zero_grad_outputs_is_the_unfused_one(name):
+    """torch.autograd.functional.jvp differentiates a vjp taken at grad_outputs of zeros; the dense
+    backward masked a zero incoming gradient, so that derivative was 0 on every row ('none')."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    v = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    t = torch.tensor([0, 1, 2, 3])
+    fused = {
+        "linear_cross_entropy": lambda a: SF.linear_cross_entropy(a, w, t, reduction="none"),
+        "linear_focal_loss": lambda a: SF.linear_focal_loss(a, w, t, reduction="none"),
+        "linear_token_logps": lambda a: SF.linear_token_logps(a, w, t),
+    }[name]
+    plain = {
+        "linear_cross_entropy": lambda a: F.cross_entropy(F.linear(a, w), t, reduction="none"),
+        "linear_focal_loss": lambda a: SF.focal_loss(F.linear(a, w), t, reduction="none"),
+        "linear_token_logps": lambda a: SF.token_logps(F.linear(a, w), t),
+    }[name]
+    got = torch.autograd.functional.jvp(fused, x, v)[1]
+    want = torch.autograd.functional.jvp(plain, x, v)[1]
+    assert want.abs().min() > 0
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

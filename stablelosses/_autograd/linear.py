@@ -537,8 +537,10 @@ def _dense_grads(
         out = dense(us, rows)[:, :n_out]
         # The vjp of out with grad_outputs ``grad`` (``coef · grad``), not the gradient of a sum
         # of out · grad: autograd.grad under vmap takes a batched grad_outputs, not a batched
-        # output. A zero incoming gradient (a zero coef) drops its output, an inf one included.
-        go = torch.where(grad == 0, 0.0, grad) if coef is None else coef * grad
+        # output. ``grad`` itself, unmasked: the result is linear in it, and its derivative with
+        # respect to ``grad`` is the Jacobian also where ``grad`` is 0 (torch.autograd.functional
+        # .jvp differentiates a vjp at grad_outputs of zeros)
+        go = grad if coef is None else coef * grad
         go = go.to(out.dtype).expand(out.shape)
         wanted = [t for t, need in zip(st, needs) if need and t is not None]
         found = iter(torch.autograd.grad(out, wanted, go, create_graph=graph, allow_unused=True))
