@@ -158,13 +158,17 @@ def kernel_for(name: str, x: torch.Tensor) -> Kernel | None:
     """The kernel registered under ``name`` when a call on ``x`` should run the kernels
     (:func:`use_triton`), else ``None``.
 
-    The table is read only after :func:`use_triton`, which answers ``False`` at once while
-    compiling: Dynamo then puts no guard on the table, which ``stablelosses._triton`` fills
-    when the top-level package first loads, possibly in the middle of a trace.
+    The table is never read while compiling: Dynamo would then guard on it, and
+    ``stablelosses._triton`` fills it when the top-level package first loads, possibly in the
+    middle of a trace. In eager mode the table is read first: an empty one (the top-level
+    package not loaded) answers before :func:`use_triton`'s backend and environment look-ups.
     """
-    if not use_triton(x):  # first: while compiling, the table is never read (so never guarded)
+    if torch.compiler.is_compiling():
         return None
-    return _KERNELS.get(name)
+    kernel = _KERNELS.get(name)
+    if kernel is None or not use_triton(x):
+        return None
+    return kernel
 
 
 def dispatch(name: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
